@@ -1,0 +1,54 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+REDIS_URL ?= redis://127.0.0.1:6379/0
+export REDIS_URL
+
+.PHONY: run test install install-train redis chromium demo-pair benchmark lint
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# The train extra, for `import_pair` and its tests. torch first: pinned, it is the CPU build here (a bare
+# `torch` pulls a multi-GB CUDA build); optimum-intel pulls torchvision, which breaks beside that torch.
+$(VENV)/.installed-train: $(VENV)/.installed
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,train]'
+	$(PY) -m pip uninstall -y -q torchvision
+	touch $@
+
+install-train: $(VENV)/.installed-train
+
+redis:
+	@$(PY) -m inference.redis_check "$(REDIS_URL)"
+
+run: install redis
+	@mkdir -p var
+	$(PY) manage.py migrate --noinput -v0
+	$(PY) manage.py register_demo_pair
+	$(PY) manage.py ensure_admin
+	@$(PY) manage.py serve --host $(HOST) --port $(PORT)
+
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+# The whole suite twice: on SQLite, then on PostgreSQL (pytest-django creates and drops test_specchat).
+POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/specchat
+test: install-train redis chromium
+	$(PY) -m pytest
+	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest
+
+# Rebuild the shipped demo pair (hours of CPU; needs the train extra: pip install torch==2.13.0 -e '.[train]').
+demo-pair:
+	$(PY) -m inference.demo_pair.build --stage all
+
+benchmark: install redis
+	$(PY) manage.py benchmark demo-code

@@ -1,0 +1,39 @@
+from django.conf import settings
+from django.db import models
+
+from inference.models import Generation, ModelPair
+
+
+class Conversation(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
+    title = models.CharField(max_length=200)
+    pair = models.ForeignKey(ModelPair, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=10, choices=Role.choices)
+    content = models.TextField(blank=True, help_text="The user's text; an answer's text lives in its generation.")
+    generation = models.OneToOneField(Generation, null=True, blank=True, on_delete=models.SET_NULL, related_name="message")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    @property
+    def text(self) -> str:
+        if self.role == self.Role.ASSISTANT:
+            return self.generation.text if self.generation else ""
+        return self.content

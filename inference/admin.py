@@ -1,0 +1,272 @@
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import FileResponse, Http404, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from inference import benchmark_report, benchmark_runs, importer, selectors, transport
+from inference.api.auth import set_new_key
+from inference.benchmark import table
+from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, ModelPair
+
+
+@admin.register(ModelPair)
+class ModelPairAdmin(admin.ModelAdmin):
+    list_display = ("name", "slug", "main_dir", "draft_dir", "device", "num_assistant_tokens",
+                    "assistant_confidence_threshold", "enabled", "serving_state")
+    list_filter = ("enabled", "device")
+    prepopulated_fields = {"slug": ("name",)}
+    readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark")
+    actions = ("load_on_worker", "unload_from_worker", "run_benchmark")
+    fieldsets = (
+        (None, {"fields": ("name", "slug", "enabled", "serving_state", "load_error")}),
+        ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device")}),
+        ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold")}),
+        ("Limits and precision", {"fields": ("max_new_tokens_cap", "cache_size_gb", "inference_precision",
+                                             "kv_cache_precision")}),
+        ("Latest benchmark", {"fields": ("latest_benchmark",)}),
+    )
+
+    def get_queryset(self, request):
+        self._workers = selectors.live_workers(client=transport.sync_client())
+        return super().get_queryset(request)
+
+    @admin.display(description="state")
+    def serving_state(self, pair: ModelPair) -> str:
+        if not pair.pk:
+            return "-"
+        workers = getattr(self, "_workers", None)
+        if workers is None:
+            workers = selectors.live_workers(client=transport.sync_client())
+        state = selectors.pair_state(pair=pair, workers=workers)
+        return f"{state.state} ({state.error})" if state.error else f"{state.state} on {', '.join(state.workers)}"
+
+    @admin.action(description="Load on every live worker (no restart)")
+    def load_on_worker(self, request, queryset):
+        self._control(request, queryset, "load_pair")
+
+    @admin.action(description="Unload from every live worker")
+    def unload_from_worker(self, request, queryset):
+        self._control(request, queryset, "unload_pair")
+
+    def _control(self, request, queryset, command: str):
+        from chatsite.celery import app
+
+        for pair in queryset:
+            replies = app.control.broadcast(command, arguments={"slug": pair.slug}, reply=True, timeout=2)
+            if replies:
+                messages.info(request, f"{pair.slug}: {len(replies)} worker(s) answered; the state column follows.")
+            else:
+                messages.error(request, f"{pair.slug}: no live worker answered.")
+
+
+    @admin.action(description="Run benchmark on a worker")
+    def run_benchmark(self, request, queryset):
+        """First shows BenchmarkForm; its submission queues one run per selected pair."""
+        form = BenchmarkForm(request.POST if "apply" in request.POST else None)
+        if not form.is_bound or not form.is_valid():
+            return TemplateResponse(request, "admin/inference/benchmarkrun/start.html", {
+                **self.admin_site.each_context(request), "title": "Run benchmark on a worker", "form": form,
+                "pairs": queryset, "opts": self.model._meta, "action_checkbox_name": ACTION_CHECKBOX_NAME})
+        workers = selectors.live_workers(client=transport.sync_client())
+        for pair in queryset:
+            state = selectors.pair_state(pair=pair, workers=workers)
+            if not state.served:
+                messages.error(request, f"Not benchmarking {pair.slug}: {state.error}.")
+                continue
+            run = benchmark_runs.start_benchmark_run(pair=pair, options=form.cleaned_data["options"])
+            messages.info(request, format_html('Benchmark of {} queued on its worker: <a href="{}">run #{}</a>.',
+                                               pair.slug, reverse("admin:inference_benchmarkrun_change",
+                                                                  args=[run.id]), run.id))
+        return None
+
+    @admin.display(description="latest benchmark")
+    def latest_benchmark(self, pair: ModelPair) -> str:
+        if not pair.pk:
+            return "-"
+        latest = pair.benchmarks.first()
+        pending = ""
+        if latest and latest.status != BenchmarkRun.Status.FINISHED:
+            pending = format_html("<p>Run #{} is {}: {}</p>", latest.id, latest.status,
+                                  latest.error or latest.progress or "waiting for a worker")
+        return format_html("{}{}", pending, benchmark_html(benchmark_runs.latest_finished_run(pair=pair)))
+
+
+@admin.register(Generation)
+class GenerationAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "pair", "source", "user", "status", "finish_reason", "completion_tokens",
+                    "tokens_per_s", "acceptance_rate", "mean_accepted_length")
+    list_filter = ("status", "source", "pair")
+    readonly_fields = [f.name for f in Generation._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+class ImportJobForm(forms.ModelForm):
+    weight_format = forms.ChoiceField(choices=[(f, f) for f in importer.WEIGHT_FORMATS], initial="int8")
+    kv_cache_precision = forms.ChoiceField(choices=ModelPair.KvPrecision.choices, required=False,
+                                           initial=ModelPair._meta.get_field("kv_cache_precision").default)
+    device = forms.ChoiceField(choices=ModelPair.Device.choices, initial=ModelPair.Device.CPU)
+
+    class Meta:
+        model = ImportJob
+        fields = ("name", "slug", "main_source", "draft_source", "weight_format", "kv_cache_precision", "device")
+        help_texts = {
+            "main_source": "Hugging Face id (downloaded by the worker) or a folder on the worker's machine.",
+            "draft_source": "The same for the draft; it must share the main's tokenizer. Empty: main alone.",
+        }
+
+    def clean(self):
+        data = super().clean()
+        fields = {name: data.get(name) or "" for name in self.Meta.fields}
+        for field, message in importer.request_errors(**fields).items():
+            self.add_error(field, message)
+        workers = selectors.live_workers(client=transport.sync_client())
+        if not any(settings.CONTROL_QUEUE in w.get("queues", []) for w in workers):
+            raise forms.ValidationError(
+                f"No live worker consumes the '{settings.CONTROL_QUEUE}' queue, so nothing would run this import: "
+                f"start one where the train extra is installed (celery -A chatsite worker -P threads "
+                f"-Q {settings.CONTROL_QUEUE}), or run manage.py import_pair.")
+        return data
+
+
+@admin.register(ImportJob)
+class ImportJobAdmin(admin.ModelAdmin):
+    """The "import pair" form: the add form queues the export on a worker, the change page follows it."""
+
+    form = ImportJobForm
+    change_form_template = "admin/inference/importjob/change_form.html"  # refreshes while the job runs
+    list_display = ("created_at", "name", "slug", "status", "progress", "pair")
+    list_filter = ("status",)
+    readonly_fields = ("output",)
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ImportJobForm.Meta.fields
+        return ("status", "progress", "error", "pair", *ImportJobForm.Meta.fields, "created_at", "finished_at",
+                "output")
+
+    def get_prepopulated_fields(self, request, obj=None):
+        return {"slug": ("name",)} if obj is None else {}
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a job is a record; import again under another slug instead
+
+    @admin.display(description="output")
+    def output(self, job: ImportJob) -> str:
+        return format_html('<pre style="max-height:40em;overflow:auto;white-space:pre-wrap">{}</pre>', job.log or "-")
+
+    def save_model(self, request, obj, form, change):
+        from inference.tasks import import_pair
+
+        super().save_model(request, obj, form, change)
+        transaction.on_commit(lambda: import_pair.apply_async(args=[obj.pk], queue=settings.CONTROL_QUEUE))
+
+    def response_add(self, request, obj, post_url_continue=None):
+        messages.info(request, f"Import of '{obj.slug}' queued; this page follows its progress.")
+        return HttpResponseRedirect(reverse("admin:inference_importjob_change", args=[obj.pk]))
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Creating a key generates it; only its hash is stored, so it is shown once, in a message."""
+
+    list_display = ("name", "prefix", "user", "max_concurrent", "revoked", "created_at", "last_used_at")
+    list_filter = ("revoked",)
+    readonly_fields = ("prefix", "created_at", "last_used_at")
+
+    def save_model(self, request, obj, form, change):
+        key = None if change else set_new_key(obj)
+        super().save_model(request, obj, form, change)
+        if key:
+            messages.warning(request, f"The API key of '{obj.name}' is {key} - copy it now: it is not shown again.")
+
+
+# ------------------------------------------------------------------ benchmarks
+class BenchmarkForm(forms.Form):
+    """What a benchmark started from the admin measures: in-process, on the worker's own engines
+    (the stack and the concurrency sweep need `manage.py benchmark`)."""
+
+    _defaults = benchmark_runs.BenchmarkOptions()
+    max_new_tokens = forms.IntegerField(min_value=2, max_value=4096, initial=_defaults.max_new_tokens)
+    repeats = forms.IntegerField(min_value=1, max_value=20, initial=_defaults.repeats)
+    ks = forms.CharField(initial="1-8", help_text="K values, e.g. 1-8 or 2,4,6.")
+    thresholds = forms.CharField(initial=",".join(f"{t:g}" for t in _defaults.thresholds), required=False,
+                                 help_text="Confidence thresholds, e.g. 0.3,0.5; empty for none.")
+    prompts_per_set = forms.IntegerField(min_value=1, initial=_defaults.prompts_per_set,
+                                         help_text="Held-out prompts from each of the code and prose sets.")
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            data["options"] = benchmark_runs.BenchmarkOptions(
+                max_new_tokens=data["max_new_tokens"], repeats=data["repeats"], ks=benchmark_runs.int_list(data["ks"]),
+                thresholds=benchmark_runs.float_list(data["thresholds"]), prompts_per_set=data["prompts_per_set"],
+                clients=(), concurrency=())
+        except ValueError as exc:
+            raise forms.ValidationError(f"Invalid options: {exc}") from exc
+        return data
+
+
+def benchmark_html(run: BenchmarkRun | None) -> str:
+    """A finished run's tables, bars and plots (served by BenchmarkRunAdmin.plot)."""
+    results = run.results if run else {}
+    tables = []
+    if results:
+        tables.append(("Variants", table([r for r in results["rows"] if not r["set"]])))
+        if results.get("by_set"):
+            tables.append(("In-process by prompt set", table(results["by_set"], benchmark_report.SET_COLUMNS)))
+        if results.get("ttft_profile"):
+            tables.append(("Where the stack's TTFT goes (p50, ms)",
+                           table(results["ttft_profile"], benchmark_report.PROFILE_COLUMNS)))
+        if results.get("concurrency"):
+            tables.append(("Concurrency", table(results["concurrency"], benchmark_report.CONCURRENCY_COLUMNS)))
+    plots = [reverse("admin:inference_benchmarkrun_plot", args=[run.id, name]) for name in benchmark_report.PLOTS
+             if run and benchmark_runs.plot_file(run=run, name=name)]
+    return render_to_string("admin/inference/benchmarkrun/report.html", {
+        "run": run if results else None, "results": results, "tables": tables, "plots": plots,
+        "bars": [benchmark_report.bar_line(b) for b in results.get("bars", [])]})
+
+
+@admin.register(BenchmarkRun)
+class BenchmarkRunAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "pair", "status", "progress", "finished_at")
+    list_filter = ("status", "pair")
+    fields = ("pair", "status", "progress", "error", "options", "report_dir", "created_at", "finished_at", "report")
+    readonly_fields = fields
+
+    def has_add_permission(self, request):
+        return False  # started from the pair list ("Run benchmark on a worker") or manage.py benchmark
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="results")
+    def report(self, run: BenchmarkRun) -> str:
+        return benchmark_html(run if run.status == BenchmarkRun.Status.FINISHED else None)
+
+    def get_urls(self):
+        return [path("<int:run_id>/plot/<str:name>", self.admin_site.admin_view(self.plot),
+                     name="inference_benchmarkrun_plot")] + super().get_urls()
+
+    def plot(self, request, run_id: int, name: str):
+        run = get_object_or_404(BenchmarkRun, id=run_id)
+        if not self.has_view_permission(request, run):
+            raise PermissionDenied
+        file = benchmark_runs.plot_file(run=run, name=name)
+        if file is None:
+            raise Http404("No such plot for this run.")
+        return FileResponse(open(file, "rb"), content_type="image/png")
+
+
+

@@ -1,0 +1,1 @@
+"""The REST API: OpenAI-compatible completions on the shared generation path (see views.py)."""

@@ -1,0 +1,79 @@
+"""OpenAI's response, chunk, usage and error objects, built from generations and their events."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from inference import services
+
+# What OpenAI's usage lacks: the speculative figures of the request (null without speculation).
+SPECULATIVE_USAGE = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "main_steps")
+FINISH_REASONS = {"stopped": "abort"}  # stopped by the client: vLLM's name; "stop" and "length" are OpenAI's own
+
+
+def error_body(exc: services.GenerationRequestError) -> dict:
+    kind = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_error"}.get(
+        exc.status, "server_error" if exc.status >= 500 else "invalid_request_error")
+    return {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.code}}
+
+
+def usage(record: Mapping) -> dict:
+    """OpenAI's usage plus the speculative figures, from a done event or a Generation's fields."""
+    prompt, completion = record["prompt_tokens"], record["completion_tokens"]
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            **{name: record.get(name) for name in SPECULATIVE_USAGE}}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one generation looks to an OpenAI client: a chat completion or a text completion."""
+
+    chat: bool
+    model: str
+    generation_id: str
+    created: int
+
+    @property
+    def id(self) -> str:
+        return f"{'chatcmpl' if self.chat else 'cmpl'}-{self.generation_id}"
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def response(self, *, text: str, finish_reason: str, usage: dict) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": 0, "text": text}
+        choice.update(logprobs=None, finish_reason=FINISH_REASONS.get(finish_reason, finish_reason))
+        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
+                "usage": usage}
+
+    def chunk(self, *, delta: dict | None = None, text: str = "", finish_reason: str | None = None,
+              with_usage: bool = False) -> dict:
+        choice = {"index": 0, "delta": delta or {}} if self.chat else {"index": 0, "text": text}
+        choice.update(logprobs=None, finish_reason=FINISH_REASONS.get(finish_reason, finish_reason))
+        chunk = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+        if with_usage:
+            chunk["usage"] = None  # OpenAI sends null on every chunk but the last when usage is asked for
+        return chunk
+
+    def payloads(self, event: dict, *, include_usage: bool) -> list[dict | str]:
+        """What one transport event becomes on an OpenAI stream; "[DONE]" closes it."""
+        kind = event["type"]
+        if kind == "start":
+            role = self.chunk(delta={"role": "assistant", "content": ""}, with_usage=include_usage)
+            return [role] if self.chat else []
+        if kind == "delta":
+            text = "".join(draft + main for draft, main in event["steps"])
+            return [self.chunk(delta={"content": text}, text=text, with_usage=include_usage)]
+        if kind == "done":
+            out: list[dict | str] = [self.chunk(finish_reason=event["finish_reason"], with_usage=include_usage)]
+            if include_usage:
+                out.append({**self._head(out[0]["object"]), "choices": [], "usage": usage(event)})
+            return [*out, "[DONE]"]
+        if kind == "error":
+            return [error_body(services.GenerationRequestError(
+                f"The generation failed: {event['message']}", code="generation_failed", status=503)), "[DONE]"]
+        return []

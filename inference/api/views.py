@@ -1,0 +1,206 @@
+"""Thin async handlers of the REST API: check access, parse, delegate to the shared generation path.
+
+Every answer that is not a success is OpenAI's error object; an unexpected exception is logged and
+still answered in that shape, never as an HTML page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db.models import Max
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from inference import metrics as prometheus
+from inference import registry, selectors, services, transport
+from inference.api import auth, openapi, requests, sse
+from inference.api.shapes import Shape, error_body, usage
+from inference.models import Generation, ModelPair
+
+log = logging.getLogger(__name__)
+Error = services.GenerationRequestError
+
+
+def error_response(exc: Error) -> JsonResponse:
+    reply = JsonResponse(error_body(exc), status=exc.status)
+    if exc.status == 401:
+        reply["WWW-Authenticate"] = "Bearer"
+    return reply
+
+
+def api_view(*methods: str, authenticated: bool = False):
+    """An async, CSRF-exempt API view answering errors in OpenAI's shape; `authenticated` passes
+    the caller's ApiKey as `api_key`."""
+
+    def decorate(handler):
+        @csrf_exempt
+        @functools.wraps(handler)
+        async def view(request, **kwargs):
+            try:
+                if request.method not in methods:
+                    reply = error_response(Error(f"{request.method} is not allowed here; use {', '.join(methods)}.",
+                                                 code="method_not_allowed", status=405))
+                    reply["Allow"] = ", ".join(methods)
+                    return reply
+                if authenticated:
+                    kwargs["api_key"] = await sync_to_async(auth.authenticate)(
+                        authorization=request.headers.get("Authorization", ""))
+                return await handler(request, **kwargs)
+            except Error as exc:
+                return error_response(exc)
+            except Exception:
+                log.exception("API error on %s %s", request.method, request.path)
+                return error_response(Error("Internal error; it has been logged.", code="internal_error", status=500))
+
+        return view
+
+    return decorate
+
+
+def _shape(generation: Generation, *, chat: bool) -> Shape:
+    return Shape(chat=chat, model=generation.pair.slug, generation_id=str(generation.id),
+                 created=int(generation.created_at.timestamp()))
+
+
+def _start(*, data: dict, chat: bool, api_key) -> tuple[requests.ApiRequest, Generation]:
+    api_request = requests.parse(data, chat=chat)
+    try:
+        generation = auth.start_for_key(api_key=api_key, source=Generation.Source.API, **api_request.start_kwargs)
+    except Error as exc:
+        if chat and exc.param == "prompt":
+            exc.param = "messages"  # the prompt a chat request has is its templated messages
+        raise
+    return api_request, generation
+
+
+def _stop_abandoned(start: asyncio.Future) -> None:
+    if not start.cancelled() and start.exception() is None:
+        api_request, generation = start.result()
+        if not api_request.background:
+            services.request_stop(generation=generation)
+
+
+async def _generate(request, *, api_key, chat: bool):
+    data = requests.json_body(request)
+    start = asyncio.ensure_future(sync_to_async(_start)(data=data, chat=chat, api_key=api_key))
+    try:
+        api_request, generation = await asyncio.shield(start)
+    except asyncio.CancelledError:  # the client left before its generation was queued: stop it once it is
+        start.add_done_callback(_stop_abandoned)
+        raise
+    shape = _shape(generation, chat=chat)
+    if api_request.stream:
+        stream = sse.events(generation=generation, shape=shape, after="0-0", include_usage=api_request.include_usage,
+                            owner=not api_request.background)
+        return sse.response(stream, generation=generation)
+    try:
+        ended = await services.wait_for(generation_id=generation.id)
+    except asyncio.CancelledError:  # the client went away while waiting
+        if not api_request.background:
+            services.request_stop(generation=generation)
+        raise
+    if ended.status == Generation.Status.FAILED:
+        raise Error(f"The generation failed: {ended.error}", code="generation_failed", status=503)
+    body = shape.response(text=ended.text, finish_reason=ended.finish_reason, usage=usage(vars(ended)))
+    return JsonResponse(body, headers={"X-Generation-Id": str(generation.id)})
+
+
+@api_view("POST", authenticated=True)
+async def completions(request, *, api_key):
+    return await _generate(request, api_key=api_key, chat=False)
+
+
+@api_view("POST", authenticated=True)
+async def chat_completions(request, *, api_key):
+    return await _generate(request, api_key=api_key, chat=True)
+
+
+@api_view("GET", authenticated=True)
+async def events(request, *, api_key, generation_id, chat: bool):
+    """Resume a stream after Last-Event-ID. This connection does not own the generation."""
+    generation = await sync_to_async(auth.owned_generation)(api_key=api_key, generation_id=generation_id)
+    after = request.headers.get("Last-Event-ID") or "0-0"
+    if not transport.valid_entry_id(after):
+        raise Error("Last-Event-ID must be an event id this stream sent.", param="Last-Event-ID")
+    include_usage = request.GET.get("include_usage", "false").lower()
+    if include_usage not in {"true", "false"}:
+        raise Error("include_usage must be true or false.", param="include_usage")
+    stream = sse.events(generation=generation, shape=_shape(generation, chat=chat), after=after,
+                        include_usage=include_usage == "true", owner=False)
+    return sse.response(stream, generation=generation)
+
+
+@api_view("POST", authenticated=True)
+async def cancel(request, *, api_key, generation_id, chat: bool):
+    generation = await sync_to_async(auth.owned_generation)(api_key=api_key, generation_id=generation_id)
+    if not generation.is_done:
+        await sync_to_async(services.request_stop)(generation=generation)
+    return JsonResponse({"id": _shape(generation, chat=chat).id, "status": generation.status})
+
+
+def _models() -> list[dict]:
+    states = selectors.pair_states(client=transport.sync_client())
+    return [{"id": pair.slug, "object": "model", "created": int(pair.created_at.timestamp()), "owned_by": "specchat",
+             "name": pair.name, "speculative": pair.is_speculative, "state": states[pair.slug].state,
+             "max_model_len": registry.context_length(settings.MODELS_ROOT / pair.main_dir)}
+            for pair in ModelPair.objects.filter(enabled=True)]
+
+
+@api_view("GET")
+async def models(request):
+    return JsonResponse({"object": "list", "data": await sync_to_async(_models)()})
+
+
+def _config() -> dict:
+    states = selectors.pair_states(client=transport.sync_client())
+    return {slug: {"model_version_status": [{
+        "version": "1", "state": state.state,
+        "status": {"error_code": "UNAVAILABLE" if state.error else "OK", "error_message": state.error or "OK"},
+    }]} for slug, state in states.items()}
+
+
+@api_view("GET")
+async def config(request):
+    """Each pair's state in OpenVINO Model Server's /v1/config shape."""
+    return JsonResponse(await sync_to_async(_config)())
+
+
+def _health() -> None:
+    transport.sync_client().ping()
+    ModelPair.objects.exists()
+
+
+@api_view("GET")
+async def health(request):
+    try:
+        await sync_to_async(_health)()
+    except Exception as exc:
+        raise Error(f"Not ready: {type(exc).__name__}: {exc}", code="unhealthy", status=503) from exc
+    return JsonResponse({"status": "ok"})
+
+
+@api_view("GET")
+async def metrics(request):
+    text = await sync_to_async(prometheus.exposition)(client=transport.sync_client())
+    return HttpResponse(text, content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _document() -> dict:
+    pairs = ModelPair.objects.filter(enabled=True)
+    return openapi.document(models=list(pairs.values_list("slug", flat=True)),
+                            max_tokens=pairs.aggregate(cap=Max("max_new_tokens_cap"))["cap"] or 1)
+
+
+@api_view("GET")
+async def openapi_document(request):
+    return JsonResponse(await sync_to_async(_document)())
+
+
+@api_view("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+async def not_found(request):
+    raise Error(f"No route {request.path}; see GET /v1/openapi.json.", code="not_found", status=404)

@@ -1,0 +1,260 @@
+"""A whole benchmark of a pair, as `manage.py benchmark` and the admin's worker task run it.
+
+`run_benchmark` plans the variants from the pair and the options, runs the in-process part and,
+given a stack, the same variants through the websocket and SSE clients (all interleaved) and
+then the concurrency sweep, and returns one results dict (what results.json holds). The admin
+path: `start_benchmark_run` records a BenchmarkRun and sends it to a worker of the pair's queue,
+where `execute_benchmark_run` measures in-process on the worker's own loaded engines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import openvino_genai
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from inference import benchmark_report, registry
+from inference.benchmark import (INPROCESS, PLAIN, Engines, InProcessPath, Progress, Variant, compare_to_inprocess,
+                                 default_variants, draft_cost_ratio, heldout_prompts, k_variant, measure, summarize,
+                                 threshold_variant, timestamp)
+from inference.engine import ENGINES
+from inference.models import BenchmarkRun, ModelPair
+
+if TYPE_CHECKING:
+    from inference.benchmark_stack import StackTarget
+
+log = logging.getLogger(__name__)
+CLIENTS = ("websocket", "sse")  # inference.benchmark_stack's, imported only with a stack (it needs aiohttp)
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """`1-8`, `2,4,8` or a mix; ValueError otherwise."""
+    values: list[int] = []
+    for part in filter(None, text.replace(" ", "").split(",")):
+        low, _, high = part.partition("-")
+        values += range(int(low), int(high or low) + 1)
+    return tuple(values)
+
+
+def float_list(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in filter(None, text.replace(" ", "").split(",")))
+
+
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    max_new_tokens: int = 128
+    repeats: int = 3
+    ks: tuple[int, ...] = tuple(range(1, 9))
+    thresholds: tuple[float, ...] = (0.3, 0.5)
+    prompt_sets: tuple[str, ...] = ("code", "prose")
+    prompts_per_set: int | None = 4
+    clients: tuple[str, ...] = ("websocket", "sse")  # stack clients; () measures in-process only
+    stack_ks: tuple[int, ...] = ()  # K values through the stack; () means the pair's default
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    concurrency_client: str = "sse"
+
+    def __post_init__(self):
+        unknown = [c for c in (*self.clients, self.concurrency_client) if c not in CLIENTS]
+        if unknown:
+            raise ValueError(f"unknown client(s) {', '.join(unknown)}; choose from {', '.join(CLIENTS)}")
+        if self.max_new_tokens < 2 or self.repeats < 1 or any(k < 1 for k in (*self.ks, *self.stack_ks)):
+            raise ValueError("max_new_tokens must be at least 2, repeats and every K at least 1")
+        if any(not 0 < t < 1 for t in self.thresholds) or any(n < 1 for n in self.concurrency):
+            raise ValueError("thresholds must be in (0, 1) and concurrency levels at least 1")
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> BenchmarkOptions:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def inprocess_variants(*, pair: ModelPair, options: BenchmarkOptions) -> list[Variant]:
+    """Plain, the K sweep and, with a draft model, the confidence-threshold mode."""
+    if not pair.is_speculative:
+        return [PLAIN]
+    return default_variants(ks=options.ks, thresholds=options.thresholds if pair.draft_dir else ())
+
+
+def variant_order(variant: Variant) -> tuple:
+    """Plain, then K ascending, then the thresholds."""
+    threshold = variant.assistant_confidence_threshold
+    return variant.speculative, threshold is not None, variant.num_assistant_tokens or 0, threshold or 0
+
+
+def stack_variants(*, pair: ModelPair, options: BenchmarkOptions) -> list[Variant]:
+    """Plain and the pair's default speculation (or the asked K values), through the stack."""
+    if not pair.is_speculative:
+        return [PLAIN]
+    if options.stack_ks:
+        return [PLAIN] + [k_variant(k) for k in options.stack_ks]
+    if pair.assistant_confidence_threshold is not None and pair.draft_dir:
+        return [PLAIN, threshold_variant(pair.assistant_confidence_threshold)]
+    return [PLAIN, k_variant(pair.num_assistant_tokens or 5)]  # 5: the engine's fallback K
+
+
+def same_prompt_through_chat(*, pair: ModelPair, prompts) -> bool:
+    """Whether the chat, which applies the chat template and adds no special tokens, gives the model
+    the same tokens as in-process runs of the bare prompt (true for the demo pair)."""
+    from inference.services import chat_prompt
+
+    tokenizer = registry.load_tokenizer(str(registry.resolve_model_dir(pair.main_dir)))
+    return all(
+        chat_prompt(pair=pair, messages=[{"role": "user", "content": p.text}]) == p.text
+        and tokenizer.encode(p.text, add_special_tokens=True).input_ids.data.tolist()
+        == tokenizer.encode(p.text, add_special_tokens=False).input_ids.data.tolist()
+        for p in prompts
+    )
+
+
+def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, stack: StackTarget | None = None,
+                  progress: Progress | None = None, notes: tuple[str, ...] = ()) -> dict:
+    started_at = timestamp()
+    prompts = heldout_prompts(sets=options.prompt_sets, per_set=options.prompts_per_set)
+    variants = inprocess_variants(pair=pair, options=options)
+    through_stack = stack_variants(pair=pair, options=options) if stack and options.clients else []
+    variants = sorted(set(variants) | set(through_stack), key=variant_order)  # each stack variant has its twin
+    paths = []
+    if through_stack:
+        from inference.benchmark_stack import StackPath
+
+        paths = [StackPath(name, stack.client(name)) for name in options.clients]
+    levels = sorted(set(options.concurrency)) if through_stack else []
+    sweep_variants = through_stack[:2]  # plain and the first speculative variant
+    measure_total = (len(variants) + len(paths) * len(through_stack)) * (1 + options.repeats * len(prompts))
+    sweep_offset = measure_total + bool(pair.draft_dir)
+    total = sweep_offset + options.repeats * len(levels) * len(sweep_variants)
+
+    def phase(offset: int) -> Progress | None:
+        return (lambda done, _, label: progress(offset + done, total, label)) if progress else None
+
+    results = measure(plan=[(InProcessPath(engines), variants)] + [(path, through_stack) for path in paths],
+                      prompts=prompts, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
+                      progress=phase(0))
+    notes = list(notes)
+    cost_ratio = None
+    if pair.draft_dir:
+        cost_ratio = draft_cost_ratio(engines=engines, prompt=prompts[0].text,
+                                      max_new_tokens=min(64, options.max_new_tokens), repeats=options.repeats)
+        if progress:
+            progress(sweep_offset, total, "draft/main cost ratio")
+    elif pair.prompt_lookup:
+        cost_ratio = 0.0
+        notes.append("Prompt lookup has no draft model: its proposals are taken as free (c = 0).")
+    reference: dict[str, str] = {}
+    for sample in results[INPROCESS][PLAIN.name].samples:
+        reference.setdefault(sample.prompt.text, sample.text)
+    chat_same = "websocket" not in results or same_prompt_through_chat(pair=pair, prompts=prompts)
+    if not chat_same:
+        notes.append("The chat template changes the prompt: websocket texts are not compared with in-process ones.")
+    rows = [row for path, by_variant in results.items()
+            for row in summarize(by_variant, cost_ratio=cost_ratio, path=path,
+                                 reference=reference if path != "websocket" or chat_same else None)]
+    report = {
+        "pair": pair.slug,
+        "started_at": started_at,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": os.getloadavg(),
+                    "openvino_genai": openvino_genai.__version__},
+        "options": options.as_json(),
+        "prompts": len(prompts),
+        "cost_ratio": cost_ratio,
+        "stack_url": stack.base_url if through_stack else None,
+        "rows": compare_to_inprocess(rows),
+        "by_set": [row for name in options.prompt_sets
+                   for row in summarize({v: r.of_set(name) for v, r in results[INPROCESS].items()},
+                                        cost_ratio=cost_ratio, reference=reference, prompt_set=name)],
+        "ttft_profile": [],
+        "concurrency": [],
+        "concurrency_bursts": [],
+        "samples": {path: {v: [s.as_dict() for s in r.samples] for v, r in by_variant.items()}
+                    for path, by_variant in results.items()},
+        "notes": notes,
+    }
+    if through_stack:
+        from inference.benchmark_stack import concurrency_sweep, summarize_concurrency, ttft_profile
+
+        report["ttft_profile"] = ttft_profile({path.name: [s for r in results[path.name].values() for s in r.samples]
+                                               for path in paths})
+        if levels:
+            report["concurrency_bursts"] = concurrency_sweep(
+                stream=stack.client(options.concurrency_client), prompts=prompts, levels=levels,
+                variants=sweep_variants, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
+                progress=phase(sweep_offset))
+            report["concurrency"] = summarize_concurrency(report["concurrency_bursts"])
+    report["finished_at"] = timestamp()
+    report["bars"] = benchmark_report.evaluate_bars(report)
+    return report
+
+
+# ------------------------------------------------------------------ runs kept in the database
+def record_run(*, pair: ModelPair, options: BenchmarkOptions, results: dict, report_dir: Path) -> BenchmarkRun:
+    """Keep a finished run (from the command) so the pair's admin page shows it."""
+    return BenchmarkRun.objects.create(pair=pair, status=BenchmarkRun.Status.FINISHED, options=options.as_json(),
+                                       results=results, report_dir=str(report_dir.resolve()), progress="done",
+                                       finished_at=timezone.now())
+
+
+def start_benchmark_run(*, pair: ModelPair, options: BenchmarkOptions) -> BenchmarkRun:
+    """Record a queued run and send it to a worker of the pair's queue."""
+    from inference.tasks import benchmark
+
+    run = BenchmarkRun.objects.create(pair=pair, options=options.as_json())
+    transaction.on_commit(lambda: benchmark.apply_async(args=[run.id], queue=pair.queue))
+    return run
+
+
+def execute_benchmark_run(*, run_id: int) -> None:
+    """The worker's side: measure in-process on this worker's own engines for the pair (shared
+    with any live traffic, which the notes say), write the report, keep the results."""
+    from inference.services import pair_spec
+
+    claimed = BenchmarkRun.objects.filter(id=run_id, status=BenchmarkRun.Status.QUEUED).update(
+        status=BenchmarkRun.Status.RUNNING, progress="starting")
+    if not claimed:
+        return  # a replayed delivery of a run that already started
+    run = BenchmarkRun.objects.select_related("pair").get(id=run_id)
+    last_update = 0.0
+
+    def progress(done: int, total: int, label: str) -> None:
+        nonlocal last_update
+        if time.monotonic() - last_update >= 2:
+            last_update = time.monotonic()
+            BenchmarkRun.objects.filter(id=run_id).update(progress=f"{done}/{total}: {label}")
+
+    try:
+        options = BenchmarkOptions.from_json(run.options)
+        results = run_benchmark(pair=run.pair, options=options, progress=progress,
+                                engines=Engines(pair_spec(pair=run.pair), get=ENGINES.get),
+                                notes=("Run on a worker's own engines, which live traffic may have shared.",))
+        report_dir = Path(settings.BENCHMARK_DIR) / f"{run.pair.slug}-{run.id}"
+        benchmark_report.write_report(results, report_dir)
+    except Exception as exc:
+        log.exception("benchmark run %s failed", run_id)
+        BenchmarkRun.objects.filter(id=run_id).update(status=BenchmarkRun.Status.FAILED, finished_at=timezone.now(),
+                                                      error=f"{type(exc).__name__}: {exc}")
+        return
+    BenchmarkRun.objects.filter(id=run_id).update(status=BenchmarkRun.Status.FINISHED, results=results,
+                                                  report_dir=str(report_dir), progress="done",
+                                                  finished_at=timezone.now())
+
+
+def latest_finished_run(*, pair: ModelPair) -> BenchmarkRun | None:
+    return pair.benchmarks.filter(status=BenchmarkRun.Status.FINISHED).order_by("-created_at").first()
+
+
+def plot_file(*, run: BenchmarkRun, name: str) -> Path | None:
+    """One of the run's PNGs, if it has it (names are checked against the known plots)."""
+    if name not in benchmark_report.PLOTS or not run.report_dir:
+        return None
+    path = Path(run.report_dir) / name
+    return path if path.is_file() else None

@@ -1,0 +1,405 @@
+"""The benchmark through the running product: websocket and SSE clients, and the stack they talk to.
+
+Both clients time a generation as a user would see it (from sending the request to the first
+token and to the last) and take the counts (tokens, steps, accepted draft tokens) from the
+serving side, so the same figures as in-process can be compared and the serving overhead is
+measured, not assumed. `local_stack` starts daphne and a Celery worker as `manage.py serve`
+does; `concurrency_sweep` opens N streams at once and counts the lost and failed ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+
+import aiohttp
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+
+from inference import selectors, transport
+from inference.api.auth import set_new_key
+from inference.benchmark import Progress, Prompt, Sample, Variant, percentile
+from inference.models import ApiKey, Generation, ModelPair
+
+BENCHMARK_USERNAME = "specchat-benchmark"  # has no password: only the benchmark logs in as it
+STREAM_TIMEOUT = aiohttp.ClientTimeout(total=600)
+
+
+class StreamError(Exception):
+    """A stream that failed (refused, error event, broken connection) or was lost (ended without
+    all its tokens, or its streamed text differs from the final one)."""
+
+    def __init__(self, message: str, *, lost: bool = False):
+        super().__init__(message)
+        self.lost = lost
+
+
+class StackError(Exception):
+    """The stack could not be started or reached."""
+
+
+# ------------------------------------------------------------------ credentials
+@dataclass(frozen=True)
+class Credentials:
+    session_cookie: str  # "name=value" of a logged-in session, for the websocket
+    api_key: str  # a Bearer key, for the REST API
+
+
+@contextmanager
+def stack_credentials(*, max_concurrent: int) -> Iterator[Credentials]:
+    """A logged-in session and an API key of the `benchmark` user (who cannot log in with a
+    password); both, and the user's conversations, are removed afterwards."""
+    user = get_user_model().objects.filter(username=BENCHMARK_USERNAME).first()
+    if user is None:
+        user = get_user_model()(username=BENCHMARK_USERNAME)
+        user.set_unusable_password()
+        user.save()
+    elif user.has_usable_password():
+        raise StackError(f"a user '{BENCHMARK_USERNAME}' with a password exists; the benchmark will not use it")
+    store = import_module(settings.SESSION_ENGINE).SessionStore()
+    store[SESSION_KEY] = str(user.pk)
+    store[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[0]
+    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    store.create()
+    api_key = ApiKey(name="benchmark", user=user, max_concurrent=max_concurrent)
+    key = set_new_key(api_key)
+    api_key.save()
+    try:
+        yield Credentials(session_cookie=f"{settings.SESSION_COOKIE_NAME}={store.session_key}", api_key=key)
+    finally:
+        api_key.delete()
+        store.delete()
+        user.conversations.all().delete()
+
+
+# ------------------------------------------------------------------ the stack
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+
+def check_served(*, pair: ModelPair) -> None:
+    """StackError unless a live worker serves (or is loading) the pair."""
+    state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client()))
+    if not state.served:
+        raise StackError(f"nobody serves '{pair.slug}': {state.error}")
+
+
+def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180) -> None:
+    """Until this worker reports the pair AVAILABLE (it loads its queues' pairs at start)."""
+    client = transport.sync_client()
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        workers = [w for w in selectors.live_workers(client=client) if w.get("name", "").endswith(f":{worker_pid}")]
+        state = selectors.pair_state(pair=pair, workers=workers)
+        if state.state == "AVAILABLE":
+            return
+        if state.state == "UNAVAILABLE" and workers:
+            raise StackError(f"'{pair.slug}' cannot be served: {state.error}")
+        time.sleep(0.3)
+    raise StackError(f"'{pair.slug}' was not served within {timeout:.0f} s ({state.error if state else 'no state'})")
+
+
+@contextmanager
+def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
+    """daphne and one Celery worker for the pair's queue (as `manage.py serve` runs them) on a free
+    port, with this process's settings; yields the base URL. Refuses to start while another worker
+    takes the pair's queue, since it would take part of the load."""
+    others = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
+    if others:
+        raise StackError(f"worker(s) {', '.join(others)} already serve {pair.queue}: stop them, or benchmark "
+                         f"that server with --url")
+    root = Path(settings.BASE_DIR)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "chatsite.settings"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")]))}
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="specchat-bench-") as logs:
+        worker_log, web_log = Path(logs, "worker.log"), Path(logs, "daphne.log")
+        procs = []
+        try:
+            with open(worker_log, "w") as wl, open(web_log, "w") as dl:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-P", "threads",
+                     "-c", str(worker_threads), "-Q", pair.queue, "-n", f"benchmark-{os.getpid()}@%h",
+                     "--without-mingle", "--without-gossip", "--loglevel", "WARNING"],
+                    cwd=root, env=env, stdout=wl, stderr=subprocess.STDOUT))
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+                    cwd=root, env=env, stdout=dl, stderr=subprocess.STDOUT))
+            try:
+                wait_for_port(port, procs[1])
+                wait_until_served(pair=pair, worker_pid=procs[0].pid)
+            except StackError as exc:
+                logs_tail = f"--- worker log\n{_tail(worker_log)}\n--- daphne log\n{_tail(web_log)}"
+                raise StackError(f"{exc}\n{logs_tail}") from exc
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise StackError("daphne exited") from None
+            time.sleep(0.2)
+    raise StackError(f"daphne did not listen on port {port} within {timeout:.0f} s")
+
+
+# ------------------------------------------------------------------ clients
+StreamFn = Callable[..., Awaitable[Sample]]  # (prompt=, variant=, max_new_tokens=) -> Sample
+
+
+def _check_complete(*, tokens: int, max_new_tokens: int, streamed: str, final: str | None) -> None:
+    if tokens != max_new_tokens:
+        raise StreamError(f"ended after {tokens} of {max_new_tokens} tokens", lost=True)
+    if final is not None and streamed != final:
+        raise StreamError("the streamed text differs from the final text", lost=True)
+
+
+def websocket_client(*, base_url: str, credentials: Credentials, pair: str) -> StreamFn:
+    """The chat's websocket (/ws/chat/), as chat.js uses it: send, then follow the answer's events."""
+    url = base_url.replace("http", "ws", 1).rstrip("/") + "/ws/chat/"
+
+    async def stream(*, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
+        cookie = {"Cookie": credentials.session_cookie}
+        async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, headers=cookie) as http:
+            try:
+                ws = await http.ws_connect(url, origin=base_url)
+            except aiohttp.WSServerHandshakeError as exc:
+                raise StreamError(f"websocket refused: {exc.status} {exc.message}") from exc
+            async with ws:
+                started, sent_wall, generation_id = time.perf_counter(), time.time(), ""
+                await ws.send_json({"action": "send", "pair": pair, "text": prompt.text,
+                                    "settings": variant.request_settings(max_new_tokens)})
+                first_at, pieces = None, []
+                async for message in ws:
+                    if message.type != aiohttp.WSMsgType.TEXT:
+                        break
+                    data = json.loads(message.data)
+                    if data.get("type") == "error":
+                        raise StreamError(f"refused: {data.get('message')}")
+                    generation_id = generation_id or data.get("generation") or ""
+                    event = data.get("event") or {}
+                    if event.get("type") == "delta" and event.get("steps"):
+                        first_at = first_at or time.perf_counter()
+                        pieces.extend(draft + main for draft, main in event["steps"])
+                    elif event.get("type") == "error":
+                        raise StreamError(f"error event: {event.get('message')}")
+                    elif event.get("type") == "done":
+                        return _stack_sample(prompt=prompt, text="".join(pieces), done=event, started=started,
+                                             first_at=first_at, ended=time.perf_counter(),
+                                             max_new_tokens=max_new_tokens, final=event.get("text"),
+                                             generation_id=generation_id, sent_wall=sent_wall)
+                raise StreamError("the websocket closed before the answer was done", lost=True)
+
+    return stream
+
+
+def sse_client(*, base_url: str, credentials: Credentials, pair: str) -> StreamFn:
+    """POST /v1/completions with stream: true (OpenAI's SSE chunks, ending with `data: [DONE]`)."""
+    url = base_url.rstrip("/") + "/v1/completions"
+
+    async def stream(*, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
+        body = {"model": pair, "prompt": prompt.text, "stream": True, "stream_options": {"include_usage": True},
+                **variant.request_settings(max_new_tokens)}
+        async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as http:
+            started, sent_wall = time.perf_counter(), time.time()
+            async with http.post(url, json=body, headers={"Authorization": f"Bearer {credentials.api_key}"}) as resp:
+                if resp.status != 200:
+                    raise StreamError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+                first_at, pieces, usage = None, [], None
+                async for raw in resp.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        if usage is None:
+                            raise StreamError("the stream ended without usage", lost=True)
+                        return _stack_sample(prompt=prompt, text="".join(pieces), done=usage, started=started,
+                                             first_at=first_at, ended=time.perf_counter(),
+                                             max_new_tokens=max_new_tokens, final=None, sent_wall=sent_wall,
+                                             generation_id=resp.headers.get("X-Generation-Id", ""))
+                    chunk = json.loads(payload)
+                    if chunk.get("error"):
+                        raise StreamError(f"error chunk: {chunk['error'].get('message')}")
+                    for choice in chunk.get("choices") or []:
+                        if choice.get("text"):
+                            first_at = first_at or time.perf_counter()
+                            pieces.append(choice["text"])
+                    usage = chunk.get("usage") or usage
+                raise StreamError("the stream closed before [DONE]", lost=True)
+
+    return stream
+
+
+def _stack_sample(*, prompt: Prompt, text: str, done: dict, started: float, first_at: float | None, ended: float,
+                  max_new_tokens: int, final: str | None, generation_id: str, sent_wall: float) -> Sample:
+    """A Sample from client times and the server's counts (the done event, or the API's usage)."""
+    tokens = done.get("completion_tokens") or 0
+    _check_complete(tokens=tokens, max_new_tokens=max_new_tokens, streamed=text, final=final)
+    first_at = first_at or ended
+    return Sample(
+        prompt=prompt, text=text, tokens=tokens, started_at=started, duration_s=ended - started,
+        ttft_ms=(first_at - started) * 1000,
+        token_latency_ms=(ended - first_at) * 1000 / (tokens - 1) if tokens > 1 else None,
+        main_steps=done.get("main_steps") or 0, accepted=done.get("accepted_tokens"),
+        proposed=done.get("draft_tokens"), generation_id=generation_id, sent_wall=sent_wall,
+    )
+
+
+CLIENTS = {"websocket": websocket_client, "sse": sse_client}
+
+
+@dataclass(frozen=True)
+class StackTarget:
+    """A running product to measure through: its base URL, a logged-in session and an API key."""
+
+    base_url: str
+    credentials: Credentials
+    pair: str
+
+    def client(self, name: str) -> StreamFn:
+        return CLIENTS[name](base_url=self.base_url, credentials=self.credentials, pair=self.pair)
+
+
+def ttft_profile(samples_by_path: dict[str, list[Sample]]) -> list[dict]:
+    """Where the stack's time to first token goes, per path (medians in ms, from the Generation
+    rows; client and server clocks must be the same machine's): `web` from sending until the
+    generation is recorded (auth, checks, tokenizing), `queue` until a worker claims it (commit,
+    Celery), `engine` the first token in the batch, `delivery` the rest (worker setup, the stream's
+    flush interval, Redis, the consumer or SSE view, the client)."""
+    rows = []
+    for path, samples in samples_by_path.items():
+        traced = [s for s in samples if s.generation_id and s.sent_wall is not None and s.ttft_ms is not None]
+        generations = {str(g.id): g for g in Generation.objects.filter(id__in=[s.generation_id for s in traced])}
+        parts: dict[str, list[float]] = {"web": [], "queue": [], "engine": [], "delivery": [], "total": []}
+        for sample in traced:
+            g = generations.get(sample.generation_id)
+            if g is None or g.started_at is None or g.ttft_ms is None:
+                continue
+            web = (g.created_at.timestamp() - sample.sent_wall) * 1000
+            queue = (g.started_at - g.created_at).total_seconds() * 1000
+            for name, value in (("web", web), ("queue", queue), ("engine", g.ttft_ms),
+                                ("delivery", sample.ttft_ms - web - queue - g.ttft_ms), ("total", sample.ttft_ms)):
+                parts[name].append(value)
+        if parts["total"]:
+            rows.append({"path": path, "samples": len(parts["total"]),
+                         **{f"{name}_ms_p50": percentile(values, 50) for name, values in parts.items()}})
+    return rows
+
+
+class StackPath:
+    """A client as a benchmark path: one generation at a time."""
+
+    def __init__(self, name: str, stream: StreamFn):
+        self.name = name
+        self.stream = stream
+
+    def run(self, *, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
+        return asyncio.run(self.stream(prompt=prompt, variant=variant, max_new_tokens=max_new_tokens))
+
+
+# ------------------------------------------------------------------ concurrency
+def concurrency_sweep(
+    *, stream: StreamFn, prompts: list[Prompt], levels: list[int], variants: list[Variant], max_new_tokens: int,
+    repeats: int, progress: Progress | None = None,
+) -> list[dict]:
+    """Bursts of N simultaneous streams, interleaved repeat -> level -> variant; one record per burst."""
+    records, total = [], repeats * len(levels) * len(variants)
+    for repeat in range(repeats):
+        for level in levels:
+            for variant in variants:
+                record = asyncio.run(_burst(stream=stream, prompts=prompts, level=level, variant=variant,
+                                            max_new_tokens=max_new_tokens))
+                records.append({**record, "repeat": repeat})
+                if progress:
+                    progress(len(records), total, f"{level} streams {variant.name} repeat {repeat + 1}/{repeats}")
+    return records
+
+
+async def _burst(*, stream: StreamFn, prompts: list[Prompt], level: int, variant: Variant,
+                 max_new_tokens: int) -> dict:
+    started = time.perf_counter()
+    outcomes = await asyncio.gather(
+        *(stream(prompt=prompts[i % len(prompts)], variant=variant, max_new_tokens=max_new_tokens)
+          for i in range(level)), return_exceptions=True)
+    wall = time.perf_counter() - started
+    samples = [o for o in outcomes if isinstance(o, Sample)]
+    problems = [o for o in outcomes if not isinstance(o, Sample)]
+    lost = [p for p in problems if isinstance(p, StreamError) and p.lost]
+    return {
+        "variant": variant.name,
+        "concurrency": level,
+        "wall_s": wall,
+        "tokens": sum(s.tokens for s in samples),
+        "throughput": sum(s.tokens for s in samples) / wall,
+        "completed": len(samples),
+        "lost": len(lost),
+        "failed": len(problems) - len(lost),
+        "errors": sorted({f"{type(p).__name__}: {p}" for p in problems})[:5],
+        "samples": [s.as_dict() for s in samples],
+    }
+
+
+def summarize_concurrency(records: list[dict]) -> list[dict]:
+    """Per variant and level: throughput (median and spread over bursts), its scaling over one
+    stream, speculative over plain at the same level, latencies, and lost/failed streams."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for record in records:
+        groups.setdefault((record["variant"], record["concurrency"]), []).append(record)
+    rows = []
+    for (variant, level), bursts in groups.items():
+        samples = [s for b in bursts for s in b["samples"]]
+        rows.append({
+            "variant": variant,
+            "concurrency": level,
+            "bursts": len(bursts),
+            "streams": level * len(bursts),
+            "throughput": statistics.median(b["throughput"] for b in bursts),
+            "throughput_spread": [min(b["throughput"] for b in bursts), max(b["throughput"] for b in bursts)],
+            "stream_tokens_per_s_p50": percentile([s["tokens_per_s"] for s in samples], 50),
+            "ttft_ms_p50": percentile([s["ttft_ms"] for s in samples], 50),
+            "ttft_ms_p95": percentile([s["ttft_ms"] for s in samples], 95),
+            "token_latency_ms_p50": percentile([s["token_latency_ms"] for s in samples], 50),
+            "token_latency_ms_p95": percentile([s["token_latency_ms"] for s in samples], 95),
+            "lost": sum(b["lost"] for b in bursts),
+            "failed": sum(b["failed"] for b in bursts),
+            "errors": sorted({e for b in bursts for e in b["errors"]})[:5],
+        })
+    by_key = {(r["variant"], r["concurrency"]): r for r in rows}
+    for row in rows:
+        one = by_key.get((row["variant"], 1))
+        plain = by_key.get(("plain", row["concurrency"]))
+        row["scaling"] = row["throughput"] / one["throughput"] if one and one["throughput"] else None
+        row["speedup"] = row["throughput"] / plain["throughput"] if plain and plain["throughput"] else None
+    return rows

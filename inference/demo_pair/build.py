@@ -1,0 +1,506 @@
+"""Build the shipped demo main/draft pair offline: tokenizer, main, FastDraft-style draft, OpenVINO IR.
+
+Run with the `train` extra installed (torch 2.13.0 CPU, transformers, optimum-intel):
+
+    python -m inference.demo_pair.build --stage all
+
+Every stage caches its result under --work (default build/demo_pair), so a later stage can be
+re-run alone. The corpus is the running Python's own standard library, split into functions that
+each end with the end-of-sequence token: the pair is a small code-completion pair that writes a
+function and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}# {{ message['content'] }}\n"
+    "{% elif message['role'] == 'user' %}{{ message['content'] }}"
+    "{% else %}{{ message['content'] }}" + EOS + "\n"
+    "{% endif %}{% endfor %}"
+)
+HELDOUT = Path(__file__).resolve().parent.parent / "prompts" / "heldout.json"
+OUT_DEFAULT = Path(__file__).resolve().parents[1] / "models" / "demo-code"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------- corpus
+def stdlib_functions(max_chars: int = 4000) -> list[str]:
+    """Every function and method of the stdlib (tests excluded), dedented, as one document each."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    heldout_heads = {p.splitlines()[0].strip() for p in json.loads(HELDOUT.read_text())["code"]}
+    docs: list[str] = []
+    files = sorted(p for p in root.rglob("*.py") if not {"test", "tests", "site-packages", "idlelib"} & set(p.parts))
+    for path in tqdm(files, desc="corpus", unit="file"):
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                segment = ast.get_source_segment(source, node)
+                if not segment or len(segment) > max_chars:
+                    continue
+                text = textwrap.dedent(" " * node.col_offset + segment)
+                if text.splitlines()[0].strip() in heldout_heads:
+                    continue  # keep the held-out prompts out of training
+                docs.append(text)
+    return docs
+
+
+def stage_corpus(work: Path, seed: int) -> None:
+    docs = stdlib_functions()
+    random.Random(seed).shuffle(docs)
+    (work / "corpus.json").write_text(json.dumps(docs))
+    log(f"corpus: {len(docs)} functions, {sum(map(len, docs)) / 1e6:.1f} M characters")
+
+
+def load_corpus(work: Path) -> list[str]:
+    return json.loads((work / "corpus.json").read_text())
+
+
+# ---------------------------------------------------------------- tokenizer
+def stage_tokenizer(work: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    docs = load_corpus(work)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=True,
+    )
+    tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=PAD, unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = 1024
+    fast.save_pretrained(work / "tokenizer")
+    log(f"tokenizer: {fast.vocab_size} tokens")
+
+
+def load_tokenizer(work: Path):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(work / "tokenizer")
+
+
+def token_blocks(work: Path, seq_len: int) -> torch.Tensor:
+    """The corpus as one stream of documents, each ended by EOS, cut into seq_len blocks."""
+    cache = work / f"blocks_{seq_len}.pt"
+    if cache.exists():
+        return torch.load(cache)
+    tok = load_tokenizer(work)
+    ids: list[int] = []
+    for doc in tqdm(load_corpus(work), desc="tokenize", unit="doc"):
+        ids.extend(tok.encode(doc))
+        ids.append(tok.eos_token_id)
+    n = len(ids) // seq_len
+    blocks = torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+    torch.save(blocks, cache)
+    log(f"corpus: {len(ids) / 1e6:.2f} M tokens, {n} blocks of {seq_len}")
+    return blocks
+
+
+# ---------------------------------------------------------------- models
+def llama(tok, *, hidden: int, layers: int, heads: int, intermediate: int, max_pos: int = 1024):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_pos,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))))
+
+
+def train_loop(model, steps: int, peak_lr: float, batch_fn, loss_fn, desc: str) -> list[float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    model.train()
+    losses: list[float] = []
+    bar = tqdm(range(steps), desc=desc, unit="step")
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, peak_lr)
+        loss = loss_fn(model, batch_fn(step))  # fp32: without AMX, bf16 autocast was slower here
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
+    model.eval()
+    return losses
+
+
+def lm_loss(model, ids: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+
+
+def random_batches(blocks: torch.Tensor, batch: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return lambda step: blocks[torch.randint(len(blocks), (batch,), generator=gen)]
+
+
+def stage_main(work: Path, a) -> None:
+    torch.manual_seed(a.seed)
+    tok = load_tokenizer(work)
+    blocks = token_blocks(work, a.seq_len)
+    model = llama(tok, hidden=a.main_hidden, layers=a.main_layers, heads=a.main_heads, intermediate=a.main_intermediate)
+    log(f"main: {n_params(model) / 1e6:.1f} M parameters, {a.main_steps} steps of {a.batch}x{a.seq_len}")
+    losses = train_loop(model, a.main_steps, a.main_lr, random_batches(blocks, a.batch, a.seed), lm_loss, "train main")
+    model.save_pretrained(work / "main_trained")
+    tok.save_pretrained(work / "main_trained")
+    record(work, "main_trained", params=n_params(model), steps=a.main_steps, final_loss=sum(losses[-50:]) / 50)
+
+
+def widen_mlp(model, factor: int):
+    """Net2Net widening of every SwiGLU MLP: each hidden unit is copied `factor` times and its
+    outgoing weights divided by `factor`, so the function is unchanged but each step costs more."""
+    if factor <= 1:
+        return model
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        for name in ("gate_proj", "up_proj"):
+            lin = getattr(mlp, name)
+            wide = torch.nn.Linear(lin.in_features, lin.out_features * factor, bias=False)
+            wide.weight.data = lin.weight.data.repeat(factor, 1)
+            setattr(mlp, name, wide)
+        down = mlp.down_proj
+        wide = torch.nn.Linear(down.in_features * factor, down.out_features, bias=False)
+        wide.weight.data = down.weight.data.repeat(1, factor) / factor
+        mlp.down_proj = wide
+    model.config.intermediate_size *= factor
+    return model
+
+
+def stage_grow(work: Path, a) -> None:
+    from transformers import LlamaForCausalLM
+
+    tok = load_tokenizer(work)
+    small = LlamaForCausalLM.from_pretrained(work / "main_trained").eval()
+    probe = token_blocks(work, a.seq_len)[:4]
+    with torch.no_grad():
+        before = small(input_ids=probe).logits
+        grown = widen_mlp(small, a.grow_mlp)
+        after = grown(input_ids=probe).logits
+    diff = (before - after).abs().max().item()
+    grown.save_pretrained(work / "main_hf")
+    tok.save_pretrained(work / "main_hf")
+    record(work, "main_hf", params=n_params(grown), grow_mlp=a.grow_mlp, max_logit_diff=diff)
+    log(f"main grown x{a.grow_mlp} in its MLPs: {n_params(grown) / 1e6:.1f} M parameters, max logit diff {diff:.2e}")
+
+
+# ---------------------------------------------------------------- draft (FastDraft-style)
+@torch.no_grad()
+def greedy_continuations(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy continuation of equal-length prompts (no padding needed), end-of-sequence ignored,
+    exactly as the speculative benchmark runs the main."""
+    out = model(input_ids=prompts, use_cache=True)
+    past, seq = out.past_key_values, prompts
+    for _ in range(new_tokens):
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], 1)
+        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+    return seq
+
+
+def stage_synth(work: Path, a) -> None:
+    """The main's own greedy outputs for prompts drawn from function openings of the corpus."""
+    from transformers import LlamaForCausalLM
+
+    tok = load_tokenizer(work)
+    main = LlamaForCausalLM.from_pretrained(work / "main_trained").eval()  # same function as main_hf, cheaper
+    rng = random.Random(a.seed + 1)
+    docs = load_corpus(work)
+    seqs = []
+    bar = tqdm(total=a.synth_sequences, desc="main generates", unit="seq")
+    while len(seqs) < a.synth_sequences:
+        plen = rng.choice([4, 8, 16, 32])
+        batch = []
+        while len(batch) < 32:
+            ids = tok.encode(rng.choice(docs))
+            if len(ids) > plen:
+                batch.append(ids[:plen])
+        out = greedy_continuations(main, torch.tensor(batch), a.synth_new_tokens)
+        seqs.extend(out.tolist())
+        bar.update(32)
+    bar.close()
+    (work / "synth.json").write_text(json.dumps(seqs))
+    log(f"synthetic set: {len(seqs)} main-generated sequences")
+
+
+def stage_draft(work: Path, a) -> None:
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(a.seed + 2)
+    tok = load_tokenizer(work)
+    blocks = token_blocks(work, a.seq_len)
+    main = LlamaForCausalLM.from_pretrained(work / "main_trained").eval()
+    for p in main.parameters():
+        p.requires_grad_(False)
+    draft = llama(tok, hidden=a.draft_hidden, layers=a.draft_layers, heads=a.draft_heads, intermediate=a.draft_intermediate)
+    log(f"draft: {n_params(draft) / 1e6:.2f} M parameters")
+    pre = train_loop(draft, a.draft_pretrain_steps, a.draft_lr, random_batches(blocks, a.batch, a.seed + 3), lm_loss, "pretrain draft")
+
+    synth = json.loads((work / "synth.json").read_text())
+    by_len: dict[int, list[list[int]]] = {}
+    for s in synth:
+        by_len.setdefault(len(s), []).append(s)
+    groups = [torch.tensor(v) for v in by_len.values()]
+    gen = torch.Generator().manual_seed(a.seed + 4)
+    corpus_batch = random_batches(blocks, a.batch // 2, a.seed + 5)
+
+    def distill_batch(step: int) -> torch.Tensor:
+        if step % 3 == 2:  # one batch in three from natural code, labelled by the main
+            return corpus_batch(step)
+        g = groups[torch.randint(len(groups), (1,), generator=gen).item()]
+        return g[torch.randint(len(g), (a.batch // 2,), generator=gen)]
+
+    def distill_loss(model, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher = main(input_ids=ids).logits.float()
+        student = model(input_ids=ids).logits.float()
+        vocab = student.size(-1)
+        kl = F.kl_div(F.log_softmax(student, -1).view(-1, vocab), F.log_softmax(teacher, -1).view(-1, vocab),
+                      log_target=True, reduction="batchmean")
+        hard = F.cross_entropy(student.view(-1, vocab), teacher.argmax(-1).view(-1))
+        return kl + hard
+
+    dist = train_loop(draft, a.draft_distill_steps, a.draft_lr / 2, distill_batch, distill_loss, "distill draft")
+    draft.save_pretrained(work / "draft_hf")
+    tok.save_pretrained(work / "draft_hf")
+    record(work, "draft_hf", params=n_params(draft), pretrain_steps=a.draft_pretrain_steps,
+           distill_steps=a.draft_distill_steps, pretrain_loss=sum(pre[-50:]) / 50, distill_loss=sum(dist[-50:]) / 50)
+
+
+# ---------------------------------------------------------------- export
+def export(src: Path, dst: Path, weight_format: str) -> None:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", str(src),
+           "--task", "text-generation-with-past", "--weight-format", weight_format, str(dst)]
+    log(" ".join(cmd))
+    subprocess.run(cmd, check=True, env=env)
+    for leftover in ("tokenizer.json", "vocab.json", "merges.txt"):
+        (dst / leftover).unlink(missing_ok=True)  # the IR tokenizer is what the app loads
+
+
+def stage_export(work: Path, a) -> None:
+    out = Path(a.out)
+    export(work / "main_hf", out / "main", a.main_weights)
+    export(work / "draft_hf", out / "draft", a.draft_weights)
+    record(work, "export", main_weights=a.main_weights, draft_weights=a.draft_weights)
+
+
+def measure_pair(main_dir: Path, draft_dir: Path, prompts: list[str], ks, repeats: int, thresholds=()) -> dict:
+    """Greedy, 128 new tokens, concurrency 1, in-process: main alone vs with the draft, same backend."""
+    from inference.benchmark import default_variants, draft_cost_ratio, measure_inprocess, summarize
+    from inference.engine import PairSpec
+
+    spec = PairSpec(slug="demo-code", main_dir=str(main_dir), draft_dir=str(draft_dir))
+    variants = default_variants(ks=ks, thresholds=thresholds)
+    bar = tqdm(desc=f"measure {main_dir.name}", unit="gen")
+
+    def progress(done: int, total: int, label: str) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    results = measure_inprocess(spec=spec, prompts=prompts, variants=variants, max_new_tokens=128, repeats=repeats,
+                                progress=progress)
+    bar.close()
+    ratio = draft_cost_ratio(spec=spec, prompt=prompts[0])
+    return {"draft_main_cost_ratio": ratio, "rows": summarize(results, cost_ratio=ratio)}
+
+
+def stage_measure(work: Path, a) -> None:
+    """Measure the exported pair on held-out prompts, and how the speedup grows with the main's size."""
+    from inference.benchmark import print_table
+
+    out = Path(a.out)
+    prompts = json.loads(HELDOUT.read_text())["code"]
+    full = measure_pair(out / "main", out / "draft", prompts, range(1, 9), repeats=1, thresholds=(0.3, 0.5))
+    print_table(full["rows"], out=log)
+    k_rows = [r for r in full["rows"] if r["variant"].startswith("K=")]
+    best = max(k_rows, key=lambda r: r["speedup"])
+    best_k = int(best["variant"][2:])
+    curve = []
+    for factor in sorted({1, a.grow_mlp // 2, a.grow_mlp} - {0}):
+        if factor == a.grow_mlp:
+            row = best
+            params = json.loads((work / "record.json").read_text())["main_hf"]["params"]
+        else:
+            from transformers import LlamaForCausalLM
+
+            grown = widen_mlp(LlamaForCausalLM.from_pretrained(work / "main_trained"), factor)
+            params = n_params(grown)
+            grown.save_pretrained(work / f"main_x{factor}")
+            load_tokenizer(work).save_pretrained(work / f"main_x{factor}")
+            export(work / f"main_x{factor}", work / f"main_x{factor}_ir", a.main_weights)
+            row = next(r for r in measure_pair(work / f"main_x{factor}_ir", out / "draft", prompts[:6], [best_k],
+                                               repeats=1)["rows"] if r["variant"] == f"K={best_k}")
+        curve.append({"main_params": params, "mlp_growth": factor, "k": best_k, "acceptance_rate": row["acceptance_rate"],
+                      "speedup": row["speedup"]})
+        log(f"main x{factor} ({params / 1e6:.0f} M): speedup {row['speedup']:.2f} at K={best_k}")
+    measured = {
+        "when": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+        "settings": "greedy, 128 new tokens (EOS ignored), concurrency 1, in-process ContinuousBatchingPipeline, "
+                    "f32 inference with f32 KV cache, main alone on the same backend as the baseline",
+        "prompts": f"{len(prompts)} held-out code prompts (inference/prompts/heldout.json)",
+        "best_k": best_k,
+        "acceptance_at_best_k": best["acceptance_rate"],
+        "speedup_at_best_k": best["speedup"],
+        "theoretical_speedup_at_best_k": best.get("theoretical_speedup"),
+        "identical_to_main_on_all_prompts": all(r["identical_to_plain"] for r in full["rows"]),
+        "draft_main_cost_ratio": full["draft_main_cost_ratio"],
+        "variants": full["rows"],
+        "main_size_curve": curve,
+    }
+    pair_path = out / "pair.json"
+    pair = json.loads(pair_path.read_text()) if pair_path.exists() else {}
+    pair["measured"] = measured
+    pair_path.write_text(json.dumps(pair, indent=1) + "\n")
+    log(f"best K={best_k}: acceptance {best['acceptance_rate']:.2f}, speedup {best['speedup']:.2f}x, "
+        f"identical: {measured['identical_to_main_on_all_prompts']}")
+
+
+def stage_pair_json(work: Path, a) -> None:
+    """pair.json: how the pair was made and what it measured (the measure stage adds the numbers)."""
+    from transformers import AutoConfig
+
+    info = json.loads((work / "record.json").read_text())
+    out = Path(a.out)
+    pair_path = out / "pair.json"
+    previous = json.loads(pair_path.read_text()) if pair_path.exists() else {}
+    cfg = {k: AutoConfig.from_pretrained(work / k).to_dict() for k in ("main_hf", "draft_hf")}
+    keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    pair = {
+        "name": "demo-code",
+        "description": "Python code-completion pair trained offline on CPython's standard library.",
+        "corpus": f"CPython {sys.version.split()[0]} standard library (tests excluded), one function per document",
+        "seed": a.seed,
+        "main": {**{k: cfg["main_hf"][k] for k in keep}, **info.get("main_hf", {}), "trained": info.get("main_trained", {}),
+                 "weights": info.get("export", {}).get("main_weights"),
+                 "growth": "Net2Net MLP widening after training (function-preserving): the main computes what the "
+                           "trained model computes, at the cost of a model this size"},
+        "draft": {**{k: cfg["draft_hf"][k] for k in keep}, **info.get("draft_hf", {}),
+                  "weights": info.get("export", {}).get("draft_weights"),
+                  "alignment": "FastDraft-style: pretrained on the corpus, then distilled (KL + argmax CE) on "
+                               "the main's own greedy outputs and the main's predictions on the corpus"},
+        "recommended": {"inference_precision": "f32", "kv_cache_precision": "f32"},
+        "measured": previous.get("measured", {}),
+    }
+    pair_path.write_text(json.dumps(pair, indent=1) + "\n")
+    log(f"wrote {pair_path}")
+
+
+def record(work: Path, key: str, **values) -> None:
+    path = work / "record.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = values
+    path.write_text(json.dumps(data, indent=1))
+
+
+STAGES = {
+    "corpus": lambda w, a: stage_corpus(w, a.seed),
+    "tokenizer": lambda w, a: stage_tokenizer(w, a.vocab_size),
+    "main": stage_main,
+    "grow": stage_grow,
+    "synth": stage_synth,
+    "draft": stage_draft,
+    "export": stage_export,
+    "pairjson": stage_pair_json,
+    "measure": stage_measure,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stage", nargs="+", default=["all"], choices=["all", *STAGES])
+    p.add_argument("--work", default="build/demo_pair")
+    p.add_argument("--out", default=str(OUT_DEFAULT))
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--main-hidden", type=int, default=384)
+    p.add_argument("--main-layers", type=int, default=6)
+    p.add_argument("--main-heads", type=int, default=6)
+    p.add_argument("--main-intermediate", type=int, default=1024)
+    p.add_argument("--main-steps", type=int, default=900)
+    p.add_argument("--main-lr", type=float, default=1.5e-3)
+    p.add_argument("--grow-mlp", type=int, default=8)
+    p.add_argument("--synth-sequences", type=int, default=2048)
+    p.add_argument("--synth-new-tokens", type=int, default=160)
+    p.add_argument("--draft-hidden", type=int, default=256)
+    p.add_argument("--draft-layers", type=int, default=2)
+    p.add_argument("--draft-heads", type=int, default=4)
+    p.add_argument("--draft-intermediate", type=int, default=768)
+    p.add_argument("--draft-pretrain-steps", type=int, default=300)
+    p.add_argument("--draft-distill-steps", type=int, default=900)
+    p.add_argument("--draft-lr", type=float, default=2e-3)
+    p.add_argument("--main-weights", default="int8", choices=["fp16", "int8", "int4"])
+    p.add_argument("--draft-weights", default="fp16", choices=["fp16", "int8", "int4"])
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    stages = list(STAGES) if a.stage == ["all"] else a.stage
+    for name in stages:
+        log(f"stage {name}")
+        STAGES[name](work, a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,366 @@
+"""The speculative engine: one ContinuousBatchingPipeline per pair, stepped by one thread.
+
+openvino-genai's `step()` must be driven by a single thread and holds the GIL while it runs, so a
+worker process keeps one pipeline per pair and one thread that steps it; concurrent generations
+join the same batch through `add_request` (thread-safe). Each step hands every request the tokens
+it accepted in that step: with a draft, the accepted draft run plus the main model's own token.
+Nothing here knows about Django, Redis or Celery, so the benchmark drives it in-process too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Callable
+from typing import NamedTuple
+
+import openvino_genai as og
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Everything needed to build a pair's pipeline. `speculative=False` builds the main alone,
+    on the same backend and scheduler settings: the honest baseline, and per-request opt-out."""
+
+    slug: str
+    main_dir: str
+    draft_dir: str = ""
+    prompt_lookup: bool = False
+    device: str = "CPU"
+    cache_size_gb: int = 1
+    inference_precision: str = "f32"
+    kv_cache_precision: str = "f32"
+    speculative: bool = True
+
+    @property
+    def uses_draft(self) -> bool:
+        return self.speculative and bool(self.draft_dir)
+
+    @property
+    def uses_prompt_lookup(self) -> bool:
+        return self.speculative and not self.draft_dir and self.prompt_lookup
+
+    def device_properties(self) -> dict[str, str]:
+        props = {}
+        if self.inference_precision:
+            props["INFERENCE_PRECISION_HINT"] = self.inference_precision
+        if self.kv_cache_precision:
+            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+        if self.device == "CPU" and self.inference_precision == "f32":
+            # The CPU quantizes activations of int8/int4-weight matmuls on the fly, differently for one
+            # token and for K+1 verified tokens; near-ties then flip (2 of 16 demo answers differed).
+            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
+        return props
+
+    def build_pipeline(self) -> og.ContinuousBatchingPipeline:
+        scheduler = og.SchedulerConfig()
+        scheduler.cache_size = self.cache_size_gb
+        props: dict = dict(self.device_properties())
+        if self.uses_draft:
+            props["draft_model"] = og.draft_model(self.draft_dir, self.device, **self.device_properties())
+        elif self.uses_prompt_lookup:
+            props["prompt_lookup"] = True
+        return og.ContinuousBatchingPipeline(self.main_dir, scheduler, self.device, props)
+
+
+@dataclass(frozen=True)
+class DecodingParams:
+    max_new_tokens: int
+    num_assistant_tokens: int | None = None
+    assistant_confidence_threshold: float | None = None
+    max_ngram_size: int = 3
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def generation_config(self, spec: PairSpec) -> og.GenerationConfig:
+        cfg = og.GenerationConfig()
+        cfg.max_new_tokens = self.max_new_tokens
+        cfg.ignore_eos = self.ignore_eos
+        if self.stop:
+            cfg.stop_strings = set(self.stop)
+        if self.temperature > 0:
+            cfg.do_sample = True
+            cfg.temperature = self.temperature
+            cfg.top_p = self.top_p
+            cfg.top_k = self.top_k
+            if self.seed is not None:
+                cfg.rng_seed = self.seed
+        if spec.uses_draft or spec.uses_prompt_lookup:
+            # A speculative pipeline fails inside step() when neither is set.
+            if self.assistant_confidence_threshold is not None and spec.uses_draft:
+                cfg.assistant_confidence_threshold = self.assistant_confidence_threshold
+            else:
+                cfg.num_assistant_tokens = self.num_assistant_tokens or 5
+            if spec.uses_prompt_lookup:
+                cfg.max_ngram_size = self.max_ngram_size
+        return cfg
+
+
+class StepTokens(NamedTuple):
+    """The tokens one main step delivered to a request, and when (perf_counter seconds)."""
+
+    token_ids: list[int]
+    at: float
+
+
+class Finished(NamedTuple):
+    finish_reason: str  # "stop" (EOS or stop string), "length", "stopped" (asked to), "error"
+    error: str = ""
+
+
+class ActiveRequest:
+    """A request inside the batch. The step thread feeds `events`; its owner reads them."""
+
+    def __init__(self, request_id: int, handle, prompt_tokens: int, added_at: float):
+        self.request_id = request_id
+        self.handle = handle  # the handle's destructor would cancel the request: keep it
+        self.prompt_tokens = prompt_tokens
+        self.added_at = added_at
+        self.events: queue.Queue[StepTokens | Finished] = queue.Queue()
+        self.stop_requested = False
+        self.stop_sent = False
+        self.finish_reason = ""
+
+    def stop(self) -> None:
+        """Ask the step thread to stop this request before its next step (keeps what was produced)."""
+        self.stop_requested = True
+
+
+class PairEngine:
+    def __init__(self, spec: PairSpec):
+        self.spec = spec
+        started = time.perf_counter()
+        self.pipe = spec.build_pipeline()
+        self.load_seconds = time.perf_counter() - started
+        self.tokenizer = self.pipe.get_tokenizer()
+        self._cv = threading.Condition()
+        self._active: dict[int, ActiveRequest] = {}
+        self._ids = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._step_forever, name=f"step-{spec.slug}", daemon=True)
+        self._thread.start()
+        log.info("loaded %s (speculative=%s) in %.1f s", spec.slug, spec.speculative, self.load_seconds)
+
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
+    def submit(self, *, prompt: str, params: DecodingParams, add_special_tokens: bool = True,
+               before_batch: Callable[[int], None] | None = None) -> ActiveRequest:
+        """Add a request to the batch. `before_batch(prompt_tokens)` runs first: once the request is
+        in, step() holds the GIL and I/O from other threads (a Redis write) waits tens of ms."""
+        input_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids
+        if before_batch:
+            before_batch(int(input_ids.shape[1]))
+        request_id = next(self._ids)
+        config = params.generation_config(self.spec)
+        with self._cv:
+            handle = self.pipe.add_request(request_id, input_ids, config)
+            request = ActiveRequest(request_id, handle, int(input_ids.shape[1]), time.perf_counter())
+            self._active[request_id] = request
+            self._cv.notify()
+        return request
+
+    def close(self) -> None:
+        """End the step thread once no request is left, so the pipeline can be freed."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def _step_forever(self) -> None:
+        while True:
+            with self._cv:
+                while not self._active and not self._closed:
+                    self._cv.wait()
+                if not self._active:
+                    return
+                batch = list(self._active.values())
+            for request in batch:
+                if request.stop_requested and not request.stop_sent:
+                    request.handle.stop()
+                    request.stop_sent = True
+            try:
+                self.pipe.step()
+            except Exception as exc:  # a failed step fails the requests in it, not the worker
+                log.exception("step failed for %s", self.spec.slug)
+                for request in batch:
+                    self._finish(request, Finished("error", f"{type(exc).__name__}: {exc}"))
+                continue
+            now = time.perf_counter()
+            for request in batch:
+                self._collect(request, now)
+            # step() keeps the GIL for its whole run: hand it over so the threads that stream the
+            # tokens just delivered run now, not after the next step.
+            time.sleep(0)
+
+    def _collect(self, request: ActiveRequest, now: float) -> None:
+        if request.handle.can_read():
+            for output in request.handle.read().values():
+                if output.generated_ids:
+                    request.events.put(StepTokens(list(output.generated_ids), now))
+                if output.finish_reason == og.GenerationFinishReason.LENGTH:
+                    request.finish_reason = "length"
+                elif output.finish_reason == og.GenerationFinishReason.STOP:
+                    request.finish_reason = "stop"
+        status = request.handle.get_status()
+        if status == og.GenerationStatus.RUNNING:
+            return
+        if status in (og.GenerationStatus.STOP, og.GenerationStatus.CANCEL) or request.stop_sent:
+            self._finish(request, Finished("stopped"))
+        elif status == og.GenerationStatus.FINISHED:
+            self._finish(request, Finished(request.finish_reason or "stop"))
+        else:
+            self._finish(request, Finished("error", f"the pipeline dropped the request ({status.name})"))
+
+    def _finish(self, request: ActiveRequest, finished: Finished) -> None:
+        with self._cv:
+            if self._active.pop(request.request_id, None) is None:
+                return
+        request.events.put(finished)
+        request.handle = None
+
+
+class TextAssembler:
+    """Turns the token runs of successive steps into text pieces without cutting a UTF-8 character.
+
+    Each step gives (draft text, main text): the text of the accepted draft tokens, and of the
+    main model's own token that ends the step.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+
+    def _stable(self, n: int) -> str:
+        decoded = self.tokenizer.decode(self.ids[:n])
+        return decoded.rstrip("\ufffd")  # an incomplete character waits for the next tokens
+
+    def _take(self, n: int) -> str:
+        stable = self._stable(n)
+        if len(stable) <= len(self.text) or not stable.startswith(self.text):
+            return ""
+        piece, self.text = stable[len(self.text):], stable
+        return piece
+
+    def add(self, token_ids: list[int]) -> tuple[str, str]:
+        split = len(self.ids) + len(token_ids) - 1
+        self.ids.extend(token_ids)
+        draft = self._take(split) if len(token_ids) > 1 else ""
+        return draft, self._take(len(self.ids))
+
+    def finish(self) -> str:
+        """Whatever was held back (a character cut by the end of generation)."""
+        decoded = self.tokenizer.decode(self.ids)
+        piece = decoded[len(self.text):] if decoded.startswith(self.text) else ""
+        self.text += piece
+        return piece
+
+
+@dataclass
+class SpeculationStats:
+    """Counts per generation, from the tokens each main step delivered."""
+
+    num_assistant_tokens: int | None  # K when fixed; None for the confidence-threshold mode or no draft
+    speculative: bool
+    max_new_tokens: int
+    main_steps: int = 0
+    tokens: int = 0
+    accepted: int = 0
+    proposed: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    def add_step(self, n_tokens: int, at: float) -> None:
+        first = self.main_steps == 0
+        remaining = self.max_new_tokens - self.tokens
+        self.main_steps += 1
+        self.tokens += n_tokens
+        self.first_token_at = self.first_token_at or at
+        self.last_token_at = at
+        if first or not self.speculative:
+            return  # the prefill step has nothing to verify
+        accepted = n_tokens - 1
+        self.accepted += accepted
+        if self.num_assistant_tokens:
+            # the draft proposes no more than the tokens left after the main's own one
+            self.proposed += max(min(self.num_assistant_tokens, remaining - 1), accepted)
+        while len(self.accepted_by_position) < accepted:
+            self.accepted_by_position.append(0)
+        for position in range(accepted):
+            self.accepted_by_position[position] += 1
+
+    def summary(self, *, started_at: float, ended_at: float) -> dict:
+        decode_steps = max(self.main_steps - 1, 0)
+        duration = max(ended_at - started_at, 1e-9)
+        return {
+            "completion_tokens": self.tokens,
+            "main_steps": self.main_steps,
+            "ttft_ms": (self.first_token_at - started_at) * 1000 if self.first_token_at else None,
+            "duration_ms": duration * 1000,
+            "tokens_per_s": self.tokens / duration if self.tokens else 0.0,
+            "draft_tokens": self.proposed if self.speculative and self.num_assistant_tokens else None,
+            "accepted_tokens": self.accepted if self.speculative else None,
+            "acceptance_rate": (self.accepted / self.proposed) if self.proposed else None,
+            # tokens per verifying step, the main's own token included (vLLM's "mean acceptance length")
+            "mean_accepted_length": ((self.tokens - 1) / decode_steps) if self.speculative and decode_steps else None,
+            "accepted_by_position": self.accepted_by_position if self.speculative else [],
+        }
+
+
+class EngineRegistry:
+    """The engines a worker process holds, loaded on first use and kept."""
+
+    def __init__(self):
+        self._engines: dict[PairSpec, PairEngine] = {}
+        self._locks: dict[PairSpec, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.states: dict[str, dict] = {}  # slug -> {"state": loading|available|failed, "error": str}
+
+    def get(self, spec: PairSpec) -> PairEngine:
+        engine = self._engines.get(spec)
+        if engine:
+            return engine
+        with self._guard:
+            lock = self._locks.setdefault(spec, threading.Lock())
+        with lock:
+            if spec in self._engines:
+                return self._engines[spec]
+            if spec.speculative:
+                self.states[spec.slug] = {"state": "loading", "error": ""}
+            try:
+                for folder in filter(None, (spec.main_dir, spec.draft_dir if spec.speculative else "")):
+                    if not Path(folder, "openvino_model.xml").is_file():
+                        raise FileNotFoundError(f"no openvino_model.xml in {folder}")
+                engine = PairEngine(spec)
+            except Exception as exc:
+                if spec.speculative:
+                    self.states[spec.slug] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                raise
+            self._engines[spec] = engine
+            if spec.speculative:
+                self.states[spec.slug] = {"state": "available", "error": ""}
+            return engine
+
+    def unload(self, slug: str) -> None:
+        for spec in [s for s in self._engines if s.slug == slug]:
+            self._engines.pop(spec).close()  # requests in flight finish first
+        self.states.pop(slug, None)
+
+    def active_requests(self) -> int:
+        return sum(engine.active_count for engine in self._engines.values())
+
+
+ENGINES = EngineRegistry()

@@ -1,0 +1,321 @@
+"""Import of a Hugging Face main/draft pair: export both to OpenVINO IR with optimum-intel, check that
+they share one tokenizer, and register the pair, all or nothing.
+
+The draft's tokenizer is checked before any export (minutes for a real model) by converting both
+Hugging Face tokenizers to OpenVINO ones (seconds) and comparing them as the registry compares
+exported pairs. The exports land in a hidden staging folder under the models root that becomes
+`<slug>/` only once both are done, and the pair is saved through `full_clean` (the registry's
+checks on the exported folders): a failure at any point leaves no folder and no ModelPair.
+Runs where the `train` extra is installed (torch, transformers, optimum-intel).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from inference import registry
+from inference.models import ImportJob, ModelPair
+
+log = logging.getLogger(__name__)
+
+WEIGHT_FORMATS = ("fp16", "int8", "int4")
+DEFAULT_NUM_ASSISTANT_TOKENS = 4  # a starting K; the benchmark finds the pair's best
+HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+LOG_CHARS = 64_000  # the tail of the export output kept on the job
+# Lines optimum-cli prints at known points of an export -> fraction of that export done.
+EXPORT_MILESTONES = (("TracerWarning", 0.3), ("Statistics of the bitwidth", 0.7), ("Applying Weight Compression", 0.9))
+
+ProgressCallback = Callable[[float, str, str], None]  # (fraction done, stage, last output line)
+
+
+class ImportFailed(Exception):
+    """An import that cannot go on; the message says why and what to do."""
+
+
+def can_export() -> bool:
+    """Whether this machine has the train extra (optimum-intel) that exports run with."""
+    return importlib.util.find_spec("optimum") is not None and importlib.util.find_spec("optimum.intel") is not None
+
+
+def request_errors(*, name: str, slug: str, main_source: str, draft_source: str, weight_format: str,
+                   kv_cache_precision: str, device: str) -> dict[str, str]:
+    """ImportJob field -> message for an import that cannot start (empty when it can)."""
+    errors: dict[str, str] = {}
+    pair = ModelPair(name=name, slug=slug)
+    try:
+        pair.clean_fields(exclude=[f.name for f in ModelPair._meta.fields if f.name not in ("name", "slug")])
+        pair.validate_unique()
+    except ValidationError as exc:
+        errors.update({field: " ".join(messages) for field, messages in exc.message_dict.items()})
+    if "slug" not in errors and (settings.MODELS_ROOT / slug).exists():
+        errors["slug"] = f"{settings.MODELS_ROOT / slug} already exists: choose another slug or remove that folder."
+    if not main_source.strip():
+        errors["main_source"] = "The main model is required: a Hugging Face id or a local folder."
+    if weight_format not in WEIGHT_FORMATS:
+        errors["weight_format"] = f"The weight format must be one of {', '.join(WEIGHT_FORMATS)}."
+    if kv_cache_precision not in ModelPair.KvPrecision.values:
+        errors["kv_cache_precision"] = f"The KV cache precision must be one of {ModelPair.KvPrecision.values}."
+    if device not in ModelPair.Device.values:
+        errors["device"] = f"The device must be one of {', '.join(ModelPair.Device.values)}."
+    return errors
+
+
+def local_source(source: str, *, role: str) -> Path:
+    """The local Hugging Face folder for `source`: the folder itself, or a hub id's download."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.is_absolute() or source.startswith((".", "~")) or not HUB_ID.match(source):
+        raise ImportFailed(f"The {role} folder {source} does not exist.")
+    return _download(source, role=role)
+
+
+def _download(repo_id: str, *, role: str) -> Path:
+    """The hub model's config, tokenizer and weights (one format) in the Hugging Face cache."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    try:
+        files = HfApi().list_repo_files(repo_id)
+        weights = "*.safetensors" if any(f.endswith(".safetensors") for f in files) else "*.bin"
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja",
+                                                               weights]))
+    except Exception as exc:
+        raise ImportFailed(f"The {role} '{repo_id}' is neither a local folder nor a Hugging Face hub model that "
+                           f"could be downloaded ({type(exc).__name__}: {exc}).") from exc
+
+
+def check_causal_lm(folder: Path, *, role: str) -> None:
+    """Only text-generation models (a ...ForCausalLM architecture) can be exported and served."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ImportFailed(f"The {role} folder {folder} has no readable config.json: not a Hugging Face model "
+                           f"folder ({exc}).") from exc
+    causal = {name for names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+              for name in ((names,) if isinstance(names, str) else names)}
+    architectures = config.get("architectures") or []
+    if architectures:
+        ok = any(a in causal or a.endswith("ForCausalLM") for a in architectures)
+    else:
+        ok = config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if not ok:
+        found = ", ".join(architectures) or f"model_type {config.get('model_type')!r}"
+        raise ImportFailed(f"The {role} ({folder}) is not a causal language model: its config.json says {found}. "
+                           "Only text-generation models (a ...ForCausalLM architecture) can be served.")
+
+
+def tokenizer_problems(main: Path, draft: Path) -> list[str]:
+    """What differs between the two Hugging Face tokenizers, compared after conversion as the registry
+    compares exported pairs (vocabulary, special ids, probe encodings)."""
+    from openvino import save_model
+    from openvino_tokenizers import convert_tokenizer
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="specchat-tokenizers-") as tmp:
+        folders = []
+        for role, source in (("main", main), ("draft", draft)):
+            try:
+                tokenizer, detokenizer = convert_tokenizer(AutoTokenizer.from_pretrained(source), with_detokenizer=True)
+            except Exception as exc:
+                raise ImportFailed(f"The {role}'s tokenizer in {source} cannot be loaded or converted to OpenVINO "
+                                   f"({type(exc).__name__}: {exc}).") from exc
+            folder = Path(tmp) / role
+            save_model(tokenizer, folder / "openvino_tokenizer.xml")
+            save_model(detokenizer, folder / "openvino_detokenizer.xml")
+            folders.append(folder)
+        return registry.tokenizer_differences(*folders)
+
+
+def _weights_size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in WEIGHT_SUFFIXES)
+
+
+def check_disk(*, sources: list[Path], root: Path) -> None:
+    """The IR of a 16- or 32-bit source in fp16/int8/int4 is at most the size of its weights."""
+    need = sum(_weights_size(source) for source in sources)
+    reserve = settings.IMPORT_DISK_RESERVE_GB * 2**30
+    free = shutil.disk_usage(root).free
+    if free < need + reserve:
+        raise ImportFailed(f"Not enough disk space under {root}: {free / 2**30:.1f} GB free, the export needs up to "
+                           f"{need / 2**30:.1f} GB (the size of the source weights) and "
+                           f"{settings.IMPORT_DISK_RESERVE_GB} GB must stay free (SPECCHAT_IMPORT_DISK_RESERVE_GB).")
+
+
+class _Progress:
+    """An import's stage and output, written to its ImportJob (at most once a second) and to a callback."""
+
+    def __init__(self, job: ImportJob, callback: ProgressCallback | None):
+        self.job, self.callback = job, callback
+        self.fraction, self.stage, self.last_line = 0.0, "", ""
+        self._saved_at = 0.0
+
+    @property
+    def text(self) -> str:
+        return f"{self.fraction:.0%} {self.stage}"[:200]
+
+    def step(self, stage: str, fraction: float) -> None:
+        if stage != self.stage:
+            self.line(f"== {stage}")
+        self.stage, self.fraction = stage, max(self.fraction, fraction)
+        self._emit(save=True)
+
+    def line(self, text: str) -> None:
+        text = text.rstrip()
+        if text:
+            self.job.log = (self.job.log + text + "\n")[-LOG_CHARS:]
+            self.last_line = text
+            self._emit(save=time.monotonic() - self._saved_at >= 1)
+
+    def _emit(self, *, save: bool) -> None:
+        if self.callback:
+            self.callback(self.fraction, self.stage, self.last_line)
+        if save:
+            ImportJob.objects.filter(pk=self.job.pk).update(progress=self.text, log=self.job.log)
+            self._saved_at = time.monotonic()
+
+
+def _output_lines(stream: IO[bytes]) -> Iterator[str]:
+    """Lines of a subprocess's output as they come, progress bars' carriage returns included."""
+    pending = b""
+    while chunk := stream.read1(65536):
+        *lines, pending = re.split(rb"[\r\n]", pending + chunk)
+        for line in lines:
+            yield line.decode(errors="replace")
+    if pending:
+        yield pending.decode(errors="replace")
+
+
+def export(*, source: Path, target: Path, weight_format: str, role: str, progress: _Progress,
+           start: float, end: float) -> None:
+    """optimum-cli's OpenVINO export of a local folder (offline), its output streamed into the progress."""
+    stage = f"exporting the {role} ({weight_format})"
+    progress.step(stage, start)
+    cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", str(source),
+           "--task", "text-generation-with-past", "--weight-format", weight_format, str(target)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    tail: deque[str] = deque(maxlen=30)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as proc:
+        for line in _output_lines(proc.stdout):
+            tail.append(line)
+            progress.line(line)
+            for marker, done in EXPORT_MILESTONES:
+                if marker in line:
+                    progress.step(stage, start + (end - start) * done)
+    if proc.returncode:
+        lines = [line.strip() for line in tail if line.strip()] or ["no output"]
+        cause = next((line for line in reversed(lines) if re.search(r"(Error|Exception)\b", line)), lines[-1])
+        raise ImportFailed(f"Export of the {role} from {source} failed (optimum-cli exited with {proc.returncode}): "
+                           f"{cause}")
+    progress.step(stage, end)
+
+
+def _import(job: ImportJob, progress: _Progress) -> ModelPair:
+    if not can_export():
+        raise ImportFailed("optimum-intel is not installed where this import runs: install the train extra "
+                           "(pip install torch==2.13.0 -e '.[train]').")
+    errors = request_errors(name=job.name, slug=job.slug, main_source=job.main_source, draft_source=job.draft_source,
+                            weight_format=job.weight_format, kv_cache_precision=job.kv_cache_precision,
+                            device=job.device)
+    if errors:
+        raise ImportFailed(" ".join(errors.values()))
+    progress.step("checking the sources", 0.0)
+    main = local_source(job.main_source, role="main")
+    check_causal_lm(main, role="main")
+    draft = local_source(job.draft_source, role="draft") if job.draft_source else None
+    if draft:
+        check_causal_lm(draft, role="draft")
+        progress.step("comparing the tokenizers", 0.03)
+        problems = tokenizer_problems(main, draft)
+        if problems:
+            raise ImportFailed("The draft's tokenizer is not the main's: " + "; ".join(problems) +
+                               ". A draft must share the main's tokenizer.")
+    root = settings.MODELS_ROOT
+    root.mkdir(parents=True, exist_ok=True)
+    check_disk(sources=[main, draft] if draft else [main], root=root)
+
+    staging = root / f".import-{job.slug}-{uuid.uuid4().hex[:8]}"
+    final = root / job.slug
+    placed = staging
+    try:
+        main_share = _weights_size(main) / max(1, _weights_size(main) + (_weights_size(draft) if draft else 0))
+        middle = 0.1 + 0.85 * main_share
+        export(source=main, target=staging / "main", weight_format=job.weight_format, role="main",
+               progress=progress, start=0.1, end=middle)
+        if draft:
+            export(source=draft, target=staging / "draft", weight_format=job.weight_format, role="draft",
+                   progress=progress, start=middle, end=0.95)
+        progress.step("checking and registering the pair", 0.95)
+        try:
+            staging.rename(final)
+        except OSError as exc:
+            raise ImportFailed(f"Cannot move the export to {final}: {exc}") from exc
+        placed = final
+        pair = ModelPair(name=job.name, slug=job.slug, main_dir=f"{job.slug}/main",
+                         draft_dir=f"{job.slug}/draft" if draft else "", device=job.device,
+                         kv_cache_precision=job.kv_cache_precision,
+                         num_assistant_tokens=DEFAULT_NUM_ASSISTANT_TOKENS if draft else None)
+        try:
+            pair.full_clean()
+        except ValidationError as exc:
+            raise ImportFailed("The exported pair cannot be registered: " + "; ".join(
+                f"{field}: {' '.join(messages)}" for field, messages in exc.message_dict.items())) from exc
+        pair.save()
+    except BaseException:
+        shutil.rmtree(placed, ignore_errors=True)
+        raise
+    return pair
+
+
+def run_import(*, job: ImportJob, on_progress: ProgressCallback | None = None) -> ModelPair:
+    """Run a job to the end: the registered pair, or ImportFailed with the job marked failed."""
+    progress = _Progress(job, on_progress)
+    ImportJob.objects.filter(pk=job.pk).update(status=ImportJob.Status.RUNNING)
+    try:
+        pair = _import(job, progress)
+    except BaseException as exc:
+        error = str(exc) if isinstance(exc, ImportFailed) else f"{type(exc).__name__}: {exc}".rstrip(": ")
+        ImportJob.objects.filter(pk=job.pk).update(status=ImportJob.Status.FAILED, error=error, progress=progress.text,
+                                                   log=job.log, finished_at=timezone.now())
+        raise
+    progress.step("registered", 1.0)
+    ImportJob.objects.filter(pk=job.pk).update(status=ImportJob.Status.FINISHED, pair=pair, finished_at=timezone.now())
+    return pair
+
+
+def run_queued_import(*, job_id: int) -> None:
+    """The worker side of the admin's import form. A job redelivered after its worker died is marked
+    failed (and its staging folder removed) rather than run twice."""
+    job = ImportJob.objects.filter(pk=job_id).first()
+    if job is None or job.status in {ImportJob.Status.FINISHED, ImportJob.Status.FAILED}:
+        return
+    if job.status == ImportJob.Status.RUNNING:
+        for leftover in settings.MODELS_ROOT.glob(f".import-{job.slug}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        ImportJob.objects.filter(pk=job.pk).update(status=ImportJob.Status.FAILED, finished_at=timezone.now(),
+                                                   error="The worker running this import stopped; start it again.")
+        return
+    try:
+        run_import(job=job)
+    except ImportFailed as exc:
+        log.info("import %s failed: %s", job.slug, exc)  # recorded on the job, shown in the admin

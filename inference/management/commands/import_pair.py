@@ -1,0 +1,43 @@
+from django.core.management.base import BaseCommand, CommandError
+from tqdm import tqdm
+
+from inference import importer
+from inference.models import ImportJob, ModelPair
+
+
+class Command(BaseCommand):
+    help = ("Export a Hugging Face main model and its draft (hub ids or local folders) to OpenVINO IR under the "
+            "models root and register the pair. Needs the train extra (torch, transformers, optimum-intel).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--name", required=True, help="Display name of the pair.")
+        parser.add_argument("--slug", required=True, help="The `model` name API clients use; also the folder name.")
+        parser.add_argument("--main", required=True, help="Hugging Face id or local folder of the main model.")
+        parser.add_argument("--draft", default="", help="Hugging Face id or local folder of the draft model.")
+        parser.add_argument("--weight-format", choices=importer.WEIGHT_FORMATS, default="int8")
+        parser.add_argument("--kv-cache-precision", choices=[v for v in ModelPair.KvPrecision.values if v],
+                            default=ModelPair._meta.get_field("kv_cache_precision").default)
+        parser.add_argument("--device", choices=ModelPair.Device.values, default=ModelPair.Device.CPU)
+
+    def handle(self, *args, name, slug, main, draft, weight_format, kv_cache_precision, device, **options):
+        fields = dict(name=name, slug=slug, main_source=main, draft_source=draft, weight_format=weight_format,
+                      kv_cache_precision=kv_cache_precision, device=device)
+        errors = importer.request_errors(**fields)
+        if errors:
+            raise CommandError(" ".join(errors.values()))
+        job = ImportJob.objects.create(**fields)
+        with tqdm(total=100, unit="%", bar_format="{desc} {percentage:3.0f}%|{bar:20}| {elapsed}{postfix}") as bar:
+            def show(fraction: float, stage: str, line: str) -> None:
+                bar.n = round(100 * fraction)
+                bar.set_description_str(stage, refresh=False)
+                bar.set_postfix_str(line[:60])
+
+            try:
+                pair = importer.run_import(job=job, on_progress=show)
+            except importer.ImportFailed as exc:
+                raise CommandError(str(exc)) from exc
+        k = f", K={pair.num_assistant_tokens}" if pair.draft_dir else ""
+        self.stdout.write(self.style.SUCCESS(
+            f"registered pair '{pair.slug}' ({pair.main_dir}{' + ' + pair.draft_dir if pair.draft_dir else ''}, "
+            f"{weight_format}{k}).\nServe it: celery -A chatsite worker -P threads -Q {pair.queue} "
+            f"(or restart manage.py serve)."))

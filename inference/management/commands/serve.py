@@ -1,0 +1,38 @@
+import signal
+import subprocess
+import sys
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from inference import importer
+from inference.models import ModelPair
+
+
+class Command(BaseCommand):
+    help = "Run the whole product on this machine: a Celery worker for every enabled pair, and daphne."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+
+    def handle(self, *args, host: str, port: int, **options):
+        queues = [pair.queue for pair in ModelPair.objects.filter(enabled=True)] or ["pair.none"]
+        if importer.can_export():
+            queues.append(settings.CONTROL_QUEUE)  # the train extra is here: take the admin's imports too
+        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-P", "threads",
+                                   "-c", str(settings.WORKER_SLOTS), "-Q", ",".join(queues), "--loglevel", "INFO"])
+        web = subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "chatsite.asgi:application"])
+        self.stdout.write(self.style.SUCCESS(
+            f"\nSpecChat is up at http://{host}:{port}/  (admin: http://{host}:{port}/admin/)\n"
+            f"Worker queues: {', '.join(queues)}. Ctrl-C stops both.\n"))
+        signal.signal(signal.SIGTERM, lambda *_: web.terminate())
+        try:
+            web.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for proc in (web, worker):
+                proc.terminate()
+            for proc in (web, worker):
+                proc.wait(30)

@@ -1,0 +1,141 @@
+"""Prometheus metrics, named like vLLM's so existing dashboards fit.
+
+Generations end in Celery workers while /metrics is served by the web process, so the counters and
+histograms live in one Redis hash that workers increment (HINCRBYFLOAT is atomic across
+processes) and the web process renders. Each field is a Prometheus sample name with its labels;
+histogram buckets are stored cumulative, as the text format wants them. The queue gauges are read
+from the database when scraped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+from django.db.models import Count
+
+from inference.models import Generation
+
+log = logging.getLogger(__name__)
+METRICS_KEY = "specchat:metrics"
+
+# vLLM's buckets for the same histograms.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+               960.0, 1920.0, 7680.0)
+FINISH_REASONS = {"stop": "stop", "length": "length", "stopped": "abort"}  # ours -> vLLM's finished_reason
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kind: str  # counter, histogram or gauge
+    help: str
+
+
+FAMILIES = (
+    Family("vllm:request_success", "counter",
+           "Generations that ended, by finished_reason (abort: stopped by the client)."),
+    Family("specchat_request_errors", "counter", "Generations that ended in an engine error."),
+    Family("vllm:prompt_tokens", "counter", "Prompt tokens processed."),
+    Family("vllm:generation_tokens", "counter", "Tokens generated."),
+    Family("vllm:time_to_first_token_seconds", "histogram",
+           "Time from the request entering the batch to its first token."),
+    Family("vllm:time_per_output_token_seconds", "histogram",
+           "Mean time per output token after the first, observed once per output token."),
+    Family("vllm:e2e_request_latency_seconds", "histogram",
+           "Time from the request entering the batch to its last token."),
+    Family("vllm:spec_decode_num_drafts", "counter", "Main-model steps that verified a speculation."),
+    Family("vllm:spec_decode_num_draft_tokens", "counter",
+           "Tokens proposed by the draft (fixed-K requests only: the confidence-threshold mode does not report them)."),
+    Family("vllm:spec_decode_num_accepted_tokens", "counter", "Proposed tokens the main model accepted."),
+    Family("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
+           "Accepted tokens by their position in the speculation (0 = first proposed token)."),
+    Family("vllm:num_requests_running", "gauge", "Generations running on a worker."),
+    Family("vllm:num_requests_waiting", "gauge", "Generations queued for a worker."),
+)
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def _sample(name: str, labels: dict[str, str]) -> str:
+    def escape(value: str) -> str:
+        return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    inner = ",".join(f'{key}="{escape(value)}"' for key, value in labels.items())
+    return f"{name}{{{inner}}}" if inner else name
+
+
+def _observe(pipe, name: str, labels: dict, buckets: tuple[float, ...], value: float, times: int = 1) -> None:
+    for bound in buckets:  # every bucket, by 0 when above the value, so each series has all of them
+        pipe.hincrbyfloat(METRICS_KEY, _sample(f"{name}_bucket", {**labels, "le": repr(bound)}),
+                          times if value <= bound else 0)
+    pipe.hincrbyfloat(METRICS_KEY, _sample(f"{name}_bucket", {**labels, "le": "+Inf"}), times)
+    pipe.hincrbyfloat(METRICS_KEY, _sample(f"{name}_sum", labels), value * times)
+    pipe.hincrbyfloat(METRICS_KEY, _sample(f"{name}_count", labels), times)
+
+
+def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, prompt_tokens: int, summary: dict) -> None:
+    """Count one ended generation (worker side). `summary` is SpeculationStats.summary().
+    Never raises: metrics must not break a generation."""
+    labels = {"model_name": pair}
+    try:
+        pipe = client.pipeline(transaction=False)
+
+        def count(name: str, value: float, extra: dict | None = None) -> None:
+            pipe.hincrbyfloat(METRICS_KEY, _sample(f"{name}_total", {**labels, **(extra or {})}), value)
+
+        if finish_reason in FINISH_REASONS:
+            count("vllm:request_success", 1, {"finished_reason": FINISH_REASONS[finish_reason]})
+        else:
+            count("specchat_request_errors", 1)
+        tokens = summary["completion_tokens"]
+        count("vllm:prompt_tokens", prompt_tokens)
+        count("vllm:generation_tokens", tokens)
+        if summary["ttft_ms"] is not None:
+            ttft = summary["ttft_ms"] / 1000
+            _observe(pipe, "vllm:time_to_first_token_seconds", labels, TTFT_BUCKETS, ttft)
+            _observe(pipe, "vllm:e2e_request_latency_seconds", labels, E2E_BUCKETS, summary["duration_ms"] / 1000)
+            if tokens > 1:
+                per_token = (summary["duration_ms"] / 1000 - ttft) / (tokens - 1)
+                _observe(pipe, "vllm:time_per_output_token_seconds", labels, TPOT_BUCKETS, per_token, tokens - 1)
+        if summary["accepted_tokens"] is not None:
+            count("vllm:spec_decode_num_drafts", max(summary["main_steps"] - 1, 0))
+            count("vllm:spec_decode_num_accepted_tokens", summary["accepted_tokens"])
+            if summary["draft_tokens"] is not None:
+                count("vllm:spec_decode_num_draft_tokens", summary["draft_tokens"])
+            for position, accepted in enumerate(summary["accepted_by_position"]):
+                count("vllm:spec_decode_num_accepted_tokens_per_pos", accepted, {"position": str(position)})
+        pipe.execute()
+    except Exception:
+        log.exception("could not record the metrics of a generation of %s", pair)
+
+
+def _queue_gauges() -> dict[str, float]:
+    rows = (Generation.objects.filter(status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING])
+            .values("pair__slug", "status").annotate(n=Count("id")))
+    names = {Generation.Status.QUEUED: "vllm:num_requests_waiting",
+             Generation.Status.RUNNING: "vllm:num_requests_running"}
+    return {_sample(names[row["status"]], {"model_name": row["pair__slug"]}): row["n"] for row in rows}
+
+
+def _order(sample: str, names: tuple[str, ...]) -> tuple:
+    """Series together, then bucket/sum/count, buckets by increasing `le`."""
+    name, _, labels = sample.partition("{")
+    series, _, le = labels.partition(',le="')
+    return series, names.index(name), float(le.rstrip('"}')) if le else 0.0
+
+
+def exposition(*, client: redis.Redis) -> str:
+    """Everything recorded so far, in the Prometheus text format (version 0.0.4)."""
+    samples = {**{field: float(value) for field, value in client.hgetall(METRICS_KEY).items()}, **_queue_gauges()}
+    lines = []
+    for family in FAMILIES:
+        names = tuple(family.name + suffix for suffix in SUFFIXES[family.kind])
+        mine = sorted((s for s in samples if s.partition("{")[0] in names), key=lambda s: _order(s, names))
+        lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} {family.kind}"]
+        lines += [f"{sample} {samples[sample]:.17g}" for sample in mine]
+    return "\n".join(lines) + "\n"

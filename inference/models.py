@@ -1,0 +1,203 @@
+"""The pair registry and the record of every generation (chat or API)."""
+
+import uuid
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+
+class ModelPair(models.Model):
+    class Device(models.TextChoices):
+        CPU = "CPU"
+        GPU = "GPU"
+        NPU = "NPU"
+
+    class Precision(models.TextChoices):
+        DEFAULT = "", "device default"
+        F32 = "f32"
+        F16 = "f16"
+        BF16 = "bf16"
+
+    class KvPrecision(models.TextChoices):
+        DEFAULT = "", "device default"
+        U8 = "u8"
+        F16 = "f16"
+        BF16 = "bf16"
+        F32 = "f32"
+
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=60, unique=True, help_text="The `model` name API clients use; also names the Celery queue.")
+    main_dir = models.CharField(max_length=500, help_text="Folder of the main model's OpenVINO IR, relative to the models root.")
+    draft_dir = models.CharField(
+        max_length=500, blank=True, help_text="Folder of the draft model; empty means no draft (plain or prompt-lookup decoding)."
+    )
+    prompt_lookup = models.BooleanField(default=False, help_text="Without a draft: speculate from n-grams of the prompt.")
+    max_ngram_size = models.PositiveSmallIntegerField(default=3, help_text="Prompt lookup only.")
+    device = models.CharField(max_length=8, choices=Device.choices, default=Device.CPU)
+    num_assistant_tokens = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Default K: tokens the draft proposes per step (1-32)."
+    )
+    assistant_confidence_threshold = models.FloatField(
+        null=True, blank=True, help_text="Or: the draft proposes while its confidence stays above this (0-1)."
+    )
+    max_new_tokens_cap = models.PositiveIntegerField(default=512, help_text="No request may ask for more new tokens.")
+    cache_size_gb = models.PositiveSmallIntegerField(default=1, help_text="KV cache of the scheduler, in GB.")
+    inference_precision = models.CharField(max_length=8, choices=Precision.choices, default=Precision.F32, blank=True)
+    kv_cache_precision = models.CharField(
+        max_length=8, choices=KvPrecision.choices, default=KvPrecision.F32, blank=True,
+        help_text="f32 keeps speculative greedy output identical to the main alone (u8 flipped 1 in 48 here)."
+    )
+    enabled = models.BooleanField(default=True)
+    # Last load reported by a worker (the live state comes from worker heartbeats).
+    load_error = models.TextField(blank=True)
+    load_reported_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        return f"pair.{self.slug}"
+
+    @property
+    def is_speculative(self) -> bool:
+        return bool(self.draft_dir) or self.prompt_lookup
+
+    def clean(self) -> None:
+        from inference.registry import validate_pair_fields
+
+        errors = validate_pair_fields(
+            main_dir=self.main_dir,
+            draft_dir=self.draft_dir,
+            prompt_lookup=self.prompt_lookup,
+            num_assistant_tokens=self.num_assistant_tokens,
+            assistant_confidence_threshold=self.assistant_confidence_threshold,
+            max_new_tokens_cap=self.max_new_tokens_cap,
+        )
+        if errors:
+            raise ValidationError(errors)
+
+
+class Generation(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        FINISHED = "finished"
+        STOPPED = "stopped"
+        FAILED = "failed"
+
+    class Source(models.TextChoices):
+        CHAT = "chat"
+        API = "api"
+        BENCHMARK = "benchmark"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    pair = models.ForeignKey(ModelPair, on_delete=models.PROTECT, related_name="generations")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.CHAT)
+    api_key = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="generations")
+    prompt = models.TextField(help_text="The exact text the model was given (chat template applied).")
+    params = models.JSONField(default=dict)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    worker = models.CharField(max_length=200, blank=True)
+    text = models.TextField(blank=True)
+    steps = models.JSONField(default=list, blank=True, help_text="Per main step: [accepted draft text, main's token text].")
+    finish_reason = models.CharField(max_length=20, blank=True)
+    error = models.TextField(blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    tokens_per_s = models.FloatField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    main_steps = models.PositiveIntegerField(default=0)
+    draft_tokens = models.PositiveIntegerField(null=True, blank=True)
+    accepted_tokens = models.PositiveIntegerField(null=True, blank=True)
+    acceptance_rate = models.FloatField(null=True, blank=True)
+    mean_accepted_length = models.FloatField(null=True, blank=True)
+    accepted_by_position = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.pair.slug} {self.status} {self.id}"
+
+    @property
+    def is_done(self) -> bool:
+        return self.status in {self.Status.FINISHED, self.Status.STOPPED, self.Status.FAILED}
+
+
+class JobStatus(models.TextChoices):
+    """Where a background job (benchmark, import) stands."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class ApiKey(models.Model):
+    """A REST API key. Only its SHA-256 is stored; the key itself is shown once, when created."""
+
+    name = models.CharField(max_length=100)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    prefix = models.CharField(max_length=12, editable=False, help_text="The key's first characters, to recognise it.")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    max_concurrent = models.PositiveSmallIntegerField(default=4, help_text="Generations at once; more answer 429.")
+    revoked = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class BenchmarkRun(models.Model):
+    """A benchmark of one pair, started from the admin or `manage.py benchmark`; results and plots kept."""
+
+    Status = JobStatus
+
+    pair = models.ForeignKey(ModelPair, on_delete=models.CASCADE, related_name="benchmarks")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    options = models.JSONField(default=dict, blank=True)
+    progress = models.CharField(max_length=200, blank=True)
+    results = models.JSONField(default=dict, blank=True)
+    report_dir = models.CharField(max_length=500, blank=True, help_text="Folder with results.json and the PNG plots.")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+
+class ImportJob(models.Model):
+    """Export of a Hugging Face main/draft pair to OpenVINO IR and its registration, run by a worker."""
+
+    Status = JobStatus
+
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=60)
+    main_source = models.CharField(max_length=500, help_text="Hugging Face id or local folder.")
+    draft_source = models.CharField(max_length=500, blank=True)
+    weight_format = models.CharField(max_length=8, default="int8")
+    kv_cache_precision = models.CharField(max_length=8, blank=True)
+    device = models.CharField(max_length=8, default="CPU")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    progress = models.CharField(max_length=200, blank=True)
+    log = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    pair = models.ForeignKey(ModelPair, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]

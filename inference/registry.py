@@ -1,0 +1,132 @@
+"""Checks that a main/draft pair can be served: folders, files, and one shared tokenizer.
+
+openvino-genai's own check encodes one sentence and compares token counts and special ids, which
+two different vocabularies can pass; here the vocabularies, special ids and a set of probe strings
+must all agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from django.conf import settings
+
+REQUIRED_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
+PROBE_STRINGS = (
+    "def quicksort(numbers):\n    return sorted(numbers)\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "    if x is None:\n        raise ValueError('x must be set')",
+    "naïve café, 東京, emoji 🚀 and tabs\t\tend",
+    "1234567890 + 0x1F == 0b101 ** 3 // 7 % 2",
+    "<|endoftext|>",
+    "",
+)
+DEFAULT_CONTEXT = 2048
+
+
+class PairFolderError(ValueError):
+    """A folder that cannot serve as a model folder; the message says why."""
+
+
+def resolve_model_dir(relative: str, *, root: Path | None = None) -> Path:
+    """The absolute folder for `relative` under the models root, with every IR file present."""
+    root = Path(os.path.normpath(root or settings.MODELS_ROOT))
+    if not relative.strip():
+        raise PairFolderError("A folder is required.")
+    # Lexical check: '..' and absolute paths cannot leave the root; symlinks placed inside it are trusted.
+    path = Path(os.path.normpath(root / relative))
+    if path != root and root not in path.parents:
+        raise PairFolderError(f"'{relative}' is outside the models root {root}.")
+    if not path.is_dir():
+        raise PairFolderError(f"No folder '{relative}' under the models root {root}.")
+    missing = [name for name in REQUIRED_FILES if not (path / name).is_file()]
+    if missing:
+        raise PairFolderError(f"'{relative}' lacks {', '.join(missing)} (export it with optimum-cli export openvino).")
+    return path
+
+
+@lru_cache(maxsize=32)
+def load_tokenizer(folder: str):
+    """The folder's OpenVINO tokenizer; cheap to keep, used by the web process to count prompt tokens."""
+    import openvino_genai
+
+    return openvino_genai.Tokenizer(folder)
+
+
+def tokenizer_differences(main: Path, draft: Path) -> list[str]:
+    """What differs between the two folders' tokenizers; empty when they are the same."""
+    a, b = load_tokenizer(str(main)), load_tokenizer(str(draft))
+    problems = []
+    va, vb = a.get_vocab(), b.get_vocab()
+    if len(va) != len(vb):
+        problems.append(f"vocabulary sizes differ: main {len(va)}, draft {len(vb)}")
+    elif va != vb:
+        differing = sum(1 for token, idx in va.items() if vb.get(token) != idx)
+        problems.append(f"vocabularies differ in {differing} of {len(va)} entries")
+    for name in ("eos", "bos", "pad"):
+        ida, idb = getattr(a, f"get_{name}_token_id")(), getattr(b, f"get_{name}_token_id")()
+        if ida != idb:
+            problems.append(f"{name} token id differs: main {ida}, draft {idb}")
+    for probe in PROBE_STRINGS:
+        ids_a = a.encode(probe).input_ids.data.tolist()
+        ids_b = b.encode(probe).input_ids.data.tolist()
+        if ids_a != ids_b:
+            problems.append(f"probe {probe[:30]!r} encodes differently")
+    return problems
+
+
+def context_length(main: Path) -> int:
+    """The main model's context window, from its config.json."""
+    try:
+        config = json.loads((main / "config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_CONTEXT
+    return int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)
+
+
+def validate_pair_fields(
+    *,
+    main_dir: str,
+    draft_dir: str,
+    prompt_lookup: bool,
+    num_assistant_tokens: int | None,
+    assistant_confidence_threshold: float | None,
+    max_new_tokens_cap: int,
+    root: Path | None = None,
+) -> dict[str, str]:
+    """Field -> error message for everything wrong with a pair's settings (empty when it can be saved)."""
+    errors: dict[str, str] = {}
+    main = draft = None
+    try:
+        main = resolve_model_dir(main_dir, root=root)
+    except PairFolderError as exc:
+        errors["main_dir"] = str(exc)
+    if draft_dir:
+        try:
+            draft = resolve_model_dir(draft_dir, root=root)
+        except PairFolderError as exc:
+            errors["draft_dir"] = str(exc)
+        if prompt_lookup:
+            errors["prompt_lookup"] = "Prompt lookup cannot be combined with a draft model."
+    speculative = bool(draft_dir) or prompt_lookup
+    k, threshold = num_assistant_tokens, assistant_confidence_threshold
+    if k is not None and threshold is not None:
+        errors["assistant_confidence_threshold"] = "Set either num_assistant_tokens or the confidence threshold, not both."
+    elif speculative and k is None and threshold is None:
+        errors["num_assistant_tokens"] = "A speculative pair needs a default: num_assistant_tokens or the confidence threshold."
+    elif prompt_lookup and k is None:
+        errors["num_assistant_tokens"] = "Prompt lookup needs num_assistant_tokens."
+    if k is not None and not 1 <= k <= 32:
+        errors["num_assistant_tokens"] = "num_assistant_tokens must be between 1 and 32."
+    if threshold is not None and not 0 < threshold < 1:
+        errors["assistant_confidence_threshold"] = "The confidence threshold must be between 0 and 1 (exclusive)."
+    if max_new_tokens_cap < 1:
+        errors["max_new_tokens_cap"] = "The cap must be at least 1."
+    if main and draft and not errors:
+        problems = tokenizer_differences(main, draft)
+        if problems:
+            errors["draft_dir"] = "The draft's tokenizer is not the main's: " + "; ".join(problems) + "."
+    return errors

@@ -1,0 +1,64 @@
+"""Queries: pairs, live workers (from their Redis heartbeats) and each pair's serving state."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import redis
+
+from inference.models import Generation, ModelPair
+
+WORKER_KEY_PREFIX = "specchat:worker:"
+
+
+def live_workers(*, client: redis.Redis) -> list[dict]:
+    """Heartbeats that have not expired: {name, queues, pairs: {slug: {state, error}}, active, slots}."""
+    keys = list(client.scan_iter(match=WORKER_KEY_PREFIX + "*", count=200))
+    if not keys:
+        return []
+    return [json.loads(raw) for raw in client.mget(keys) if raw]
+
+
+@dataclass(frozen=True)
+class PairState:
+    state: str  # AVAILABLE, LOADING or UNAVAILABLE (OpenVINO Model Server's names)
+    error: str = ""
+    workers: tuple[str, ...] = ()
+
+    @property
+    def served(self) -> bool:
+        return self.state in {"AVAILABLE", "LOADING"}
+
+
+def pair_state(*, pair: ModelPair, workers: list[dict]) -> PairState:
+    serving = [w for w in workers if pair.queue in w.get("queues", [])]
+    if not pair.enabled:
+        return PairState("UNAVAILABLE", "disabled in the admin")
+    if not serving:
+        return PairState("UNAVAILABLE", f"no live worker serves queue {pair.queue}")
+    states = [w.get("pairs", {}).get(pair.slug, {}) for w in serving]
+    names = tuple(w["name"] for w in serving)
+    if any(s.get("state") == "available" for s in states):
+        return PairState("AVAILABLE", workers=names)
+    failed = [s["error"] for s in states if s.get("state") == "failed"]
+    if failed and len(failed) == len(states):
+        return PairState("UNAVAILABLE", f"failed to load: {failed[0]}", names)
+    return PairState("LOADING", workers=names)
+
+
+def pair_states(*, client: redis.Redis) -> dict[str, PairState]:
+    workers = live_workers(client=client)
+    return {pair.slug: pair_state(pair=pair, workers=workers) for pair in ModelPair.objects.all()}
+
+
+def enabled_pair(*, slug: str) -> ModelPair | None:
+    return ModelPair.objects.filter(slug=slug, enabled=True).first()
+
+
+def worker_is_alive(*, client: redis.Redis, name: str) -> bool:
+    return bool(client.exists(WORKER_KEY_PREFIX + name))
+
+
+def generation_for_user(*, generation_id, user) -> Generation | None:
+    return Generation.objects.filter(id=generation_id, user=user).select_related("pair").first()

@@ -1,0 +1,122 @@
+"""What a Celery worker process does besides running tasks: announce itself and load its pairs.
+
+Every few seconds a worker writes a heartbeat with expiry to Redis: its queues, the state of each
+pair it holds and how many generations it is running. The web side reads these to say which pairs
+are AVAILABLE and to fail fast when nobody serves a pair. At start the worker loads, in the
+background, the pairs of the queues it consumes (a pair is also loaded on first request).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+
+from celery.signals import worker_ready, worker_shutdown
+from celery.worker.control import control_command
+from django.conf import settings
+
+from inference import transport
+from inference.engine import ENGINES
+from inference.selectors import WORKER_KEY_PREFIX
+
+log = logging.getLogger(__name__)
+WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
+_queues: list[str] = []
+_stop = threading.Event()
+
+
+def heartbeat_payload() -> dict:
+    return {
+        "name": WORKER_NAME,
+        "queues": _queues,
+        "pairs": dict(ENGINES.states),
+        "active": ENGINES.active_requests(),
+        "slots": settings.WORKER_SLOTS,
+    }
+
+
+def _beat_forever() -> None:
+    client = transport.sync_client()
+    while not _stop.is_set():
+        try:
+            client.set(WORKER_KEY_PREFIX + WORKER_NAME, json.dumps(heartbeat_payload()), ex=settings.WORKER_HEARTBEAT_TTL_S)
+        except Exception:
+            log.exception("heartbeat failed")
+        _stop.wait(settings.WORKER_HEARTBEAT_S)
+
+
+def _listen_for_cancels() -> None:
+    """Stops reach the running request at once (pub/sub), not at the next flush."""
+    from inference.services import stop_running
+
+    while not _stop.is_set():
+        try:
+            pubsub = transport.sync_client().pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(transport.CANCEL_CHANNEL)
+            for message in pubsub.listen():
+                stop_running(generation_id=message["data"])
+        except Exception:
+            log.exception("cancel listener failed; reconnecting")
+            _stop.wait(1)
+
+
+def _load(slug: str) -> None:
+    from inference.models import ModelPair
+    from inference.services import load_engine
+
+    pair = ModelPair.objects.filter(slug=slug, enabled=True).first()
+    if pair is None:
+        return
+    try:
+        load_engine(pair=pair)
+    except Exception:
+        log.exception("pair %s failed to load", slug)
+
+
+@control_command(args=[("slug", str)], signature="<slug>")
+def load_pair(state, slug: str) -> dict:
+    """Remote control (admin "load"): consume the pair's queue from now on and load it, no restart."""
+    queue = f"pair.{slug}"
+    state.consumer.add_task_queue(queue)
+    if queue not in _queues:
+        _queues.append(queue)
+    threading.Thread(target=_load, args=(slug,), daemon=True).start()
+    return {"ok": f"loading {slug}"}
+
+
+@control_command(args=[("slug", str)], signature="<slug>")
+def unload_pair(state, slug: str) -> dict:
+    """Remote control (admin "unload"): stop taking the pair's requests and free it once idle."""
+    queue = f"pair.{slug}"
+    state.consumer.cancel_task_queue(queue)
+    if queue in _queues:
+        _queues.remove(queue)
+    ENGINES.unload(slug)
+    return {"ok": f"unloaded {slug}"}
+
+
+def _preload(slugs: list[str]) -> None:
+    for slug in slugs:
+        _load(slug)
+
+
+@worker_ready.connect
+def start_worker_services(sender, **_) -> None:
+    _queues[:] = sorted(q.name for q in sender.task_consumer.queues)
+    _stop.clear()
+    threading.Thread(target=_beat_forever, name="heartbeat", daemon=True).start()
+    threading.Thread(target=_listen_for_cancels, name="cancels", daemon=True).start()
+    slugs = [q.removeprefix("pair.") for q in _queues if q.startswith("pair.")]
+    threading.Thread(target=_preload, args=(slugs,), name="preload", daemon=True).start()
+
+
+@worker_shutdown.connect
+def stop_worker_services(**_) -> None:
+    _stop.set()
+    try:
+        transport.sync_client().delete(WORKER_KEY_PREFIX + WORKER_NAME)
+    except Exception:
+        log.exception("could not remove the heartbeat")

@@ -1,0 +1,184 @@
+"""Real parts for the tests: Redis (its own DB number), a Celery worker and daphne as subprocesses
+on the test database, and the shipped demo pair."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_QUEUES = "pair.demo-code,pair.demo-plain,pair.broken"
+
+
+def _database_url() -> str:
+    from django.db import connection
+
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or ""
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    at = f"{user}{password}@" if user else ""
+    return f"postgres://{at}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database; on PostgreSQL, connections left open in other threads (asgiref's
+    executor) are ended first, or the database could not be dropped at the end."""
+    yield
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        connection.close()
+
+
+@pytest.fixture(scope="session")
+def redis_client(django_db_setup):
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    client.flushdb()
+    return client
+
+
+@pytest.fixture(scope="session")
+def stack_env(django_db_setup, redis_client) -> dict[str, str]:
+    """The environment of the subprocesses: same settings, the test database, the test Redis DB."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",  # same password hasher as the test process
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "SPECCHAT_MODELS_ROOT": str(settings.MODELS_ROOT),
+        "SPECCHAT_STALL_TIMEOUT_S": str(settings.STALL_TIMEOUT_S),
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+class Worker:
+    def __init__(self, env: dict[str, str], queues: str, log_path: Path):
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-P", "threads", "-c", "8", "-Q", queues,
+             "-n", f"test-{os.getpid()}-{time.time_ns()}@%h", "--without-mingle", "--without-gossip",
+             "--loglevel", "INFO"],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, client: redis.Redis, timeout: float = 60) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for key in client.scan_iter("specchat:worker:*"):
+                beat = json.loads(client.get(key) or "{}")
+                if beat.get("name", "").endswith(f":{self.proc.pid}"):
+                    return beat["name"]
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited: {self.log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+        raise RuntimeError(f"worker not ready: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def celery_worker(stack_env, redis_client, tmp_path_factory):
+    """One real Celery worker (threads pool) serving the test pairs' queues for the whole session."""
+    worker = Worker(stack_env, TEST_QUEUES, tmp_path_factory.mktemp("worker") / "worker.log")
+    worker.name = worker.wait_ready(redis_client)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="session")
+def live_server_url(stack_env, tmp_path_factory):
+    """daphne serving the real ASGI application on a free port."""
+    from inference.benchmark_stack import StackError, free_port, wait_for_port
+
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                 "chatsite.asgi:application"], cwd=ROOT, env=stack_env, stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, proc)
+    except StackError as exc:
+        raise RuntimeError(log_path.read_text()) from exc
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def demo_pair(transactional_db):
+    """The shipped demo pair, registered as `make run` registers it."""
+    from django.core.management import call_command
+
+    from inference.models import ModelPair
+
+    call_command("register_demo_pair", stdout=open(os.devnull, "w"))
+    return ModelPair.objects.get(slug="demo-code")
+
+
+@pytest.fixture
+def user(transactional_db, django_user_model):
+    return django_user_model.objects.create_user(username="alice", password="alice-password")
+
+
+@pytest.fixture
+def other_user(transactional_db, django_user_model):
+    return django_user_model.objects.create_user(username="bob", password="bob-password")
+
+
+@pytest.fixture(scope="session")
+def main_alone_greedy():
+    """The main model's own greedy output (no draft, same backend and precision), computed in-process."""
+    from inference.engine import DecodingParams, Finished, PairEngine, PairSpec, TextAssembler
+
+    main_dir = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR / "main"
+    engine = PairEngine(PairSpec(slug="reference", main_dir=str(main_dir), speculative=False))
+    cache: dict[tuple, str] = {}
+
+    def run(prompt: str, max_new_tokens: int, *, add_special_tokens: bool = True) -> str:
+        key = (prompt, max_new_tokens, add_special_tokens)
+        if key not in cache:
+            request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=max_new_tokens),
+                                    add_special_tokens=add_special_tokens)
+            text = TextAssembler(engine.tokenizer)
+            while not isinstance(item := request.events.get(timeout=60), Finished):
+                text.add(item.token_ids)
+            text.finish()
+            cache[key] = text.text
+        return cache[key]
+
+    return run
+
+
+@pytest.fixture
+def api_key(transactional_db):
+    """An API key made as the admin makes them; the secret, shown once there, is in `.secret`."""
+    from inference.api.auth import set_new_key
+    from inference.models import ApiKey
+
+    key = ApiKey(name="tests", max_concurrent=2)
+    key.secret = set_new_key(key)
+    key.save()
+    return key

@@ -1,0 +1,21 @@
+"""Test settings: the real settings, with Redis and the database kept apart from a running dev server."""
+
+import os
+
+os.environ.setdefault("SPECCHAT_STALL_TIMEOUT_S", "8")
+# Always a Redis DB of its own: the tests flush it, and `make run` keeps its data in DB 0.
+os.environ["REDIS_URL"] = os.environ.get(
+    "SPECCHAT_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{os.environ.get('SPECCHAT_TEST_REDIS_DB', '15')}")
+
+from chatsite.settings import *  # noqa: E402,F403
+from chatsite.settings import DATABASES, VAR_DIR  # noqa: E402
+
+# A file, not an in-memory database: the Celery worker and daphne run as separate processes.
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    VAR_DIR.mkdir(parents=True, exist_ok=True)  # absent in a fresh checkout
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.environ.get('SPECCHAT_TEST_REDIS_DB', '15')}.sqlite3")}
+    DATABASES["default"]["OPTIONS"] = {"timeout": 30}
+elif "SPECCHAT_TEST_REDIS_DB" in os.environ and "TEST" not in DATABASES["default"]:
+    # Sessions sharing one PostgreSQL keep their test databases apart (else pytest-django's test_<NAME>).
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.environ['SPECCHAT_TEST_REDIS_DB']}"}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

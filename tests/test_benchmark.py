@@ -1,0 +1,138 @@
+"""The benchmark on real parts, tiny runs: the command in-process and through a running stack
+(websocket, SSE, concurrency), and a run started from the admin on the Celery worker. Figures are
+checked for consistency, never against speed thresholds."""
+
+import io
+import json
+import shutil
+import statistics
+import time
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+
+from inference import benchmark_report
+from inference.benchmark import expected_tokens_per_step
+from inference.models import BenchmarkRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+TINY = ["--max-new-tokens", "16", "--repeats", "1", "--ks", "2", "--thresholds", "", "--prompts", "code",
+        "--prompts-per-set", "1"]
+
+
+def run_command(*args) -> str:
+    out = io.StringIO()
+    call_command("benchmark", "demo-code", *args, stdout=out)
+    return out.getvalue()
+
+
+def check_rows(results: dict, path: str) -> dict[str, dict]:
+    """The path's rows, checked against the samples they summarize and against the theory."""
+    rows = {r["variant"]: r for r in results["rows"] if r["path"] == path and not r["set"]}
+    assert set(rows) == {"plain", "K=2"}
+    samples = results["samples"][path]
+    medians = {v: statistics.median(s["tokens_per_s"] for s in samples[v]) for v in rows}
+    for variant, row in rows.items():
+        assert row["tokens_per_s"] == pytest.approx(medians[variant])
+        assert row["identical_to_plain"] is True, f"{path} {variant}: greedy speculation changed the text"
+        assert all(s["tokens"] == 16 for s in samples[variant])
+    k2 = rows["K=2"]
+    assert k2["speedup"] == pytest.approx(medians["K=2"] / medians["plain"])
+    assert 0 <= k2["acceptance_rate"] <= 1 and 1 <= k2["mean_accepted_length"] <= 3
+    [sample] = samples["K=2"]  # one prompt, one repeat: the row's acceptance is this generation's
+    assert k2["acceptance_rate"] == pytest.approx(sample["accepted"] / sample["proposed"])
+    assert k2["theoretical_speedup"] == pytest.approx(  # Leviathan et al.
+        expected_tokens_per_step(k2["acceptance_rate"], 2) / (1 + 2 * results["cost_ratio"]))
+    assert k2["of_theoretical"] == pytest.approx(k2["speedup"] / k2["theoretical_speedup"])
+    assert rows["plain"]["acceptance_rate"] is None and rows["plain"]["speedup"] == pytest.approx(1)
+    return rows
+
+
+def test_inprocess_benchmark_writes_json_table_plots_and_bars(demo_pair, tmp_path):
+    printed = run_command(*TINY, "--no-stack", "--out", str(tmp_path))
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["pair"] == "demo-code" and results["cost_ratio"] > 0
+    check_rows(results, "inprocess")
+    assert [r["set"] for r in results["by_set"]] == ["code", "code"]
+    assert {p.name for p in tmp_path.glob("*.png")} == {"speedup_vs_k.png", "latency.png"}
+    assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in ("speedup_vs_k.png", "latency.png"))
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| inprocess | K=2 |" in markdown and "![speedup_vs_k.png](speedup_vs_k.png)" in markdown
+    # Without a stack: theory, speedup, acceptance and identity bars, each with PASS/MISS and by how much.
+    theory, speedup, acceptance, identity = results["bars"]
+    assert theory["bar"].startswith("best K (K=2") and theory["passed"] == (theory["measured"] >= 0.8)
+    assert speedup["passed"] == (speedup["measured"] >= 1.5) and acceptance["passed"] == (acceptance["measured"] >= 0.6)
+    assert identity["measured"] == 0 and identity["passed"]  # greedy speculative text equals the main alone's
+    for bar in results["bars"]:
+        assert benchmark_report.bar_line(bar) in printed
+    assert "margin" in printed or "missed by" in printed
+    assert "inprocess" in printed and "K=2" in printed
+    run = BenchmarkRun.objects.get(pair=demo_pair)
+    assert run.status == "finished" and run.results["rows"] == results["rows"]
+
+
+def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, live_server_url, tmp_path):
+    printed = run_command(*TINY, "--url", live_server_url, "--stack-ks", "2", "--concurrency", "1,2",
+                          "--out", str(tmp_path))
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    for path in ("inprocess", "websocket", "sse"):
+        check_rows(results, path)
+    stack = [r for r in results["rows"] if r["path"] != "inprocess"]
+    inprocess = {r["variant"]: r for r in results["rows"] if r["path"] == "inprocess"}
+    for row in stack:
+        base = inprocess[row["variant"]]
+        assert row["tokens_per_s_vs_inprocess"] == pytest.approx(row["tokens_per_s"] / base["tokens_per_s"])
+        assert row["ttft_added_ms_p50"] == pytest.approx(row["ttft_ms_p50"] - base["ttft_ms_p50"])
+    concurrency = {(r["variant"], r["concurrency"]): r for r in results["concurrency"]}
+    assert set(concurrency) == {("plain", 1), ("plain", 2), ("K=2", 1), ("K=2", 2)}
+    assert all(r["lost"] == 0 and r["failed"] == 0 for r in concurrency.values())
+    assert all(b["completed"] == b["concurrency"] for b in results["concurrency_bursts"])
+    assert concurrency[("K=2", 2)]["speedup"] == pytest.approx(
+        concurrency[("K=2", 2)]["throughput"] / concurrency[("plain", 2)]["throughput"])
+    assert concurrency[("plain", 1)]["scaling"] == pytest.approx(1)
+    names = {b["bar"] for b in results["bars"]}
+    assert "websocket K=2: speedup vs the speedup in-process" in names
+    assert "lost or failed streams in the concurrency sweep" in names
+    assert (tmp_path / "speedup_vs_concurrency.png").is_file()
+    assert "Concurrency (sse)" in printed
+    # The benchmark's credentials are gone afterwards.
+    from inference.models import ApiKey
+
+    assert not ApiKey.objects.filter(name="benchmark").exists()
+
+
+def test_admin_starts_a_benchmark_on_the_worker_and_shows_it(demo_pair, celery_worker, django_user_model):
+    admin_user = django_user_model.objects.create_superuser("root", "root@example.com", "root-password")
+    client = Client()
+    client.force_login(admin_user)
+    changelist = "/admin/inference/modelpair/"
+    form_page = client.post(changelist, {"action": "run_benchmark", "_selected_action": [demo_pair.pk]})
+    assert form_page.status_code == 200 and b'name="max_new_tokens"' in form_page.content
+    bad = client.post(changelist, {"action": "run_benchmark", "_selected_action": [demo_pair.pk], "apply": "1",
+                                   "max_new_tokens": "16", "repeats": "1", "ks": "two", "prompts_per_set": "1"})
+    assert bad.status_code == 200 and b"Invalid options" in bad.content and not BenchmarkRun.objects.exists()
+
+    client.post(changelist, {"action": "run_benchmark", "_selected_action": [demo_pair.pk], "apply": "1",
+                             "max_new_tokens": "16", "repeats": "1", "ks": "2", "thresholds": "",
+                             "prompts_per_set": "1"})
+    run = BenchmarkRun.objects.get(pair=demo_pair)
+    deadline = time.time() + 120
+    while run.status in ("queued", "running") and time.time() < deadline:
+        time.sleep(0.5)
+        run.refresh_from_db()
+    assert run.status == "finished", run.error
+    try:
+        assert {r["variant"] for r in run.results["rows"]} == {"plain", "K=2"}
+        page = client.get(f"/admin/inference/modelpair/{demo_pair.pk}/change/").content.decode()
+        assert "Latest benchmark" in page and "<td>K=2</td>" in page
+        plot = f"/admin/inference/benchmarkrun/{run.id}/plot/speedup_vs_k.png"
+        assert plot in page
+        image = client.get(plot)
+        assert image.status_code == 200 and image["Content-Type"] == "image/png"
+        assert client.get(f"/admin/inference/benchmarkrun/{run.id}/plot/results.json").status_code == 404
+        assert Client().get(plot).status_code == 302  # the admin's login, not the file
+    finally:
+        shutil.rmtree(run.report_dir, ignore_errors=True)

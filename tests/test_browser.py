@@ -1,0 +1,72 @@
+"""A person in a real browser (Debian's headless Chromium, driven by Playwright): logs in, sends a
+prompt, watches tokens arrive and the metrics line appear, colours the answer by speculative step,
+then stops a long answer."""
+
+import shutil
+
+import pytest
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def page(live_server_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+        browser.close()
+
+
+def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  # Django fixtures before the browser loop
+    page.goto(f"{live_server_url}/")
+    assert "/accounts/login/" in page.url  # the chat needs a login
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", "alice-password")
+    page.click("button[type=submit]")
+    page.wait_for_selector("body[data-connected='1']")
+    assert page.locator("#pair").input_value() == "demo-code"
+
+    # Record how long the answer's text is each time the page changes while it is still streaming.
+    page.evaluate("""() => {
+        window.streamedLengths = [];
+        new MutationObserver(() => {
+            const answer = document.querySelector('article.assistant');
+            if (answer && answer.classList.contains('streaming'))
+                window.streamedLengths.push(answer.querySelector('.body').textContent.length);
+        }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
+    }""")
+    page.fill("#prompt", "def quicksort(numbers):")
+    page.fill("#max-tokens", "300")
+    page.click("#send")
+    answer = page.locator("article.message.assistant").first
+    page.wait_for_function("() => document.querySelector('article.assistant:not(.streaming)')")
+    lengths = {n for n in page.evaluate("window.streamedLengths") if n}
+    assert len(lengths) >= 2, "the text should grow while the answer streams"
+    assert answer.locator(".body").inner_text().strip()
+    metrics = answer.locator(".meta").inner_text()
+    assert "tok/s" in metrics and "TTFT" in metrics and "acceptance" in metrics and "tokens/step" in metrics
+    assert "/c/" in page.url  # the conversation is kept, and listed in the sidebar after a reload
+    page.check("#show-steps")
+    assert answer.locator(".step .main").count() >= 2
+    page.screenshot(path=str(tmp_path / "answer.png"))
+
+    page.reload()
+    assert page.locator("#conversations a").first.inner_text().startswith("def quicksort")
+    page.click("text=+ New chat")  # a fresh conversation: the history would change the answer
+    page.wait_for_selector("body[data-connected='1']")
+    page.fill("#prompt", "class Stack:\n    def __init__(self):")  # runs to the token limit
+    page.fill("#max-tokens", "500")
+    page.uncheck("#speculative")  # the main alone: slower, so there is time to press Stop
+    page.click("#send")
+    second = page.locator("article.message.assistant").first
+    second.locator(".meta").filter(has_text="generating").wait_for()
+    page.locator("#stop").click()
+    second.locator(".meta").filter(has_text="finish: stopped").wait_for()
+    assert not page.locator("#send").is_disabled()

@@ -1,0 +1,285 @@
+"""The chat over its websocket, end to end on real parts: Redis streams, a Celery worker running
+openvino-genai on the shipped demo pair, and the database."""
+
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from chatsite.asgi import application
+from chatsite.chat.models import Conversation, Message
+from inference.models import Generation, ModelPair
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
+PROMPT = "def quicksort(numbers):"
+
+
+async def connect(user) -> WebsocketCommunicator:
+    """A websocket logged in as `user` through the real session middleware."""
+    client = Client()
+    await sync_to_async(client.force_login)(user)
+    headers = [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()), (b"origin", b"http://127.0.0.1")]
+    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+async def receive(communicator, timeout=60) -> dict:
+    return await communicator.receive_json_from(timeout=timeout)
+
+
+async def send_message(communicator, *, text=PROMPT, pair="demo-code", conversation=None, **settings) -> dict:
+    await communicator.send_json_to({"action": "send", "pair": pair, "text": text, "conversation": conversation,
+                                     "settings": settings})
+    return await receive(communicator)
+
+
+async def events_until_end(communicator, generation: str, *, on_delta=None) -> list[dict]:
+    """Every event of `generation` up to its terminal one ({id, event} dicts)."""
+    seen = []
+    while True:
+        message = await receive(communicator)
+        if message["type"] != "event" or message["generation"] != generation:
+            continue
+        seen.append(message)
+        if message["event"]["type"] == "delta" and on_delta:
+            await on_delta(len(seen))
+        if message["event"]["type"] in ("done", "error"):
+            return seen
+
+
+def streamed_text(events) -> str:
+    return "".join(d + m for e in events if e["event"]["type"] == "delta" for d, m in e["event"]["steps"])
+
+
+async def test_answer_streams_the_main_models_greedy_output(demo_pair, user, main_alone_greedy):
+    communicator = await connect(user)
+    started = await send_message(communicator, max_tokens=64)
+    assert started["type"] == "started", started
+    events = await events_until_end(communicator, started["generation"])
+    done = events[-1]["event"]
+    assert done["type"] == "done"
+    deltas = [e for e in events if e["event"]["type"] == "delta"]
+    assert len(deltas) >= 2, "tokens should arrive in several batches, not all at the end"
+    assert streamed_text(events) == done["text"]
+    prompt = await sync_to_async(lambda: Generation.objects.get(id=started["generation"]).prompt)()
+    assert done["text"] == main_alone_greedy(prompt, 64, add_special_tokens=False)
+    # Speculation really happened: fewer main steps than tokens, and the figures agree.
+    assert done["completion_tokens"] == 64 and done["finish_reason"] == "length"
+    assert done["main_steps"] < done["completion_tokens"]
+    assert 0 < done["acceptance_rate"] <= 1 and done["mean_accepted_length"] > 1
+    assert done["accepted_tokens"] == sum(done["accepted_by_position"][:1]) + sum(done["accepted_by_position"][1:])
+    generation = await Generation.objects.aget(id=started["generation"])
+    assert generation.status == "finished" and generation.text == done["text"]
+    assert generation.ttft_ms > 0 and generation.tokens_per_s > 0 and generation.prompt_tokens > 0
+    assert "".join(d + m for d, m in generation.steps) == generation.text
+    message = await Message.objects.select_related("conversation").aget(generation=generation)
+    assert message.conversation.title == PROMPT and message.role == "assistant"
+    await communicator.disconnect()
+
+
+async def test_two_answers_on_one_worker_are_batched(demo_pair, user, other_user, main_alone_greedy):
+    alice, bob = await connect(user), await connect(other_user)
+    first = await send_message(alice, max_tokens=96)
+    second = await send_message(bob, text="class Stack:\n    def __init__(self):", max_tokens=96)
+    results = await asyncio.gather(events_until_end(alice, first["generation"]),
+                                   events_until_end(bob, second["generation"]))
+    for started, events in zip((first, second), results):
+        assert events[-1]["event"]["type"] == "done"
+        generation = await Generation.objects.aget(id=started["generation"])
+        assert generation.text == main_alone_greedy(generation.prompt, 96, add_special_tokens=False)
+    a, b = await Generation.objects.aget(id=first["generation"]), await Generation.objects.aget(id=second["generation"])
+    # Batched, not serialised: the second started before the first finished.
+    assert b.started_at < a.finished_at and a.worker == b.worker
+    await alice.disconnect()
+    await bob.disconnect()
+
+
+async def test_stop_keeps_what_was_produced(demo_pair, user):
+    communicator = await connect(user)
+    started = await send_message(communicator, max_tokens=500)
+
+    async def stop_on_first_delta(count):
+        if count == 2:
+            await communicator.send_json_to({"action": "stop", "generation": started["generation"]})
+
+    events = await events_until_end(communicator, started["generation"], on_delta=stop_on_first_delta)
+    done = events[-1]["event"]
+    assert done["type"] == "done" and done["finish_reason"] == "stopped"
+    assert 0 < done["completion_tokens"] < 500
+    generation = await Generation.objects.aget(id=started["generation"])
+    assert generation.status == "stopped" and generation.text == streamed_text(events) == done["text"]
+    await communicator.disconnect()
+
+
+async def test_reconnect_resumes_without_loss_or_doubling(demo_pair, user):
+    first = await connect(user)
+    started = await send_message(first, max_tokens=200)
+    generation = started["generation"]
+    before = []
+    while len(before) < 3:
+        message = await receive(first)
+        if message["type"] == "event" and message["event"]["type"] == "delta":
+            before.append(message)
+    await first.disconnect()  # the browser drops mid-answer
+
+    second = await connect(user)
+    await second.send_json_to({"action": "follow", "generation": generation, "after": before[-1]["id"]})
+    after = await events_until_end(second, generation)
+    ids = [e["id"] for e in before + after]
+    assert len(ids) == len(set(ids)) and ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    assert streamed_text(before + after) == after[-1]["event"]["text"]
+    await second.disconnect()
+
+
+async def test_another_users_answer_is_refused(demo_pair, user, other_user):
+    alice = await connect(user)
+    started = await send_message(alice, max_tokens=8)
+    await events_until_end(alice, started["generation"])
+    bob = await connect(other_user)
+    for action in ("follow", "stop"):
+        await bob.send_json_to({"action": action, "generation": started["generation"]})
+        reply = await receive(bob)
+        assert reply["type"] == "error" and reply["code"] == "not_found"
+    await bob.send_json_to({"action": "send", "pair": "demo-code", "text": "hi", "conversation": started["conversation"],
+                            "settings": {}})
+    assert (await receive(bob))["code"] == "not_found"
+    bob_client = Client()
+    await sync_to_async(bob_client.force_login)(other_user)
+    response = await sync_to_async(bob_client.get)(f"/c/{started['conversation']}/")
+    assert response.status_code == 404
+    assert await Message.objects.filter(conversation_id=started["conversation"]).acount() == 2
+    await alice.disconnect()
+    await bob.disconnect()
+
+
+async def test_anonymous_websocket_is_closed():
+    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=[(b"origin", b"http://127.0.0.1")])
+    connected, code = await communicator.connect()
+    assert not connected and code == 4401
+
+
+BAD_INPUTS = [
+    ({"text": ""}, "prompt", "empty"),
+    ({"text": "   \n"}, "prompt", "empty"),
+    ({"text": "def f():\x00"}, "prompt", "NUL"),
+    ({"text": "x = 1\n" * 2000}, "prompt", "context"),
+    ({"pair": "no-such-pair"}, "model", "does not exist"),
+    ({"pair": "disabled-pair"}, "model", "does not exist"),
+    ({"num_assistant_tokens": 4, "assistant_confidence_threshold": 0.5}, "assistant_confidence_threshold", "exclusive"),
+    ({"num_assistant_tokens": 0}, "num_assistant_tokens", "[1, 32]"),
+    ({"num_assistant_tokens": 33}, "num_assistant_tokens", "[1, 32]"),
+    ({"assistant_confidence_threshold": 0}, "assistant_confidence_threshold", "(0, 1)"),
+    ({"assistant_confidence_threshold": 1}, "assistant_confidence_threshold", "(0, 1)"),
+    ({"max_tokens": 513}, "max_tokens", "cap of 512"),
+    ({"max_tokens": 0}, "max_tokens", "at least 1"),
+    ({"max_tokens": "many"}, "max_tokens", "must be int"),
+    ({"temperature": 3.0}, "temperature", "[0, 2]"),
+]
+
+
+@pytest.mark.parametrize("change, param, words", BAD_INPUTS)
+async def test_bad_input_gets_a_clear_error_and_changes_nothing(demo_pair, user, change, param, words):
+    await sync_to_async(ModelPair.objects.create)(
+        name="Disabled", slug="disabled-pair", main_dir=demo_pair.main_dir, draft_dir=demo_pair.draft_dir,
+        num_assistant_tokens=3, enabled=False)
+    communicator = await connect(user)
+    text = change.pop("text", PROMPT)
+    pair = change.pop("pair", "demo-code")
+    reply = await send_message(communicator, text=text, pair=pair, **change)
+    assert reply["type"] == "error" and reply["param"] == param and words in reply["message"], reply
+    assert await Conversation.objects.acount() == 0
+    assert await Message.objects.acount() == 0
+    assert await Generation.objects.acount() == 0
+    await communicator.disconnect()
+
+
+async def test_malformed_messages_get_errors(user):
+    communicator = await connect(user)
+    for payload in ({"action": "dance"}, {"action": "follow", "generation": "not-a-uuid"},
+                    {"action": "send", "pair": "demo-code", "text": 5, "settings": {}}):
+        await communicator.send_json_to(payload)
+        assert (await receive(communicator))["type"] == "error"
+    await communicator.send_to(text_data="not json")
+    assert (await receive(communicator))["code"] == "invalid_json"
+    await communicator.disconnect()
+
+
+async def test_pair_that_fails_to_load_shows_an_error(demo_pair, user):
+    # Saved around validation, as if its files broke after registration: the draft folder has no model.
+    await sync_to_async(ModelPair.objects.create)(
+        name="Broken", slug="broken", main_dir=demo_pair.main_dir, draft_dir="demo-code",
+        num_assistant_tokens=3)
+    communicator = await connect(user)
+    started = await send_message(communicator, pair="broken", max_tokens=8)
+    events = await events_until_end(communicator, started["generation"])
+    assert events[-1]["event"]["type"] == "error" and "failed to load" in events[-1]["event"]["message"]
+    generation = await Generation.objects.aget(id=started["generation"])
+    assert generation.status == "failed"
+    await communicator.disconnect()
+
+
+async def test_regenerate_replaces_the_last_answer(demo_pair, user):
+    communicator = await connect(user)
+    started = await send_message(communicator, max_tokens=16)
+    first = await events_until_end(communicator, started["generation"])
+    await communicator.send_json_to({"action": "regenerate", "message": started["message"],
+                                     "settings": {"max_tokens": 16, "speculative": False}})
+    again = await receive(communicator)
+    assert again["type"] == "started" and again["message"] == started["message"]
+    second = await events_until_end(communicator, again["generation"])
+    assert second[-1]["event"]["text"] == first[-1]["event"]["text"]  # greedy: same answer without the draft
+    assert second[-1]["event"]["acceptance_rate"] is None  # and no speculation was used
+    message = await Message.objects.select_related("generation").aget(id=started["message"])
+    assert str(message.generation_id) == again["generation"]
+    await communicator.disconnect()
+
+
+def test_kept_conversation_page_lists_the_answer(client, demo_pair, user):
+    conversation = Conversation.objects.create(user=user, title="Sorting", pair=demo_pair)
+    Message.objects.create(conversation=conversation, role="user", content="def quicksort(numbers):")
+    client.force_login(user)
+    page = client.get(f"/c/{conversation.id}/").content.decode()
+    assert "Sorting" in page and json.dumps("def quicksort(numbers):")[1:-1] in page
+
+
+async def test_pair_nobody_serves_fails_fast(demo_pair, user):
+    await sync_to_async(ModelPair.objects.create)(
+        name="Unserved", slug="unserved", main_dir=demo_pair.main_dir, draft_dir=demo_pair.draft_dir,
+        num_assistant_tokens=3)
+    communicator = await connect(user)
+    reply = await send_message(communicator, pair="unserved")
+    assert reply["type"] == "error" and reply["code"] == "model_unavailable" and "pair.unserved" in reply["message"]
+    assert await Generation.objects.acount() == 0 and await Message.objects.acount() == 0
+    await communicator.disconnect()
+
+
+async def test_worker_that_dies_mid_answer_surfaces_as_an_error(demo_pair, user, stack_env, redis_client, tmp_path):
+    from tests.conftest import Worker
+
+    await sync_to_async(ModelPair.objects.create)(
+        name="Doomed", slug="doomed", main_dir=demo_pair.main_dir, draft_dir=demo_pair.draft_dir,
+        num_assistant_tokens=3)
+    env = {**stack_env, "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3"}
+    worker = Worker(env, "pair.doomed", tmp_path / "doomed.log")
+    try:
+        await sync_to_async(worker.wait_ready)(redis_client)
+        communicator = await connect(user)
+        started = await send_message(communicator, pair="doomed", max_tokens=500)
+
+        async def kill_worker(count):
+            if count == 2:
+                worker.proc.kill()
+
+        events = await events_until_end(communicator, started["generation"], on_delta=kill_worker)
+        last = events[-1]["event"]
+        assert last["type"] == "error" and "stopped before it finished" in last["message"]
+        generation = await Generation.objects.aget(id=started["generation"])
+        assert generation.status == "failed"
+        await communicator.disconnect()
+    finally:
+        worker.stop()
