@@ -134,9 +134,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         )
     _check_range(k, 1, 32, "num_assistant_tokens")
     _check_range(threshold, 0, 1, "assistant_confidence_threshold", low_open=True, high_open=True)
-    if threshold is not None and threshold < 1e-30:  # the pipeline keeps a float32, where it becomes 0
-        raise GenerationRequestError(f"assistant_confidence_threshold {threshold} is too small.",
-                                     param="assistant_confidence_threshold")
+    _check_float32_floor(threshold, "assistant_confidence_threshold")
     if (k is not None or threshold is not None) and options.speculative and not pair.is_speculative:
         raise GenerationRequestError(
             f"Pair '{pair.slug}' has no draft model, so it takes no speculative parameters.",
@@ -148,6 +146,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
             param="assistant_confidence_threshold",
         )
     _check_range(options.temperature, 0, 2, "temperature")
+    _check_float32_floor(options.temperature, "temperature", zero_means="greedy decoding")
     _check_range(options.top_p, 0, 1, "top_p", low_open=True)
     _check_range(options.top_k, 0, 100_000, "top_k")
     max_new = options.max_new_tokens if options.max_new_tokens is not None else min(pair.max_new_tokens_cap, 256)
@@ -165,7 +164,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         )
     if k is None and threshold is None:
         k, threshold = pair.num_assistant_tokens, pair.assistant_confidence_threshold
-    return DecodingParams(
+    params = DecodingParams(
         max_new_tokens=min(max_new, context - prompt_tokens),
         num_assistant_tokens=k,
         assistant_confidence_threshold=threshold,
@@ -177,6 +176,22 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         stop=tuple(options.stop),
         ignore_eos=options.ignore_eos,
     )
+    try:  # whatever else the pipeline would refuse, refused here rather than on the worker
+        params.generation_config(pair_spec(pair=pair, speculative=options.speculative)).validate()
+    except RuntimeError as exc:
+        reason = str(exc).strip().splitlines()[-1]  # the C++ check's own sentence, without its source path
+        raise GenerationRequestError(f"The pipeline refuses these settings: {reason}") from None
+    return params
+
+
+FLOAT32_TINY = 1e-30  # the pipeline keeps these options as float32: far smaller values become 0 or denormal
+
+
+def _check_float32_floor(value: float | None, param: str, *, zero_means: str = "") -> None:
+    if value and 0 < value < FLOAT32_TINY:
+        hint = f"; use 0 for {zero_means}" if zero_means else ""
+        raise GenerationRequestError(f"{param} {value} is too small for the pipeline (at least {FLOAT32_TINY}{hint}).",
+                                     param=param)
 
 
 def count_prompt_tokens(*, pair: ModelPair, prompt: str, add_special_tokens: bool) -> int:
@@ -349,16 +364,22 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         fail_generation(generation_id=generation.id,
                         message=f"Pair '{generation.pair.slug}' failed to load: {type(exc).__name__}: {exc}")
         return
-    spec = engine.spec
     params = DecodingParams(**{**generation.params["decoding"], "stop": tuple(generation.params["decoding"]["stop"])})
-    request = engine.submit(
-        prompt=generation.prompt, params=params, add_special_tokens=generation.params.get("add_special_tokens", True),
-        before_batch=lambda prompt_tokens: writer.send({"type": "start", "prompt_tokens": prompt_tokens,
-                                                        "worker": worker_name}))
-    RUNNING[str(generation.id)] = request
+    request = None
     try:
-        _stream_generation(generation=generation, request=request, writer=writer, spec=spec, params=params,
-                           engine=engine, worker_name=worker_name)
+        request = engine.submit(
+            prompt=generation.prompt, params=params,
+            add_special_tokens=generation.params.get("add_special_tokens", True),
+            before_batch=lambda prompt_tokens: writer.send({"type": "start", "prompt_tokens": prompt_tokens,
+                                                            "worker": worker_name}))
+        RUNNING[str(generation.id)] = request
+        _stream_generation(generation=generation, request=request, writer=writer, spec=engine.spec, params=params,
+                           engine=engine)
+    except Exception as exc:  # whatever went wrong, the reader gets an error instead of waiting forever
+        log.exception("generation %s failed", generation.id)
+        if request is not None:
+            request.stop()
+        fail_generation(generation_id=generation.id, message=f"The worker failed: {type(exc).__name__}: {exc}")
     finally:
         RUNNING.pop(str(generation.id), None)
 
@@ -370,8 +391,8 @@ def stop_running(*, generation_id: str) -> None:
         request.stop()
 
 
-def _stream_generation(*, generation: Generation, request, writer, spec: PairSpec, params: DecodingParams, engine,
-                       worker_name: str) -> None:
+def _stream_generation(*, generation: Generation, request, writer, spec: PairSpec, params: DecodingParams,
+                       engine) -> None:
     fixed_k = params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
     stats = SpeculationStats(num_assistant_tokens=fixed_k if spec.uses_draft or spec.uses_prompt_lookup else None,
                              speculative=spec.uses_draft or spec.uses_prompt_lookup,

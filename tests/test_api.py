@@ -238,6 +238,9 @@ BAD_COMPLETIONS = [
     ({"model": "demo-code", "prompt": PROMPT, "num_assistant_tokens": 3, "assistant_confidence_threshold": 0.5},
      400, "assistant_confidence_threshold"),
     ({"model": "demo-code", "prompt": PROMPT, "temperature": 2.5}, 400, "temperature"),
+    ({"model": "demo-code", "prompt": PROMPT, "temperature": 5e-324}, 400, "temperature"),  # 0 as a float32
+    ({"model": "demo-code", "prompt": PROMPT, "assistant_confidence_threshold": 1e-40}, 400,
+     "assistant_confidence_threshold"),
     ({"model": "demo-code", "prompt": PROMPT, "top_p": 0}, 400, "top_p"),
     ({"model": "demo-code", "prompt": PROMPT, "num_assistant_tokens": 0}, 400, "num_assistant_tokens"),
     ({"model": "demo-code", "prompt": PROMPT, "assistant_confidence_threshold": 1.5}, 400,

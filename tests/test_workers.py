@@ -1,11 +1,15 @@
 """Workers announce themselves; the admin loads and unloads a pair on them without a restart."""
 
+import json
 import time
+from dataclasses import asdict
 
 import pytest
 
-from inference import selectors, transport
-from inference.models import ModelPair
+from inference import selectors, services, transport
+from inference.engine import DecodingParams
+from inference.models import Generation, ModelPair
+from inference.tasks import generate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
 
@@ -37,3 +41,25 @@ def test_admin_loads_and_unloads_a_pair_without_restart(admin_client, demo_pair)
     assert "AVAILABLE on" in listing
     admin_client.post("/admin/inference/modelpair/", {"action": "unload_from_worker", "_selected_action": [pair.id]})
     assert wait_for_state(pair, "UNAVAILABLE").state == "UNAVAILABLE"
+
+
+def test_a_request_the_pipeline_refuses_ends_in_an_error_and_the_worker_goes_on(demo_pair, redis_client):
+    """A record the web side would now refuse (written by an older version, say): the pipeline raises
+    on the worker; the reader must get an error event, not wait forever."""
+    refused = Generation.objects.create(pair=demo_pair, prompt="def f(x):", prompt_tokens=4, params={
+        "decoding": asdict(DecodingParams(max_new_tokens=8, temperature=5e-324)), "speculative": True})
+    generate.apply_async(args=[str(refused.id)], queue=demo_pair.queue)
+    last, after, deadline = {}, "0-0", time.time() + 60
+    while last.get("type") not in transport.TERMINAL and time.time() < deadline:
+        for _, entries in redis_client.xread({transport.stream_key(refused.id): after}, block=1000):
+            after, last = entries[-1][0], json.loads(entries[-1][1]["data"])
+    assert last["type"] == "error" and "temperature" in last["message"]
+    refused.refresh_from_db()
+    assert refused.status == Generation.Status.FAILED and "temperature" in refused.error
+
+    served = services.start_generation(pair=demo_pair, prompt="def f(x):",
+                                       options=services.GenerationOptions(max_new_tokens=8))
+    deadline = time.time() + 60
+    while not (served := Generation.objects.get(id=served.id)).is_done and time.time() < deadline:
+        time.sleep(0.2)
+    assert served.status == Generation.Status.FINISHED and served.completion_tokens == 8
