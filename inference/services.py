@@ -309,7 +309,7 @@ def stalled_generation_problem(*, generation_id) -> str:
     client = transport.sync_client()
     if generation.status == Generation.Status.RUNNING:
         if generation.worker and not selectors.worker_is_alive(client=client, name=generation.worker):
-            return f"The worker running this answer ({generation.worker}) stopped before it finished."
+            return _worker_died(generation.worker)
         return ""
     waited = (timezone.now() - generation.created_at).total_seconds()
     state = selectors.pair_state(pair=generation.pair, workers=selectors.live_workers(client=client))
@@ -318,6 +318,21 @@ def stalled_generation_problem(*, generation_id) -> str:
     if waited >= settings.STALL_TIMEOUT_S and state.state != "AVAILABLE":
         return f"'{generation.pair.slug}' did not become available within {settings.STALL_TIMEOUT_S} s."
     return ""
+
+
+def _worker_died(worker: str) -> str:
+    return f"The worker running this answer ({worker}) stopped before it finished."
+
+
+def fail_orphaned_generations(*, client) -> int:
+    """Fail the running generations of workers whose heartbeat expired, read or not (a background
+    API request nobody follows must not stay 'running' forever). Live workers call this as they beat."""
+    running = Generation.objects.filter(status=Generation.Status.RUNNING).exclude(worker="")
+    orphaned = 0
+    for generation_id, worker in running.values_list("id", "worker"):
+        if not selectors.worker_is_alive(client=client, name=worker):
+            orphaned += fail_generation(generation_id=generation_id, message=_worker_died(worker)) is not None
+    return orphaned
 
 
 def fail_generation(*, generation_id, message: str) -> str | None:

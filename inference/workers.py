@@ -2,8 +2,9 @@
 
 Every few seconds a worker writes a heartbeat with expiry to Redis: its queues, the state of each
 pair it holds and how many generations it is running. The web side reads these to say which pairs
-are AVAILABLE and to fail fast when nobody serves a pair. At start the worker loads, in the
-background, the pairs of the queues it consumes (a pair is also loaded on first request).
+are AVAILABLE and to fail fast when nobody serves a pair; the workers read them to fail the
+generations of a worker that died. At start the worker loads, in the background, the pairs of the
+queues it consumes (a pair is also loaded on first request).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 from celery.signals import worker_ready, worker_shutdown
 from celery.worker.control import control_command
 from django.conf import settings
+from django.db import close_old_connections
 
 from inference import transport
 from inference.engine import ENGINES
@@ -39,12 +41,17 @@ def heartbeat_payload() -> dict:
 
 
 def _beat_forever() -> None:
+    from inference.services import fail_orphaned_generations
+
     client = transport.sync_client()
     while not _stop.is_set():
         try:
             client.set(WORKER_KEY_PREFIX + WORKER_NAME, json.dumps(heartbeat_payload()), ex=settings.WORKER_HEARTBEAT_TTL_S)
+            fail_orphaned_generations(client=client)
         except Exception:
             log.exception("heartbeat failed")
+        finally:
+            close_old_connections()
         _stop.wait(settings.WORKER_HEARTBEAT_S)
 
 

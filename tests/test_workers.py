@@ -63,3 +63,27 @@ def test_a_request_the_pipeline_refuses_ends_in_an_error_and_the_worker_goes_on(
     while not (served := Generation.objects.get(id=served.id)).is_done and time.time() < deadline:
         time.sleep(0.2)
     assert served.status == Generation.Status.FINISHED and served.completion_tokens == 8
+
+
+def test_a_dead_workers_unread_generation_is_failed_by_the_live_ones(demo_pair, stack_env, redis_client, tmp_path):
+    """A background API request nobody follows: when its worker dies, the session's live worker
+    marks it failed (its heartbeat expired), so a later poll does not find it 'running' forever."""
+    from tests.conftest import Worker
+
+    doomed = ModelPair.objects.create(name="Doomed", slug="doomed", main_dir=demo_pair.main_dir,
+                                      draft_dir=demo_pair.draft_dir, num_assistant_tokens=3)
+    env = {**stack_env, "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3"}
+    worker = Worker(env, doomed.queue, tmp_path / "doomed.log")
+    try:
+        worker.wait_ready(redis_client)
+        generation = services.start_generation(pair=doomed, prompt="def f(x):",
+                                               options=services.GenerationOptions(max_new_tokens=500))
+        deadline = time.time() + 60
+        while not redis_client.xlen(transport.stream_key(generation.id)) >= 2 and time.time() < deadline:
+            time.sleep(0.05)  # the start event and a first delta: it is running
+        worker.proc.kill()
+        while (generation := Generation.objects.get(id=generation.id)).status == "running" and time.time() < deadline:
+            time.sleep(0.5)
+        assert generation.status == Generation.Status.FAILED and "stopped before it finished" in generation.error
+    finally:
+        worker.stop()
