@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from collections.abc import Callable
 from typing import NamedTuple
@@ -70,18 +70,30 @@ class PairSpec:
         return og.ContinuousBatchingPipeline(self.main_dir, scheduler, self.device, props)
 
 
-@dataclass(frozen=True)
-class DecodingParams:
-    max_new_tokens: int
-    num_assistant_tokens: int | None = None
-    assistant_confidence_threshold: float | None = None
-    max_ngram_size: int = 3
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How tokens are chosen; temperature 0 is greedy (then the output is exactly the main's)."""
+
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+
+    def sampling(self) -> dict:
+        """These fields alone, to build another Sampling from this one."""
+        return {f.name: getattr(self, f.name) for f in fields(Sampling)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodingParams(Sampling):
+    """One request's resolved pipeline settings."""
+
+    max_new_tokens: int
+    num_assistant_tokens: int | None = None
+    assistant_confidence_threshold: float | None = None
+    max_ngram_size: int = 3
 
     def generation_config(self, spec: PairSpec) -> og.GenerationConfig:
         cfg = og.GenerationConfig()

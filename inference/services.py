@@ -21,7 +21,8 @@ from django.utils import timezone
 
 from inference import registry, selectors, transport
 from inference.engine import (
-    ENGINES, ActiveRequest, DecodingParams, Finished, PairEngine, PairSpec, SpeculationStats, StepTokens, TextAssembler,
+    ENGINES, ActiveRequest, DecodingParams, Finished, PairEngine, PairSpec, Sampling, SpeculationStats, StepTokens,
+    TextAssembler,
 )
 from inference.metrics import record_generation as record_metrics
 from inference.models import Generation, ModelPair
@@ -37,20 +38,14 @@ class GenerationRequestError(Exception):
         self.message, self.param, self.code, self.status = message, param, code, status
 
 
-@dataclass(frozen=True)
-class GenerationOptions:
-    """What a caller may ask for; None means the pair's default."""
+@dataclass(frozen=True, kw_only=True)
+class GenerationOptions(Sampling):
+    """What a caller may ask for; None means the pair's default (decoding_params resolves them)."""
 
     max_new_tokens: int | None = None
     num_assistant_tokens: int | None = None
     assistant_confidence_threshold: float | None = None
     speculative: bool = True
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
 
 
 def _typed(data: dict, name: str, kind: type, default=None):
@@ -169,12 +164,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         num_assistant_tokens=k,
         assistant_confidence_threshold=threshold,
         max_ngram_size=pair.max_ngram_size,
-        temperature=options.temperature,
-        top_p=options.top_p,
-        top_k=options.top_k,
-        seed=options.seed,
-        stop=tuple(options.stop),
-        ignore_eos=options.ignore_eos,
+        **options.sampling(),
     )
     try:  # whatever else the pipeline would refuse, refused here rather than on the worker
         params.generation_config(pair_spec(pair=pair, speculative=options.speculative)).validate()
