@@ -64,7 +64,7 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     page.fill("#prompt", "class Stack:\n    def __init__(self):")  # runs to the token limit
     page.fill("#max-tokens", "500")
     page.uncheck("#speculative")  # the main alone: slower, so there is time to press Stop
-    page.click("#send")
+    page.press("#prompt", "Control+Enter")  # sends; Enter alone is a new line of code
     second = page.locator("article.message.assistant").first
     second.locator(".meta").filter(has_text="generating").wait_for()
     page.locator("#stop").click()
