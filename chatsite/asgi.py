@@ -1,18 +1,41 @@
+"""daphne's application: the site (chat, admin) and the REST API over HTTP, the chat's websocket."""
+
 import os
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-django_asgi_app = get_asgi_application()
+site_app = get_asgi_application()
 
-from django.conf import settings  # noqa: E402
+from django.conf import settings  # noqa: E402  (needs Django set up)
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
+
+class ApiHandler(ASGIHandler):
+    """Django with settings.API_MIDDLEWARE instead of settings.MIDDLEWARE, for the REST API."""
+
+    def load_middleware(self, is_async=False):
+        site_middleware = settings.MIDDLEWARE
+        settings.MIDDLEWARE = settings.API_MIDDLEWARE  # read only here, once, as the handler is built
+        try:
+            super().load_middleware(is_async)
+        finally:
+            settings.MIDDLEWARE = site_middleware
+
+
+api_app = ApiHandler()
 if settings.SERVE_STATIC:
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
-    django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)  # daphne alone serves the few static files
+    site_app = ASGIStaticFilesHandler(site_app)  # daphne alone serves the few static files
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up)
+
+async def http_app(scope, receive, send):
+    app = api_app if scope["path"].startswith(settings.API_PATH_PREFIXES) else site_app
+    return await app(scope, receive, send)
+
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
@@ -20,7 +43,7 @@ from chatsite.chat.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -47,6 +47,12 @@ class PairSpec:
     def uses_prompt_lookup(self) -> bool:
         return self.speculative and not self.draft_dir and self.prompt_lookup
 
+    @property
+    def is_pair_default(self) -> bool:
+        """The pipeline the pair serves as registered, whose state the admin shows (a speculative
+        pair also builds its main alone, for requests with speculative=false)."""
+        return self.speculative or not (self.draft_dir or self.prompt_lookup)
+
     def device_properties(self) -> dict[str, str]:
         props = {}
         if self.inference_precision:
@@ -350,7 +356,7 @@ class EngineRegistry:
         with lock:
             if spec in self._engines:
                 return self._engines[spec]
-            if spec.speculative:
+            if spec.is_pair_default:
                 self.states[spec.slug] = {"state": "loading", "error": ""}
             try:
                 for folder in filter(None, (spec.main_dir, spec.draft_dir if spec.speculative else "")):
@@ -358,11 +364,11 @@ class EngineRegistry:
                         raise FileNotFoundError(f"no openvino_model.xml in {folder}")
                 engine = PairEngine(spec)
             except Exception as exc:
-                if spec.speculative:
+                if spec.is_pair_default:
                     self.states[spec.slug] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
                 raise
             self._engines[spec] = engine
-            if spec.speculative:
+            if spec.is_pair_default:
                 self.states[spec.slug] = {"state": "available", "error": ""}
             return engine
 

@@ -3,8 +3,8 @@
 Every few seconds a worker writes a heartbeat with expiry to Redis: its queues, the state of each
 pair it holds and how many generations it is running. The web side reads these to say which pairs
 are AVAILABLE and to fail fast when nobody serves a pair; the workers read them to fail the
-generations of a worker that died. At start the worker loads, in the background, the pairs of the
-queues it consumes (a pair is also loaded on first request).
+generations of a worker that died. In the background the worker loads the pairs of the queues it
+consumes, at start and whenever one is registered later (a pair is also loaded on first request).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from inference.selectors import WORKER_KEY_PREFIX
 log = logging.getLogger(__name__)
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 _queues: list[str] = []
+_loading: set[str] = set()  # slugs being loaded by _load threads
 _stop = threading.Event()
 
 
@@ -48,6 +49,7 @@ def _beat_forever() -> None:
         try:
             client.set(WORKER_KEY_PREFIX + WORKER_NAME, json.dumps(heartbeat_payload()), ex=settings.WORKER_HEARTBEAT_TTL_S)
             fail_orphaned_generations(client=client)
+            _load_unloaded_pairs()
         except Exception:
             log.exception("heartbeat failed")
         finally:
@@ -74,13 +76,26 @@ def _load(slug: str) -> None:
     from inference.models import ModelPair
     from inference.services import load_engine
 
-    pair = ModelPair.objects.filter(slug=slug, enabled=True).first()
-    if pair is None:
-        return
     try:
-        load_engine(pair=pair)
+        pair = ModelPair.objects.filter(slug=slug, enabled=True).first()
+        if pair is not None:
+            load_engine(pair=pair)
     except Exception:
         log.exception("pair %s failed to load", slug)
+    finally:
+        _loading.discard(slug)
+        close_old_connections()
+
+
+def _load_unloaded_pairs() -> None:
+    """Start loading, in the background, each pair of this worker's queues it holds no state for:
+    at start, and when a pair is registered after the worker started (it would say LOADING until
+    its first request otherwise). A pair that failed keeps its error until the admin loads it again."""
+    for queue in list(_queues):
+        slug = queue.removeprefix("pair.")
+        if queue.startswith("pair.") and slug not in ENGINES.states and slug not in _loading:
+            _loading.add(slug)
+            threading.Thread(target=_load, args=(slug,), name=f"load-{slug}", daemon=True).start()
 
 
 @control_command(args=[("slug", str)], signature="<slug>")
@@ -90,7 +105,8 @@ def load_pair(state, slug: str) -> dict:
     state.consumer.add_task_queue(queue)
     if queue not in _queues:
         _queues.append(queue)
-    threading.Thread(target=_load, args=(slug,), daemon=True).start()
+    _loading.add(slug)
+    threading.Thread(target=_load, args=(slug,), name=f"load-{slug}", daemon=True).start()
     return {"ok": f"loading {slug}"}
 
 
@@ -105,19 +121,12 @@ def unload_pair(state, slug: str) -> dict:
     return {"ok": f"unloaded {slug}"}
 
 
-def _preload(slugs: list[str]) -> None:
-    for slug in slugs:
-        _load(slug)
-
-
 @worker_ready.connect
 def start_worker_services(sender, **_) -> None:
     _queues[:] = sorted(q.name for q in sender.task_consumer.queues)
     _stop.clear()
     threading.Thread(target=_beat_forever, name="heartbeat", daemon=True).start()
     threading.Thread(target=_listen_for_cancels, name="cancels", daemon=True).start()
-    slugs = [q.removeprefix("pair.") for q in _queues if q.startswith("pair.")]
-    threading.Thread(target=_preload, args=(slugs,), name="preload", daemon=True).start()
 
 
 @worker_shutdown.connect

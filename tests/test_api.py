@@ -307,7 +307,13 @@ def test_models_config_health_and_unknown_routes(live_server_url, demo_pair):
     demo_pair.save()
     status = requests.get(f"{live_server_url}/v3/config", timeout=30).json()["demo-code"]["model_version_status"][0]
     assert status["state"] == "UNAVAILABLE" and "disabled" in status["status"]["error_message"]
-    assert requests.get(f"{live_server_url}/health", timeout=30).json() == {"status": "ok"}
+    health = requests.get(f"{live_server_url}/health", timeout=30)
+    assert health.json() == {"status": "ok"}
+    # The API runs without the browser's middleware (no session, no CSRF), but keeps the security headers;
+    # the site keeps all of it.
+    assert health.headers["X-Content-Type-Options"] == "nosniff" and "Set-Cookie" not in health.headers
+    login = requests.get(f"{live_server_url}/accounts/login/", timeout=30)
+    assert login.headers["X-Frame-Options"] == "DENY" and "csrftoken" in login.cookies
     for method, path, code in [("GET", "/v1/nope", 404), ("GET", "/v1/completions", 405)]:
         response = requests.request(method, f"{live_server_url}{path}", timeout=30)
         assert response.status_code == code and response.json()["error"]["code"]

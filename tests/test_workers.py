@@ -87,3 +87,16 @@ def test_a_dead_workers_unread_generation_is_failed_by_the_live_ones(demo_pair, 
         assert generation.status == Generation.Status.FAILED and "stopped before it finished" in generation.error
     finally:
         worker.stop()
+
+
+def test_a_pair_registered_after_the_worker_started_is_loaded_without_a_request(demo_pair):
+    """The worker already consumes pair.demo-plain; registering the pair is enough for it to load
+    (a plain pair, main alone: its state is shown too) and to answer."""
+    plain = ModelPair.objects.create(name="Plain", slug="demo-plain", main_dir=demo_pair.main_dir)
+    assert wait_for_state(plain, "AVAILABLE").state == "AVAILABLE"
+    generation = services.start_generation(pair=plain, prompt="def f(x):",
+                                           options=services.GenerationOptions(max_new_tokens=8))
+    deadline = time.time() + 60
+    while not (generation := Generation.objects.get(id=generation.id)).is_done and time.time() < deadline:
+        time.sleep(0.2)
+    assert generation.status == Generation.Status.FINISHED and generation.draft_tokens is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.utils import timezone
 
@@ -17,6 +18,7 @@ from inference.models import ApiKey, Generation
 
 KEY_PREFIX = "sk-spec-"
 IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 def hash_key(key: str) -> str:
@@ -41,7 +43,9 @@ def authenticate(*, authorization: str) -> ApiKey:
     if api_key is None or api_key.revoked:
         raise services.GenerationRequestError(
             "Incorrect or revoked API key.", code="invalid_api_key", status=401)
-    ApiKey.objects.filter(id=api_key.id).update(last_used_at=timezone.now())
+    now = timezone.now()
+    if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(id=api_key.id).update(last_used_at=now)  # not a write per request
     return api_key
 
 
