@@ -99,7 +99,8 @@ def bar_line(bar: dict) -> str:
 
 def print_report(results: dict, out=print) -> None:
     o = results["options"]
-    out(f"\n{results['pair']} on {results['machine']['cpus']} CPU(s), {o['max_new_tokens']} new tokens, "
+    m = results["machine"]
+    out(f"\n{results['pair']} on {m['cpus']} CPU(s) ({m.get('cpu', '?')}), {o['max_new_tokens']} new tokens, "
         f"{o['repeats']} repeat(s); draft/main cost ratio {_fmt(results['cost_ratio'], '.3f')}\n")
     rows = [r for r in results["rows"] if not r["set"]]
     print_table(rows, out=out)
@@ -138,7 +139,8 @@ def render_markdown(results: dict, *, plots: list[str]) -> str:
     rows = [r for r in results["rows"] if not r["set"]]
     parts = [
         f"## Benchmark of `{results['pair']}`",
-        f"{results['started_at']} to {results['finished_at']}; {m['cpus']} CPU(s), {m['platform']}, openvino-genai "
+        f"{results['started_at']} to {results['finished_at']}; {m['cpus']} CPU(s) ({m.get('cpu', 'CPU not recorded')}), "
+        f"{m['platform']}, openvino-genai "
         f"{m['openvino_genai']}. {o['max_new_tokens']} new tokens per generation (greedy, EOS ignored), "
         f"{o['repeats']} repeat(s) over {results['prompts']} held-out prompt(s) ({', '.join(o['prompt_sets'])}), "
         f"variants interleaved. Draft/main cost ratio c = {_fmt(results['cost_ratio'], '.3f')}. "

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import openvino
 import openvino_genai
 from django.conf import settings
 from django.db import transaction
@@ -163,7 +164,8 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     report = {
         "pair": pair.slug,
         "started_at": started_at,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": os.getloadavg(),
+        "machine": {"cpus": os.cpu_count(), "cpu": openvino.Core().get_property("CPU", "FULL_DEVICE_NAME"),
+                    "platform": platform.platform(), "load_average": os.getloadavg(),
                     "openvino_genai": openvino_genai.__version__},
         "options": options.as_json(),
         "prompts": len(prompts),
