@@ -182,3 +182,16 @@ def api_key(transactional_db):
     key.secret = set_new_key(key)
     key.save()
     return key
+
+
+def wait_until_done(generation_id=None):
+    """The generation (by default the only one) once it has ended, read from the database."""
+    from inference.models import Generation
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        generation = Generation.objects.filter(**({"id": generation_id} if generation_id else {})).first()
+        if generation and generation.is_done:
+            return generation
+        time.sleep(0.1)
+    raise AssertionError(f"generation {generation_id or ''} did not end")

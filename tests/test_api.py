@@ -12,6 +12,7 @@ import requests
 from inference.api.auth import set_new_key
 from inference.models import ApiKey, Generation
 from inference.services import chat_prompt
+from tests.conftest import wait_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PROMPT = "def quicksort(numbers):"
@@ -50,17 +51,6 @@ def chunk_text(data: str) -> str:
         return ""
     choices = json.loads(data)["choices"]
     return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in choices)
-
-
-def wait_until_done(generation_id=None) -> Generation:
-    """The generation (by default the only one) once it has ended."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        generation = Generation.objects.filter(**({"id": generation_id} if generation_id else {})).first()
-        if generation and generation.is_done:
-            return generation
-        time.sleep(0.1)
-    raise AssertionError(f"generation {generation_id or ''} did not end")
 
 
 def assert_speculative_usage(usage, *, speculative: bool = True) -> None:

@@ -10,6 +10,7 @@ from inference import selectors, services, transport
 from inference.engine import DecodingParams
 from inference.models import Generation, ModelPair
 from inference.tasks import generate
+from tests.conftest import wait_until_done
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
 
@@ -57,11 +58,8 @@ def test_a_request_the_pipeline_refuses_ends_in_an_error_and_the_worker_goes_on(
     refused.refresh_from_db()
     assert refused.status == Generation.Status.FAILED and "temperature" in refused.error
 
-    served = services.start_generation(pair=demo_pair, prompt="def f(x):",
-                                       options=services.GenerationOptions(max_new_tokens=8))
-    deadline = time.time() + 60
-    while not (served := Generation.objects.get(id=served.id)).is_done and time.time() < deadline:
-        time.sleep(0.2)
+    served = wait_until_done(services.start_generation(
+        pair=demo_pair, prompt="def f(x):", options=services.GenerationOptions(max_new_tokens=8)).id)
     assert served.status == Generation.Status.FINISHED and served.completion_tokens == 8
 
 
@@ -82,8 +80,7 @@ def test_a_dead_workers_unread_generation_is_failed_by_the_live_ones(demo_pair, 
         while not redis_client.xlen(transport.stream_key(generation.id)) >= 2 and time.time() < deadline:
             time.sleep(0.05)  # the start event and a first delta: it is running
         worker.proc.kill()
-        while (generation := Generation.objects.get(id=generation.id)).status == "running" and time.time() < deadline:
-            time.sleep(0.5)
+        generation = wait_until_done(generation.id)  # nobody reads it: the live worker's sweep ends it
         assert generation.status == Generation.Status.FAILED and "stopped before it finished" in generation.error
     finally:
         worker.stop()
@@ -94,9 +91,6 @@ def test_a_pair_registered_after_the_worker_started_is_loaded_without_a_request(
     (a plain pair, main alone: its state is shown too) and to answer."""
     plain = ModelPair.objects.create(name="Plain", slug="demo-plain", main_dir=demo_pair.main_dir)
     assert wait_for_state(plain, "AVAILABLE").state == "AVAILABLE"
-    generation = services.start_generation(pair=plain, prompt="def f(x):",
-                                           options=services.GenerationOptions(max_new_tokens=8))
-    deadline = time.time() + 60
-    while not (generation := Generation.objects.get(id=generation.id)).is_done and time.time() < deadline:
-        time.sleep(0.2)
+    generation = wait_until_done(services.start_generation(
+        pair=plain, prompt="def f(x):", options=services.GenerationOptions(max_new_tokens=8)).id)
     assert generation.status == Generation.Status.FINISHED and generation.draft_tokens is None
