@@ -314,15 +314,15 @@ def _worker_died(worker: str) -> str:
     return f"The worker running this answer ({worker}) stopped before it finished."
 
 
-def fail_orphaned_generations(*, client) -> int:
+def fail_orphaned_generations(*, client) -> None:
     """Fail the running generations of workers whose heartbeat expired, read or not (a background
     API request nobody follows must not stay 'running' forever). Live workers call this as they beat."""
-    running = Generation.objects.filter(status=Generation.Status.RUNNING).exclude(worker="")
-    orphaned = 0
-    for generation_id, worker in running.values_list("id", "worker"):
-        if not selectors.worker_is_alive(client=client, name=worker):
-            orphaned += fail_generation(generation_id=generation_id, message=_worker_died(worker)) is not None
-    return orphaned
+    running = list(Generation.objects.filter(status=Generation.Status.RUNNING).exclude(worker="")
+                   .values_list("id", "worker"))
+    dead = {worker for worker in {w for _, w in running} if not selectors.worker_is_alive(client=client, name=worker)}
+    for generation_id, worker in running:
+        if worker in dead:
+            fail_generation(generation_id=generation_id, message=_worker_died(worker))
 
 
 def fail_generation(*, generation_id, message: str) -> str | None:
@@ -378,8 +378,7 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
             before_batch=lambda prompt_tokens: writer.send({"type": "start", "prompt_tokens": prompt_tokens,
                                                             "worker": worker_name}))
         RUNNING[str(generation.id)] = request
-        _stream_generation(generation=generation, request=request, writer=writer, spec=engine.spec, params=params,
-                           engine=engine)
+        _stream_generation(generation=generation, request=request, writer=writer, params=params, engine=engine)
     except Exception as exc:  # whatever went wrong, the reader gets an error instead of waiting forever
         log.exception("generation %s failed", generation.id)
         if request is not None:
@@ -396,8 +395,8 @@ def stop_running(*, generation_id: str) -> None:
         request.stop()
 
 
-def _stream_generation(*, generation: Generation, request, writer, spec: PairSpec, params: DecodingParams,
-                       engine) -> None:
+def _stream_generation(*, generation: Generation, request, writer, params: DecodingParams, engine: PairEngine) -> None:
+    spec = engine.spec
     fixed_k = params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
     stats = SpeculationStats(num_assistant_tokens=fixed_k if spec.uses_draft or spec.uses_prompt_lookup else None,
                              speculative=spec.uses_draft or spec.uses_prompt_lookup,
