@@ -28,7 +28,8 @@ class ModelPairAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "slug", "enabled", "serving_state", "load_error")}),
         ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device")}),
-        ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold")}),
+        ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold",
+                                             "allow_inexact_sampling")}),
         ("Limits and precision", {"fields": ("max_new_tokens_cap", "cache_size_gb", "inference_precision",
                                              "kv_cache_precision")}),
         ("Latest benchmark", {"fields": ("latest_benchmark",)}),
@@ -102,8 +103,8 @@ class ModelPairAdmin(admin.ModelAdmin):
 @admin.register(Generation)
 class GenerationAdmin(admin.ModelAdmin):
     list_display = ("created_at", "pair", "source", "user", "status", "finish_reason", "completion_tokens",
-                    "tokens_per_s", "acceptance_rate", "mean_accepted_length")
-    list_filter = ("status", "source", "pair")
+                    "speculative_mode", "tokens_per_s", "acceptance_rate", "mean_accepted_length")
+    list_filter = ("status", "source", "pair", "speculative_mode")
     readonly_fields = [f.name for f in Generation._meta.fields]
 
     def has_add_permission(self, request):

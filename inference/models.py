@@ -41,6 +41,10 @@ class ModelPair(models.Model):
     assistant_confidence_threshold = models.FloatField(
         null=True, blank=True, help_text="Or: the draft proposes while its confidence stays above this (0-1)."
     )
+    allow_inexact_sampling = models.BooleanField(
+        default=False, help_text="INEXACT: let sampled requests (temperature > 0) use openvino-genai's own draft "
+                                 "verification, whose answers are not drawn from the main model's distribution. "
+                                 "Off: they run exactly.")
     max_new_tokens_cap = models.PositiveIntegerField(default=512, help_text="No request may ask for more new tokens.")
     cache_size_gb = models.PositiveSmallIntegerField(default=1, help_text="KV cache of the scheduler, in GB.")
     inference_precision = models.CharField(max_length=8, choices=Precision.choices, default=Precision.F32, blank=True)
@@ -108,6 +112,9 @@ class Generation(models.Model):
     text = models.TextField(blank=True)
     steps = models.JSONField(default=list, blank=True, help_text="Per main step: [accepted draft text, main's token text].")
     finish_reason = models.CharField(max_length=20, blank=True)
+    speculative_mode = models.CharField(max_length=30, blank=True, help_text="How the answer was served: draft, "
+                                        "draft-exact-sampling, draft-inexact-sampling, prompt-lookup or off.")
+    speculative_reason = models.CharField(max_length=200, blank=True, help_text="Why, when not plain `draft`.")
     error = models.TextField(blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)

@@ -109,6 +109,40 @@ def pair_spec(*, pair: ModelPair, speculative: bool = True) -> PairSpec:
     )
 
 
+@dataclass(frozen=True)
+class SpeculativeMode:
+    """How a request is served, stated on every answer: `draft`, `draft-inexact-sampling` (the
+    library's own sampling with a draft, allowed per pair), `prompt-lookup` or `off`, with a reason."""
+
+    mode: str
+    reason: str = ""
+
+    @property
+    def speculative(self) -> bool:
+        return self.mode != "off"
+
+
+INEXACT_LIBRARY_SAMPLING = ("sampled answers run on the main alone: openvino-genai's draft verification "
+                            "is not exact at temperature > 0")
+
+
+def speculative_mode(*, pair: ModelPair, options: GenerationOptions) -> SpeculativeMode:
+    """Never an inexact path served silently: with a draft, a sampled request runs on the main alone
+    unless the pair explicitly allows the library's inexact sampling."""
+    if not options.speculative:
+        return SpeculativeMode("off", "speculative: false was asked")
+    if not pair.is_speculative:
+        return SpeculativeMode("off", "the pair has no draft model")
+    if not pair.draft_dir:
+        return SpeculativeMode("prompt-lookup")  # sample from the main, compare with the n-gram: exact
+    if options.temperature == 0:
+        return SpeculativeMode("draft")
+    if pair.allow_inexact_sampling:
+        return SpeculativeMode("draft-inexact-sampling", "allowed by the pair: answers are not drawn from the "
+                                                         "main model's distribution")
+    return SpeculativeMode("off", INEXACT_LIBRARY_SAMPLING)
+
+
 def _check_range(value, low, high, param: str, *, low_open=False, high_open=False) -> None:
     if value is None:
         return
@@ -166,8 +200,9 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         max_ngram_size=pair.max_ngram_size,
         **options.sampling(),
     )
+    mode = speculative_mode(pair=pair, options=options)
     try:  # whatever else the pipeline would refuse, refused here rather than on the worker
-        params.generation_config(pair_spec(pair=pair, speculative=options.speculative)).validate()
+        params.generation_config(pair_spec(pair=pair, speculative=mode.speculative)).validate()
     except RuntimeError as exc:
         reason = str(exc).strip().splitlines()[-1]  # the C++ check's own sentence, without its source path
         raise GenerationRequestError(f"The pipeline refuses these settings: {reason}") from None
@@ -244,14 +279,17 @@ def start_generation(
             f"`celery -A chatsite worker -P threads -Q {pair.queue}`.",
             param="model", code="model_unavailable", status=503,
         )
+    mode = speculative_mode(pair=pair, options=options)
     generation = Generation.objects.create(
         pair=pair,
+        speculative_mode=mode.mode,
+        speculative_reason=mode.reason,
         user=user,
         source=source,
         api_key=api_key,
         prompt=prompt,
         prompt_tokens=prompt_tokens,
-        params={"decoding": asdict(params), "speculative": options.speculative and pair.is_speculative,
+        params={"decoding": asdict(params), "speculative": mode.speculative,
                 "add_special_tokens": add_special_tokens},
     )
     from inference.tasks import generate
@@ -447,7 +485,8 @@ def _stream_generation(*, generation: Generation, request, writer, params: Decod
         writer.send({"type": "error", "message": finished.error})
     else:
         writer.send({"type": "done", "finish_reason": finished.finish_reason, "prompt_tokens": request.prompt_tokens,
-                     "text": text.text, **metrics})
+                     "text": text.text, "speculative_mode": generation.speculative_mode,
+                     "speculative_reason": generation.speculative_reason, **metrics})
 
 
 async def wait_for(*, generation_id) -> Generation:

@@ -106,6 +106,34 @@ def test_openai_chat_equal_main_greedy_over_v3(live_server_url, demo_pair, api_k
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
     assert_speculative_usage(chunks[-1].usage, speculative=False)
+    assert chunks[-1].usage.model_dump()["speculative_mode"] == "off"
+
+
+@pytest.mark.usefixtures("celery_worker")
+def test_every_answer_states_how_it_was_served_and_sampling_never_takes_the_inexact_path(
+        live_server_url, demo_pair, api_key):
+    """openvino-genai's draft verification is not exact at T > 0: sampled requests run on the main
+    alone unless the pair allows the library's sampling, and then the answer says it is inexact."""
+    api = client(live_server_url, api_key.secret)
+
+    def served(**kwargs) -> dict:
+        answer = api.completions.create(model="demo-code", prompt=PROMPT, max_tokens=6, **kwargs)
+        usage = answer.usage.model_dump()
+        assert Generation.objects.get(id=answer.id.removeprefix("cmpl-")).speculative_mode == usage["speculative_mode"]
+        return usage
+
+    greedy = served(temperature=0)
+    assert greedy["speculative_mode"] == "draft" and greedy["accepted_tokens"] is not None
+    sampled = served(temperature=0.8, seed=3)
+    assert sampled["speculative_mode"] == "off" and "not exact" in sampled["speculative_reason"]
+    assert sampled["accepted_tokens"] is None  # the main alone ran it
+    assert served(temperature=0, extra_body={"speculative": False})["speculative_mode"] == "off"
+
+    demo_pair.allow_inexact_sampling = True
+    demo_pair.save()
+    allowed = served(temperature=0.8, seed=3)
+    assert allowed["speculative_mode"] == "draft-inexact-sampling" and "not drawn" in allowed["speculative_reason"]
+    assert allowed["accepted_tokens"] is not None
 
 
 # ----------------------------------------------------------------- streams: resume, disconnect, cancel

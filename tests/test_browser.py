@@ -52,6 +52,7 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     assert answer.locator(".body").inner_text().strip()
     metrics = answer.locator(".meta").inner_text()
     assert "tok/s" in metrics and "TTFT" in metrics and "acceptance" in metrics and "tokens/step" in metrics
+    assert "speculation: draft" in metrics
     assert "/c/" in page.url  # the conversation is kept, and listed in the sidebar after a reload
     page.check("#show-steps")
     assert answer.locator(".step .main").count() >= 2
@@ -69,4 +70,5 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     second.locator(".meta").filter(has_text="generating").wait_for()
     page.locator("#stop").click()
     second.locator(".meta").filter(has_text="finish: stopped").wait_for()
+    assert "speculation: off (speculative: false was asked)" in second.locator(".meta").inner_text()
     assert not page.locator("#send").is_disabled()

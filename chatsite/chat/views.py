@@ -17,7 +17,8 @@ def answer_json(message) -> dict:
             "tokens_per_s": generation.tokens_per_s, "ttft_ms": generation.ttft_ms,
             "acceptance_rate": generation.acceptance_rate, "mean_accepted_length": generation.mean_accepted_length,
             "completion_tokens": generation.completion_tokens, "main_steps": generation.main_steps,
-            "pair": generation.pair.slug,
+            "pair": generation.pair.slug, "speculative_mode": generation.speculative_mode,
+            "speculative_reason": generation.speculative_reason,
         }
     return data
 

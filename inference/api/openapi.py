@@ -18,7 +18,10 @@ OVMS client works unchanged.
 both; `speculative: false` runs the main model alone for this request. With the `openai` Python
 client pass them in `extra_body`. Every `usage` carries the request's speculative figures:
 `draft_tokens`, `accepted_tokens`, `acceptance_rate`, `mean_accepted_length` (tokens per
-verifying main step, the main's own token included) and `main_steps`.
+verifying main step, the main's own token included), `main_steps`, and `speculative_mode` with
+`speculative_reason`: how the answer was served (`draft`, `draft-exact-sampling`, `prompt-lookup`,
+`off`; `draft-inexact-sampling` only where a pair allows openvino-genai's own sampling with a draft,
+which does not draw from the main model's distribution).
 
 **Streaming and resuming.** `stream: true` answers Server-Sent Events in OpenAI's chunk format,
 ending with `data: [DONE]`. Each event carries `id:`; a client that lost the connection gets the
@@ -92,7 +95,8 @@ def _usage() -> dict:
     return {
         "type": "object",
         "required": ["prompt_tokens", "completion_tokens", "total_tokens", "draft_tokens", "accepted_tokens",
-                     "acceptance_rate", "mean_accepted_length", "main_steps"],
+                     "acceptance_rate", "mean_accepted_length", "main_steps", "speculative_mode",
+                     "speculative_reason"],
         "properties": {
             "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
             "total_tokens": {"type": "integer"},
@@ -102,6 +106,10 @@ def _usage() -> dict:
             "acceptance_rate": {"type": "number", **figure},
             "mean_accepted_length": {"type": "number", **figure},
             "main_steps": {"type": "integer", "description": "Main-model steps (the prefill included)."},
+            "speculative_mode": {"type": "string", "enum": ["draft", "draft-exact-sampling", "draft-inexact-sampling",
+                                                            "prompt-lookup", "off"],
+                                 "description": "How the answer was served."},
+            "speculative_reason": {"type": "string", "description": "Why, when the mode is not plain `draft`."},
         },
     }
 

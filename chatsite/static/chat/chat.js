@@ -27,6 +27,10 @@ function formatMetrics(m) {
   if (m.acceptance_rate != null) parts.push(`acceptance ${(m.acceptance_rate * 100).toFixed(0)}%`);
   if (m.mean_accepted_length != null) parts.push(`${m.mean_accepted_length.toFixed(2)} tokens/step`);
   if (m.completion_tokens != null) parts.push(`${m.completion_tokens} tokens in ${m.main_steps} steps`);
+  if (m.speculative_mode) {
+    parts.push(m.speculative_reason ? `speculation: ${m.speculative_mode} (${m.speculative_reason})`
+                                    : `speculation: ${m.speculative_mode}`);
+  }
   if (m.finish_reason) parts.push(`finish: ${m.finish_reason}`);
   return parts.join(" · ");
 }
