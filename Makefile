@@ -48,7 +48,7 @@ test: install-train redis chromium
 
 # Rebuild the shipped demo pair (hours of CPU; needs the train extra: pip install torch==2.13.0 -e '.[train]').
 demo-pair:
-	$(PY) -m inference.demo_pair.build --stage all
+	$(PY) -m inference.pairs.demo_build --stage all
 
 benchmark: install redis
 	$(PY) manage.py benchmark demo-code

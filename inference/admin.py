@@ -1,3 +1,4 @@
+from celery import current_app
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
@@ -11,9 +12,12 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from inference import benchmark_report, benchmark_runs, importer, selectors, transport
+from inference import selectors, transport
+from inference.celery_worker import worker_command_line
+from inference.benchmark import report, runs
+from inference.pairs import importer
 from inference.api.auth import set_new_key
-from inference.benchmark import table
+from inference.benchmark.inprocess import table
 from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, ModelPair
 
 
@@ -82,7 +86,7 @@ class ModelPairAdmin(admin.ModelAdmin):
             if not state.served:
                 messages.error(request, f"Not benchmarking {pair.slug}: {state.error}.")
                 continue
-            run = benchmark_runs.start_benchmark_run(pair=pair, options=form.cleaned_data["options"])
+            run = runs.start_benchmark_run(pair=pair, options=form.cleaned_data["options"])
             messages.info(request, format_html('Benchmark of {} queued on its worker: <a href="{}">run #{}</a>.',
                                                pair.slug, reverse("admin:inference_benchmarkrun_change",
                                                                   args=[run.id]), run.id))
@@ -97,7 +101,7 @@ class ModelPairAdmin(admin.ModelAdmin):
         if latest and latest.status != BenchmarkRun.Status.FINISHED:
             pending = format_html("<p>Run #{} is {}: {}</p>", latest.id, latest.status,
                                   latest.error or latest.progress or "waiting for a worker")
-        return format_html("{}{}", pending, benchmark_html(benchmark_runs.latest_finished_run(pair=pair)))
+        return format_html("{}{}", pending, benchmark_html(runs.latest_finished_run(pair=pair)))
 
 
 @admin.register(Generation)
@@ -134,8 +138,8 @@ class ImportJobForm(forms.ModelForm):
         if not any(settings.CONTROL_QUEUE in w.get("queues", []) for w in workers):
             raise forms.ValidationError(
                 f"No live worker consumes the '{settings.CONTROL_QUEUE}' queue, so nothing would run this import: "
-                f"start one where the train extra is installed (celery -A chatsite worker -P threads "
-                f"-Q {settings.CONTROL_QUEUE}), or run manage.py import_pair.")
+                f"start one where the train extra is installed "
+                f"({worker_command_line(queues=[settings.CONTROL_QUEUE])}), or run manage.py import_pair.")
         return data
 
 
@@ -166,10 +170,9 @@ class ImportJobAdmin(admin.ModelAdmin):
         return format_html('<pre style="max-height:40em;overflow:auto;white-space:pre-wrap">{}</pre>', job.log or "-")
 
     def save_model(self, request, obj, form, change):
-        from inference.tasks import import_pair
-
         super().save_model(request, obj, form, change)
-        transaction.on_commit(lambda: import_pair.apply_async(args=[obj.pk], queue=settings.CONTROL_QUEUE))
+        transaction.on_commit(lambda: current_app.send_task("inference.import_pair", args=[obj.pk],
+                                                             queue=settings.CONTROL_QUEUE))
 
     def response_add(self, request, obj, post_url_continue=None):
         messages.info(request, f"Import of '{obj.slug}' queued; this page follows its progress.")
@@ -196,7 +199,7 @@ class BenchmarkForm(forms.Form):
     """What a benchmark started from the admin measures: in-process, on the worker's own engines
     (the stack and the concurrency sweep need `manage.py benchmark`)."""
 
-    _defaults = benchmark_runs.BenchmarkOptions()
+    _defaults = runs.BenchmarkOptions()
     max_new_tokens = forms.IntegerField(min_value=2, max_value=4096, initial=_defaults.max_new_tokens)
     repeats = forms.IntegerField(min_value=1, max_value=20, initial=_defaults.repeats)
     ks = forms.CharField(initial="1-8", help_text="K values, e.g. 1-8 or 2,4,6.")
@@ -210,9 +213,9 @@ class BenchmarkForm(forms.Form):
         if self.errors:
             return data
         try:
-            data["options"] = benchmark_runs.BenchmarkOptions(
-                max_new_tokens=data["max_new_tokens"], repeats=data["repeats"], ks=benchmark_runs.int_list(data["ks"]),
-                thresholds=benchmark_runs.float_list(data["thresholds"]), prompts_per_set=data["prompts_per_set"],
+            data["options"] = runs.BenchmarkOptions(
+                max_new_tokens=data["max_new_tokens"], repeats=data["repeats"], ks=runs.int_list(data["ks"]),
+                thresholds=runs.float_list(data["thresholds"]), prompts_per_set=data["prompts_per_set"],
                 clients=(), concurrency=())
         except ValueError as exc:
             raise forms.ValidationError(f"Invalid options: {exc}") from exc
@@ -226,17 +229,17 @@ def benchmark_html(run: BenchmarkRun | None) -> str:
     if results:
         tables.append(("Variants", table([r for r in results["rows"] if not r["set"]])))
         if results.get("by_set"):
-            tables.append(("In-process by prompt set", table(results["by_set"], benchmark_report.SET_COLUMNS)))
+            tables.append(("In-process by prompt set", table(results["by_set"], report.SET_COLUMNS)))
         if results.get("ttft_profile"):
             tables.append(("Where the stack's TTFT goes (p50, ms)",
-                           table(results["ttft_profile"], benchmark_report.PROFILE_COLUMNS)))
+                           table(results["ttft_profile"], report.PROFILE_COLUMNS)))
         if results.get("concurrency"):
-            tables.append(("Concurrency", table(results["concurrency"], benchmark_report.CONCURRENCY_COLUMNS)))
-    plots = [reverse("admin:inference_benchmarkrun_plot", args=[run.id, name]) for name in benchmark_report.PLOTS
-             if run and benchmark_runs.plot_file(run=run, name=name)]
+            tables.append(("Concurrency", table(results["concurrency"], report.CONCURRENCY_COLUMNS)))
+    plots = [reverse("admin:inference_benchmarkrun_plot", args=[run.id, name]) for name in report.PLOTS
+             if run and runs.plot_file(run=run, name=name)]
     return render_to_string("admin/inference/benchmarkrun/report.html", {
         "run": run if results else None, "results": results, "tables": tables, "plots": plots,
-        "bars": [benchmark_report.bar_line(b) for b in results.get("bars", [])]})
+        "bars": [report.bar_line(b) for b in results.get("bars", [])]})
 
 
 @admin.register(BenchmarkRun)
@@ -264,7 +267,7 @@ class BenchmarkRunAdmin(admin.ModelAdmin):
         run = get_object_or_404(BenchmarkRun, id=run_id)
         if not self.has_view_permission(request, run):
             raise PermissionDenied
-        file = benchmark_runs.plot_file(run=run, name=name)
+        file = runs.plot_file(run=run, name=name)
         if file is None:
             raise Http404("No such plot for this run.")
         return FileResponse(open(file, "rb"), content_type="image/png")

@@ -5,3 +5,8 @@ class InferenceConfig(AppConfig):
     name = "inference"
     verbose_name = "Inference: pairs and generations"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from inference.serving import lifecycle
+
+        lifecycle.register()

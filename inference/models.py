@@ -73,7 +73,7 @@ class ModelPair(models.Model):
         return bool(self.draft_dir) or self.prompt_lookup
 
     def clean(self) -> None:
-        from inference.registry import validate_pair_fields
+        from inference.pairs.checks import validate_pair_fields
 
         errors = validate_pair_fields(
             main_dir=self.main_dir,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import redis
 
+from inference.limits import LoadState, ServingState
 from inference.models import Generation, ModelPair
 
 WORKER_KEY_PREFIX = "specchat:worker:"
@@ -22,29 +23,29 @@ def live_workers(*, client: redis.Redis) -> list[dict]:
 
 @dataclass(frozen=True)
 class PairState:
-    state: str  # AVAILABLE, LOADING or UNAVAILABLE (OpenVINO Model Server's names)
+    state: ServingState
     error: str = ""
     workers: tuple[str, ...] = ()
 
     @property
     def served(self) -> bool:
-        return self.state in {"AVAILABLE", "LOADING"}
+        return self.state in {ServingState.AVAILABLE, ServingState.LOADING}
 
 
 def pair_state(*, pair: ModelPair, workers: list[dict]) -> PairState:
     serving = [w for w in workers if pair.queue in w.get("queues", [])]
     if not pair.enabled:
-        return PairState("UNAVAILABLE", "disabled in the admin")
+        return PairState(ServingState.UNAVAILABLE, "disabled in the admin")
     if not serving:
-        return PairState("UNAVAILABLE", f"no live worker serves queue {pair.queue}")
+        return PairState(ServingState.UNAVAILABLE, f"no live worker serves queue {pair.queue}")
     states = [w.get("pairs", {}).get(pair.slug, {}) for w in serving]
     names = tuple(w["name"] for w in serving)
-    if any(s.get("state") == "available" for s in states):
-        return PairState("AVAILABLE", workers=names)
-    failed = [s["error"] for s in states if s.get("state") == "failed"]
+    if any(s.get("state") == LoadState.AVAILABLE for s in states):
+        return PairState(ServingState.AVAILABLE, workers=names)
+    failed = [s["error"] for s in states if s.get("state") == LoadState.FAILED]
     if failed and len(failed) == len(states):
-        return PairState("UNAVAILABLE", f"failed to load: {failed[0]}", names)
-    return PairState("LOADING", workers=names)
+        return PairState(ServingState.UNAVAILABLE, f"failed to load: {failed[0]}", names)
+    return PairState(ServingState.LOADING, workers=names)
 
 
 def pair_states(*, client: redis.Redis) -> dict[str, PairState]:

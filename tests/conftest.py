@@ -14,8 +14,20 @@ import pytest
 import redis
 from django.conf import settings
 
+from inference.celery_worker import worker_command
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_QUEUES = "pair.demo-code,pair.demo-plain,pair.broken"
+# A test that asks for any of these runs on the real stack (Redis, a worker, daphne, models, a browser):
+# it is marked `stack`, so `pytest -m "not stack"` is the fast tier.
+STACK_FIXTURES = {"redis_client", "stack_env", "celery_worker", "live_server_url", "demo_pair", "main_alone_greedy",
+                  "transactional_db", "db", "client", "admin_client", "django_user_model"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if STACK_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("django_db"):
+            item.add_marker(pytest.mark.stack)
 
 
 def _database_url() -> str:
@@ -70,9 +82,8 @@ class Worker:
         self.log_path = log_path
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-P", "threads", "-c", "8", "-Q", queues,
-             "-n", f"test-{os.getpid()}-{time.time_ns()}@%h", "--without-mingle", "--without-gossip",
-             "--loglevel", "INFO"],
+            worker_command(queues=queues.split(","), concurrency=8, name=f"test-{os.getpid()}-{time.time_ns()}@%h",
+                           standalone=True),
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
 
@@ -110,7 +121,7 @@ def celery_worker(stack_env, redis_client, tmp_path_factory):
 @pytest.fixture(scope="session")
 def live_server_url(stack_env, tmp_path_factory):
     """daphne serving the real ASGI application on a free port."""
-    from inference.benchmark_stack import StackError, free_port, wait_for_port
+    from inference.benchmark.stack import StackError, free_port, wait_for_port
 
     port = free_port()
     log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
@@ -151,7 +162,8 @@ def other_user(transactional_db, django_user_model):
 @pytest.fixture(scope="session")
 def main_alone_greedy():
     """The main model's own greedy output (no draft, same backend and precision), computed in-process."""
-    from inference.engine import DecodingParams, Finished, PairEngine, PairSpec, TextAssembler
+    from inference.engines.base import DecodingParams, Finished, PairSpec, TextAssembler
+    from inference.engines.library import PairEngine
 
     main_dir = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR / "main"
     engine = PairEngine(PairSpec(slug="reference", main_dir=str(main_dir), speculative=False))

@@ -11,7 +11,7 @@ import requests
 
 from inference.api.auth import set_new_key
 from inference.models import ApiKey, Generation
-from inference.services import chat_prompt
+from inference.serving.web import chat_prompt
 from tests.conftest import wait_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)

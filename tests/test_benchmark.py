@@ -12,8 +12,8 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 
-from inference import benchmark_report
-from inference.benchmark import expected_tokens_per_step
+from inference.benchmark import report
+from inference.benchmark.inprocess import expected_tokens_per_step
 from inference.models import BenchmarkRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,7 +66,7 @@ def test_inprocess_benchmark_writes_json_table_plots_and_bars(demo_pair, tmp_pat
     assert speedup["passed"] == (speedup["measured"] >= 1.5) and acceptance["passed"] == (acceptance["measured"] >= 0.6)
     assert identity["measured"] == 0 and identity["passed"]  # greedy speculative text equals the main alone's
     for bar in results["bars"]:
-        assert benchmark_report.bar_line(bar) in printed
+        assert report.bar_line(bar) in printed
     assert "margin" in printed or "missed by" in printed
     assert "inprocess" in printed and "K=2" in printed
     run = BenchmarkRun.objects.get(pair=demo_pair)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference import importer
+from inference.pairs import importer
 from inference.models import ImportJob, ModelPair
 
 pytestmark = pytest.mark.skipif(not importer.can_export(), reason="import_pair needs the train extra (optimum-intel): "
@@ -92,9 +92,10 @@ def assert_nothing_left(models_root: Path, *, error: str) -> ImportJob:
 
 
 def test_import_registers_a_pair_that_generates(db, hf, models_root):
-    from inference.engine import DecodingParams, Finished, PairEngine
-    from inference.registry import REQUIRED_FILES
-    from inference.services import pair_spec
+    from inference.engines.base import DecodingParams, Finished
+    from inference.engines.library import PairEngine
+    from inference.pairs.checks import REQUIRED_FILES
+    from inference.serving.records import pair_spec
 
     import_pair(hf["main"], hf["draft"], weight_format="int8")
 

@@ -6,8 +6,9 @@ from dataclasses import asdict
 
 import pytest
 
-from inference import selectors, services, transport
-from inference.engine import DecodingParams
+from inference import selectors, transport
+from inference.serving import web
+from inference.engines.base import DecodingParams
 from inference.models import Generation, ModelPair
 from inference.tasks import generate
 from tests.conftest import wait_until_done
@@ -58,8 +59,8 @@ def test_a_request_the_pipeline_refuses_ends_in_an_error_and_the_worker_goes_on(
     refused.refresh_from_db()
     assert refused.status == Generation.Status.FAILED and "temperature" in refused.error
 
-    served = wait_until_done(services.start_generation(
-        pair=demo_pair, prompt="def f(x):", options=services.GenerationOptions(max_new_tokens=8)).id)
+    served = wait_until_done(web.start_generation(
+        pair=demo_pair, prompt="def f(x):", options=web.GenerationOptions(max_new_tokens=8)).id)
     assert served.status == Generation.Status.FINISHED and served.completion_tokens == 8
 
 
@@ -74,8 +75,8 @@ def test_a_dead_workers_unread_generation_is_failed_by_the_live_ones(demo_pair, 
     worker = Worker(env, doomed.queue, tmp_path / "doomed.log")
     try:
         worker.wait_ready(redis_client)
-        generation = services.start_generation(pair=doomed, prompt="def f(x):",
-                                               options=services.GenerationOptions(max_new_tokens=500))
+        generation = web.start_generation(pair=doomed, prompt="def f(x):",
+                                               options=web.GenerationOptions(max_new_tokens=500))
         deadline = time.time() + 60
         while not redis_client.xlen(transport.stream_key(generation.id)) >= 2 and time.time() < deadline:
             time.sleep(0.05)  # the start event and a first delta: it is running
@@ -91,6 +92,6 @@ def test_a_pair_registered_after_the_worker_started_is_loaded_without_a_request(
     (a plain pair, main alone: its state is shown too) and to answer."""
     plain = ModelPair.objects.create(name="Plain", slug="demo-plain", main_dir=demo_pair.main_dir)
     assert wait_for_state(plain, "AVAILABLE").state == "AVAILABLE"
-    generation = wait_until_done(services.start_generation(
-        pair=plain, prompt="def f(x):", options=services.GenerationOptions(max_new_tokens=8)).id)
+    generation = wait_until_done(web.start_generation(
+        pair=plain, prompt="def f(x):", options=web.GenerationOptions(max_new_tokens=8)).id)
     assert generation.status == Generation.Status.FINISHED and generation.draft_tokens is None

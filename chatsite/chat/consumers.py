@@ -12,8 +12,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from chatsite.chat import services
-from inference import selectors as inference_selectors
-from inference import services as inference
+from inference.selectors import generation_for_user
+from inference import errors
+from inference.serving import web
 from inference.transport import valid_entry_id
 
 
@@ -44,27 +45,27 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                    "regenerate": self.regenerate}.get(action)
         try:
             if handler is None:
-                raise inference.GenerationRequestError(f"Unknown action {action!r}.", param="action")
+                raise errors.InvalidValue(f"Unknown action {action!r}.", param="action")
             await handler(content)
-        except inference.GenerationRequestError as exc:
+        except errors.ServiceError as exc:
             await self.send_json({"type": "error", "message": exc.message, "param": exc.param, "code": exc.code,
                                   "ref": content.get("ref") if isinstance(content, dict) else None})
 
     async def send_message(self, content):
-        options = inference.parse_options(content.get("settings") or {})
+        options = web.parse_options(content.get("settings") or {})
         conversation = content.get("conversation")
         if conversation is not None and (not isinstance(conversation, int) or isinstance(conversation, bool)):
-            raise inference.GenerationRequestError("conversation must be an id.", param="conversation")
+            raise errors.InvalidValue("conversation must be an id.", param="conversation")
         text = content.get("text")
         if not isinstance(text, str):
-            raise inference.GenerationRequestError("text must be a string.", param="text")
+            raise errors.InvalidValue("text must be a string.", param="text")
         message = await database_sync_to_async(services.send_message)(
             user=self.scope["user"], conversation_id=conversation, pair_slug=str(content.get("pair") or ""),
             text=text, options=options)
         await self.started(message, content)
 
     async def regenerate(self, content):
-        options = inference.parse_options(content.get("settings") or {})
+        options = web.parse_options(content.get("settings") or {})
         message = await database_sync_to_async(services.regenerate)(
             user=self.scope["user"], message_id=content.get("message"), options=options)
         await self.started(message, content)
@@ -76,22 +77,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.start_following(generation_id, "0-0")
 
     async def owned_generation(self, content):
-        generation = await database_sync_to_async(inference_selectors.generation_for_user)(
+        generation = await database_sync_to_async(generation_for_user)(
             generation_id=_uuid_or_none(content.get("generation")), user=self.scope["user"])
         if generation is None:
-            raise inference.GenerationRequestError("No such answer.", param="generation", code="not_found", status=404)
+            raise errors.NotFound("No such answer.", param="generation")
         return generation
 
     async def follow(self, content):
         generation = await self.owned_generation(content)
         after = content.get("after") or "0-0"
         if not valid_entry_id(after):
-            raise inference.GenerationRequestError("after must be an event id.", param="after")
+            raise errors.InvalidValue("after must be an event id.", param="after")
         self.start_following(str(generation.id), after)
 
     async def stop(self, content):
         generation = await self.owned_generation(content)
-        await database_sync_to_async(inference.request_stop)(generation=generation)
+        await database_sync_to_async(web.request_stop)(generation=generation)
 
     def start_following(self, generation_id: str, after: str):
         previous = self.followers.pop(generation_id, None)
@@ -100,7 +101,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.followers[generation_id] = asyncio.create_task(self.pump(generation_id, after))
 
     async def pump(self, generation_id: str, after: str):
-        async for entry_id, event in inference.follow_generation(generation_id=generation_id, after=after):
+        async for entry_id, event in web.follow_generation(generation_id=generation_id, after=after):
             if entry_id is not None:
                 await self.send_json({"type": "event", "generation": generation_id, "id": entry_id, "event": event})
         self.followers.pop(generation_id, None)

@@ -13,7 +13,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from inference import services, transport
+from inference import errors, transport
+from inference.serving import web
 from inference.models import ApiKey, Generation
 
 KEY_PREFIX = "sk-spec-"
@@ -37,12 +38,12 @@ def authenticate(*, authorization: str) -> ApiKey:
     """The live key named by an `Authorization: Bearer <key>` header, or a 401 error."""
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise services.GenerationRequestError(
-            "No API key: send it as `Authorization: Bearer <key>`.", code="invalid_api_key", status=401)
+        raise errors.InvalidKey(
+            "No API key: send it as `Authorization: Bearer <key>`.")
     api_key = ApiKey.objects.filter(key_hash=hash_key(key.strip())).first()
     if api_key is None or api_key.revoked:
-        raise services.GenerationRequestError(
-            "Incorrect or revoked API key.", code="invalid_api_key", status=401)
+        raise errors.InvalidKey(
+            "Incorrect or revoked API key.")
     now = timezone.now()
     if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
         ApiKey.objects.filter(id=api_key.id).update(last_used_at=now)  # not a write per request
@@ -50,23 +51,22 @@ def authenticate(*, authorization: str) -> ApiKey:
 
 
 def start_for_key(*, api_key: ApiKey, **start_kwargs) -> Generation:
-    """services.start_generation for this key, or a 429 when it already has max_concurrent in flight.
+    """web.start_generation for this key, or a 429 when it already has max_concurrent in flight.
     In-flight generations whose worker is gone are failed first so they free their slot."""
     with transport.sync_client().lock(f"specchat:apikey-lock:{api_key.id}", timeout=30, blocking_timeout=10):
         ids = Generation.objects.filter(api_key=api_key, status__in=IN_FLIGHT).values_list("id", flat=True)
         in_flight = [generation_id for generation_id in ids if not _failed_if_stalled(generation_id)]
         if len(in_flight) >= api_key.max_concurrent:
-            raise services.GenerationRequestError(
+            raise errors.ConcurrencyLimit(
                 f"This key already has {len(in_flight)} generations in flight (its limit is "
-                f"{api_key.max_concurrent}); retry when one has finished.",
-                code="concurrency_limit_exceeded", status=429)
-        return services.start_generation(api_key=api_key, **start_kwargs)
+                f"{api_key.max_concurrent}); retry when one has finished.")
+        return web.start_generation(api_key=api_key, **start_kwargs)
 
 
 def _failed_if_stalled(generation_id) -> bool:
-    problem = services.stalled_generation_problem(generation_id=generation_id)
+    problem = web.stalled_generation_problem(generation_id=generation_id)
     if problem:
-        services.fail_generation(generation_id=generation_id, message=problem)
+        web.fail_generation(generation_id=generation_id, message=problem)
     return bool(problem)
 
 
@@ -74,6 +74,5 @@ def owned_generation(*, api_key: ApiKey, generation_id) -> Generation:
     """A generation started with this key, or a 404 error."""
     generation = Generation.objects.filter(api_key=api_key, id=generation_id).select_related("pair").first()
     if generation is None:
-        raise services.GenerationRequestError("No such generation for this key.", param="generation_id",
-                                              code="not_found", status=404)
+        raise errors.NotFound("No such generation for this key.", param="generation_id")
     return generation

@@ -6,6 +6,8 @@ The fuzz test in tests/test_api_fuzz.py generates requests from this document.
 
 from __future__ import annotations
 
+from inference import limits
+
 DESCRIPTION = """\
 OpenAI-compatible completions and chat completions served by speculative decoding (a draft model
 proposes tokens, the main model verifies them). `model` names a registered pair.
@@ -62,12 +64,12 @@ def _sampling(*, models: list[str], max_tokens: int) -> dict:
         "model": model,
         "max_tokens": tokens,
         "max_completion_tokens": {**tokens, "description": "Same as max_tokens (OpenAI's newer name)."},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 2, "nullable": True,
+        "temperature": {"type": "number", "minimum": 0, "maximum": limits.TEMPERATURE_MAX, "nullable": True,
                         "description": "0 (default) is greedy decoding: the main model's own greedy output."},
         "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "nullable": True},
-        "top_k": {"type": "integer", "minimum": 0, "maximum": 100000, "nullable": True,
+        "top_k": {"type": "integer", "minimum": 0, "maximum": limits.TOP_K_MAX, "nullable": True,
                   "description": "0 means no top-k."},
-        "seed": {"type": "integer", "minimum": 0, "maximum": 18446744073709551615, "nullable": True},
+        "seed": {"type": "integer", "minimum": 0, "maximum": limits.MAX_SEED, "nullable": True},
         "stop": {"nullable": True, "oneOf": [
             {"type": "string", "minLength": 1},
             {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}}]},
@@ -75,11 +77,11 @@ def _sampling(*, models: list[str], max_tokens: int) -> dict:
         "stream": {"type": "boolean", "nullable": True},
         "stream_options": {"type": "object", "nullable": True, "description": "Only with stream: true.",
                            "properties": {"include_usage": {"type": "boolean", "nullable": True}}},
-        "num_assistant_tokens": {"type": "integer", "minimum": 1, "maximum": 32, "nullable": True,
+        "num_assistant_tokens": {"type": "integer", "minimum": limits.K_MIN, "maximum": limits.K_MAX, "nullable": True,
                                  "description": "Tokens the draft proposes per step (OVMS). Excludes "
                                                 "assistant_confidence_threshold."},
         "assistant_confidence_threshold": {
-            "type": "number", "minimum": 1e-30, "maximum": 1, "exclusiveMaximum": True,
+            "type": "number", "minimum": limits.FLOAT32_TINY, "maximum": 1, "exclusiveMaximum": True,
             "nullable": True, "description": "The draft proposes while its confidence stays above this (OVMS). "
                                              "Excludes num_assistant_tokens; needs a draft model."},
         "speculative": {"type": "boolean", "nullable": True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from inference import services
+from inference import errors
 
 # What OpenAI's usage lacks: the speculative figures of the request (null without speculation).
 SPECULATIVE_USAGE = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "main_steps",
@@ -13,7 +13,7 @@ SPECULATIVE_USAGE = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean
 FINISH_REASONS = {"stopped": "abort"}  # stopped by the client: vLLM's name; "stop" and "length" are OpenAI's own
 
 
-def error_body(exc: services.GenerationRequestError) -> dict:
+def error_body(exc: errors.ServiceError) -> dict:
     kind = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_error"}.get(
         exc.status, "server_error" if exc.status >= 500 else "invalid_request_error")
     return {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.code}}
@@ -75,6 +75,6 @@ class Shape:
                 out.append({**self._head(out[0]["object"]), "choices": [], "usage": usage(event)})
             return [*out, "[DONE]"]
         if kind == "error":
-            return [error_body(services.GenerationRequestError(
-                f"The generation failed: {event['message']}", code="generation_failed", status=503)), "[DONE]"]
+            return [error_body(errors.GenerationFailed(
+                f"The generation failed: {event['message']}")), "[DONE]"]
         return []

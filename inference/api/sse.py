@@ -17,7 +17,8 @@ from contextlib import aclosing
 from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 
-from inference import services, transport
+from inference import transport
+from inference.serving import web
 from inference.api.shapes import Shape
 from inference.models import Generation
 
@@ -59,7 +60,7 @@ async def events(*, generation: Generation, shape: Shape, after: str, include_us
     connection started the generation, so its disconnect stops it (background generations aside)."""
     seen, ended, quiet_since = after, False, time.monotonic()
     try:
-        async with aclosing(services.follow_generation(generation_id=generation.id, after=after)) as follow:
+        async with aclosing(web.follow_generation(generation_id=generation.id, after=after)) as follow:
             async for entry_id, event in follow:
                 if entry_id is None:
                     if await sync_to_async(_nothing_more)(generation.id, seen):
@@ -79,5 +80,5 @@ async def events(*, generation: Generation, shape: Shape, after: str, include_us
         # The client went away (Django cancels the response task, or closes this iterator).
         # A plain Redis SET, called directly: nothing may be awaited reliably in a cancelled task.
         if owner and not ended:
-            services.request_stop(generation=generation)
+            web.request_stop(generation=generation)
         raise

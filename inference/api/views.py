@@ -16,17 +16,18 @@ from django.db.models import Max
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from inference import metrics as prometheus
-from inference import registry, selectors, services, transport
-from inference.api import auth, openapi, requests, sse
+from inference.metrics import exposition
+from inference import errors, selectors, transport
+from inference.pairs import checks
+from inference.serving import web
+from inference.api import auth, openapi, parsing, sse
 from inference.api.shapes import Shape, error_body, usage
 from inference.models import Generation, ModelPair
 
 log = logging.getLogger(__name__)
-Error = services.GenerationRequestError
 
 
-def error_response(exc: Error) -> JsonResponse:
+def error_response(exc: errors.ServiceError) -> JsonResponse:
     reply = JsonResponse(error_body(exc), status=exc.status)
     if exc.status == 401:
         reply["WWW-Authenticate"] = "Bearer"
@@ -43,19 +44,18 @@ def api_view(*methods: str, authenticated: bool = False):
         async def view(request, **kwargs):
             try:
                 if request.method not in methods:
-                    reply = error_response(Error(f"{request.method} is not allowed here; use {', '.join(methods)}.",
-                                                 code="method_not_allowed", status=405))
+                    reply = error_response(errors.MethodNotAllowed(f"{request.method} is not allowed here; use {', '.join(methods)}."))
                     reply["Allow"] = ", ".join(methods)
                     return reply
                 if authenticated:
                     kwargs["api_key"] = await sync_to_async(auth.authenticate)(
                         authorization=request.headers.get("Authorization", ""))
                 return await handler(request, **kwargs)
-            except Error as exc:
+            except errors.ServiceError as exc:
                 return error_response(exc)
             except Exception:
                 log.exception("API error on %s %s", request.method, request.path)
-                return error_response(Error("Internal error; it has been logged.", code="internal_error", status=500))
+                return error_response(errors.InternalError("Internal error; it has been logged."))
 
         return view
 
@@ -67,11 +67,11 @@ def _shape(generation: Generation, *, chat: bool) -> Shape:
                  created=int(generation.created_at.timestamp()))
 
 
-def _start(*, data: dict, chat: bool, api_key) -> tuple[requests.ApiRequest, Generation]:
-    api_request = requests.parse(data, chat=chat)
+def _start(*, data: dict, chat: bool, api_key) -> tuple[parsing.ApiRequest, Generation]:
+    api_request = parsing.parse(data, chat=chat)
     try:
         generation = auth.start_for_key(api_key=api_key, source=Generation.Source.API, **api_request.start_kwargs)
-    except Error as exc:
+    except errors.ServiceError as exc:
         if chat and exc.param == "prompt":
             exc.param = "messages"  # the prompt a chat request has is its templated messages
         raise
@@ -82,11 +82,11 @@ def _stop_abandoned(start: asyncio.Future) -> None:
     if not start.cancelled() and start.exception() is None:
         api_request, generation = start.result()
         if not api_request.background:
-            services.request_stop(generation=generation)
+            web.request_stop(generation=generation)
 
 
 async def _generate(request, *, api_key, chat: bool):
-    data = requests.json_body(request)
+    data = parsing.json_body(request)
     start = asyncio.ensure_future(sync_to_async(_start)(data=data, chat=chat, api_key=api_key))
     try:
         api_request, generation = await asyncio.shield(start)
@@ -99,13 +99,13 @@ async def _generate(request, *, api_key, chat: bool):
                             owner=not api_request.background)
         return sse.response(stream, generation=generation)
     try:
-        ended = await services.wait_for(generation_id=generation.id)
+        ended = await web.wait_for(generation_id=generation.id)
     except asyncio.CancelledError:  # the client went away while waiting
         if not api_request.background:
-            services.request_stop(generation=generation)
+            web.request_stop(generation=generation)
         raise
     if ended.status == Generation.Status.FAILED:
-        raise Error(f"The generation failed: {ended.error}", code="generation_failed", status=503)
+        raise errors.GenerationFailed(f"The generation failed: {ended.error}")
     body = shape.response(text=ended.text, finish_reason=ended.finish_reason, usage=usage(vars(ended)))
     return JsonResponse(body, headers={"X-Generation-Id": str(generation.id)})
 
@@ -126,10 +126,10 @@ async def events(request, *, api_key, generation_id, chat: bool):
     generation = await sync_to_async(auth.owned_generation)(api_key=api_key, generation_id=generation_id)
     after = request.headers.get("Last-Event-ID") or "0-0"
     if not transport.valid_entry_id(after):
-        raise Error("Last-Event-ID must be an event id this stream sent.", param="Last-Event-ID")
+        raise errors.InvalidValue("Last-Event-ID must be an event id this stream sent.", param="Last-Event-ID")
     include_usage = request.GET.get("include_usage", "false").lower()
     if include_usage not in {"true", "false"}:
-        raise Error("include_usage must be true or false.", param="include_usage")
+        raise errors.InvalidValue("include_usage must be true or false.", param="include_usage")
     stream = sse.events(generation=generation, shape=_shape(generation, chat=chat), after=after,
                         include_usage=include_usage == "true", owner=False)
     return sse.response(stream, generation=generation)
@@ -139,7 +139,7 @@ async def events(request, *, api_key, generation_id, chat: bool):
 async def cancel(request, *, api_key, generation_id, chat: bool):
     generation = await sync_to_async(auth.owned_generation)(api_key=api_key, generation_id=generation_id)
     if not generation.is_done:
-        await sync_to_async(services.request_stop)(generation=generation)
+        await sync_to_async(web.request_stop)(generation=generation)
     return JsonResponse({"id": _shape(generation, chat=chat).id, "status": generation.status})
 
 
@@ -147,7 +147,7 @@ def _models() -> list[dict]:
     states = selectors.pair_states(client=transport.sync_client())
     return [{"id": pair.slug, "object": "model", "created": int(pair.created_at.timestamp()), "owned_by": "specchat",
              "name": pair.name, "speculative": pair.is_speculative, "state": states[pair.slug].state,
-             "max_model_len": registry.context_length(settings.MODELS_ROOT / pair.main_dir)}
+             "max_model_len": checks.context_length(settings.MODELS_ROOT / pair.main_dir)}
             for pair in ModelPair.objects.filter(enabled=True)]
 
 
@@ -180,13 +180,13 @@ async def health(request):
     try:
         await sync_to_async(_health)()
     except Exception as exc:
-        raise Error(f"Not ready: {type(exc).__name__}: {exc}", code="unhealthy", status=503) from exc
+        raise errors.Unhealthy(f"Not ready: {type(exc).__name__}: {exc}") from exc
     return JsonResponse({"status": "ok"})
 
 
 @api_view("GET")
 async def metrics(request):
-    text = await sync_to_async(prometheus.exposition)(client=transport.sync_client())
+    text = await sync_to_async(exposition)(client=transport.sync_client())
     return HttpResponse(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -203,4 +203,4 @@ async def openapi_document(request):
 
 @api_view("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 async def not_found(request):
-    raise Error(f"No route {request.path}; see GET /v1/openapi.json.", code="not_found", status=404)
+    raise errors.NotFound(f"No route {request.path}; see GET /v1/openapi.json.")

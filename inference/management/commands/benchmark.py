@@ -5,12 +5,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from inference import benchmark_report, benchmark_runs
-from inference.benchmark import Engines
-from inference.benchmark_stack import (StackError, StackTarget, StreamError, check_served, local_stack,
+from inference.benchmark import report, runs
+from inference.benchmark.inprocess import Engines
+from inference.benchmark.stack import (StackError, StackTarget, StreamError, check_served, local_stack,
                                        stack_credentials)
 from inference.models import ModelPair
-from inference.services import pair_spec
+from inference.serving.records import pair_spec
 
 
 def name_list(text: str) -> tuple[str, ...]:
@@ -23,22 +23,22 @@ class Command(BaseCommand):
             "results.md and PNG plots, prints the table and the bars.")
 
     def add_arguments(self, parser):
-        defaults = benchmark_runs.BenchmarkOptions()
+        defaults = runs.BenchmarkOptions()
         parser.add_argument("pair", help="the pair's slug")
         parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
         parser.add_argument("--repeats", type=int, default=defaults.repeats)
-        parser.add_argument("--ks", type=benchmark_runs.int_list, default=defaults.ks,
+        parser.add_argument("--ks", type=runs.int_list, default=defaults.ks,
                             help="K values in-process, e.g. 1-8 or 2,4")
-        parser.add_argument("--thresholds", type=benchmark_runs.float_list, default=defaults.thresholds,
+        parser.add_argument("--thresholds", type=runs.float_list, default=defaults.thresholds,
                             help="confidence thresholds in-process, e.g. 0.3,0.5 (empty: none)")
         parser.add_argument("--prompts", type=name_list, default=defaults.prompt_sets,
                             help="held-out prompt sets (inference/prompts/heldout.json)")
         parser.add_argument("--prompts-per-set", type=int, default=defaults.prompts_per_set)
         parser.add_argument("--clients", type=name_list, default=defaults.clients,
                             help="stack clients: websocket,sse")
-        parser.add_argument("--stack-ks", type=benchmark_runs.int_list, default=defaults.stack_ks,
+        parser.add_argument("--stack-ks", type=runs.int_list, default=defaults.stack_ks,
                             help="K values through the stack (default: the pair's own)")
-        parser.add_argument("--concurrency", type=benchmark_runs.int_list, default=defaults.concurrency,
+        parser.add_argument("--concurrency", type=runs.int_list, default=defaults.concurrency,
                             help="simultaneous streams, e.g. 1,2,4,8,16 (empty: no sweep)")
         parser.add_argument("--concurrency-client", default=defaults.concurrency_client, choices=("sse", "websocket"))
         parser.add_argument("--no-stack", action="store_true", help="in-process only")
@@ -51,7 +51,7 @@ class Command(BaseCommand):
         if pair is None:
             raise CommandError(f"No pair '{o['pair']}'. Known: {', '.join(p.slug for p in ModelPair.objects.all())}")
         try:
-            options = benchmark_runs.BenchmarkOptions(
+            options = runs.BenchmarkOptions(
                 max_new_tokens=o["max_new_tokens"], repeats=o["repeats"], ks=o["ks"], thresholds=o["thresholds"],
                 prompt_sets=o["prompts"], prompts_per_set=o["prompts_per_set"],
                 clients=() if o["no_stack"] else o["clients"], stack_ks=o["stack_ks"],
@@ -66,19 +66,19 @@ class Command(BaseCommand):
                 results = self.run(pair=pair, options=options, engines=engines, url=o["url"], progress=progress)
         except (ValueError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
-        files = benchmark_report.write_report(results, o["out"])
-        benchmark_runs.record_run(pair=pair, options=options, results=results, report_dir=o["out"])
-        benchmark_report.print_report(results, out=self.stdout.write)
+        files = report.write_report(results, o["out"])
+        runs.record_run(pair=pair, options=options, results=results, report_dir=o["out"])
+        report.print_report(results, out=self.stdout.write)
         self.stdout.write("\nWrote " + ", ".join(str(f) for f in files))
 
     def run(self, *, pair, options, engines, url, progress) -> dict:
         if not options.clients:
-            return benchmark_runs.run_benchmark(pair=pair, options=options, engines=engines, progress=progress)
+            return runs.run_benchmark(pair=pair, options=options, engines=engines, progress=progress)
         threads = max(options.concurrency or (1,)) + 2  # a worker thread per stream, and some to spare
         stack = nullcontext(url) if url else local_stack(pair=pair, worker_threads=threads)
         with stack_credentials(max_concurrent=threads) as credentials, stack as base_url:
             if url:
                 check_served(pair=pair)
             target = StackTarget(base_url=base_url, credentials=credentials, pair=pair.slug)
-            return benchmark_runs.run_benchmark(pair=pair, options=options, engines=engines, stack=target,
+            return runs.run_benchmark(pair=pair, options=options, engines=engines, stack=target,
                                                 progress=progress)

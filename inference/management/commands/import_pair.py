@@ -1,7 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from inference import importer
+from inference.celery_worker import worker_command_line
+from inference.pairs import importer
 from inference.models import ImportJob, ModelPair
 
 
@@ -39,5 +40,5 @@ class Command(BaseCommand):
         k = f", K={pair.num_assistant_tokens}" if pair.draft_dir else ""
         self.stdout.write(self.style.SUCCESS(
             f"registered pair '{pair.slug}' ({pair.main_dir}{' + ' + pair.draft_dir if pair.draft_dir else ''}, "
-            f"{weight_format}{k}).\nServe it: celery -A chatsite worker -P threads -Q {pair.queue} "
+            f"{weight_format}{k}).\nServe it: {worker_command_line(queues=[pair.queue])} "
             f"(or restart manage.py serve)."))

@@ -5,7 +5,8 @@ import sys
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from inference import importer
+from inference.celery_worker import worker_command
+from inference.pairs import importer
 from inference.models import ModelPair
 
 
@@ -20,8 +21,7 @@ class Command(BaseCommand):
         queues = [pair.queue for pair in ModelPair.objects.filter(enabled=True)] or ["pair.none"]
         if importer.can_export():
             queues.append(settings.CONTROL_QUEUE)  # the train extra is here: take the admin's imports too
-        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-P", "threads",
-                                   "-c", str(settings.WORKER_SLOTS), "-Q", ",".join(queues), "--loglevel", "INFO"])
+        worker = subprocess.Popen(worker_command(queues=queues, concurrency=settings.WORKER_SLOTS))
         web = subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "chatsite.asgi:application"])
         self.stdout.write(self.style.SUCCESS(
             f"\nSpecChat is up at http://{host}:{port}/  (admin: http://{host}:{port}/admin/)\n"

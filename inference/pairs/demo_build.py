@@ -2,7 +2,7 @@
 
 Run with the `train` extra installed (torch 2.13.0 CPU, transformers, optimum-intel):
 
-    python -m inference.demo_pair.build --stage all
+    python -m inference.pairs.demo_build --stage all
 
 Every stage caches its result under --work (default build/demo_pair), so a later stage can be
 re-run alone. The corpus is the running Python's own standard library, split into functions that
@@ -39,7 +39,7 @@ CHAT_TEMPLATE = (
     "{% else %}{{ message['content'] }}" + EOS + "\n"
     "{% endif %}{% endfor %}"
 )
-HELDOUT = Path(__file__).resolve().parent.parent / "prompts" / "heldout.json"
+HELDOUT = Path(__file__).resolve().parents[1] / "prompts" / "heldout.json"
 OUT_DEFAULT = Path(__file__).resolve().parents[1] / "models" / "demo-code"
 
 
@@ -344,8 +344,8 @@ def stage_export(work: Path, a) -> None:
 
 def measure_pair(main_dir: Path, draft_dir: Path, prompts: list[str], ks, repeats: int, thresholds=()) -> dict:
     """Greedy, 128 new tokens, concurrency 1, in-process: main alone vs with the draft, same backend."""
-    from inference.benchmark import default_variants, draft_cost_ratio, measure_inprocess, summarize
-    from inference.engine import PairSpec
+    from inference.benchmark.inprocess import default_variants, draft_cost_ratio, measure_inprocess, summarize
+    from inference.engines.base import PairSpec
 
     spec = PairSpec(slug="demo-code", main_dir=str(main_dir), draft_dir=str(draft_dir))
     variants = default_variants(ks=ks, thresholds=thresholds)
@@ -364,7 +364,7 @@ def measure_pair(main_dir: Path, draft_dir: Path, prompts: list[str], ks, repeat
 
 def stage_measure(work: Path, a) -> None:
     """Measure the exported pair on held-out prompts, and how the speedup grows with the main's size."""
-    from inference.benchmark import print_table
+    from inference.benchmark.inprocess import print_table
 
     out = Path(a.out)
     prompts = json.loads(HELDOUT.read_text())["code"]

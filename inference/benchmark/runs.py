@@ -19,22 +19,23 @@ from typing import TYPE_CHECKING
 
 import openvino
 import openvino_genai
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from inference import benchmark_report, registry
-from inference.benchmark import (INPROCESS, PLAIN, Engines, InProcessPath, Progress, Variant, compare_to_inprocess,
+from inference.benchmark import report
+from inference.pairs import checks
+from inference.benchmark.inprocess import (INPROCESS, PLAIN, Engines, InProcessPath, Progress, Variant, compare_to_inprocess,
                                  default_variants, draft_cost_ratio, heldout_prompts, k_variant, measure, summarize,
                                  threshold_variant, timestamp)
-from inference.engine import ENGINES
 from inference.models import BenchmarkRun, ModelPair
 
 if TYPE_CHECKING:
-    from inference.benchmark_stack import StackTarget
+    from inference.benchmark.stack import StackTarget
 
 log = logging.getLogger(__name__)
-CLIENTS = ("websocket", "sse")  # inference.benchmark_stack's, imported only with a stack (it needs aiohttp)
+CLIENTS = ("websocket", "sse")  # inference.benchmark.stack's, imported only with a stack (it needs aiohttp)
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -107,9 +108,9 @@ def stack_variants(*, pair: ModelPair, options: BenchmarkOptions) -> list[Varian
 def same_prompt_through_chat(*, pair: ModelPair, prompts) -> bool:
     """Whether the chat, which applies the chat template and adds no special tokens, gives the model
     the same tokens as in-process runs of the bare prompt (true for the demo pair)."""
-    from inference.services import chat_prompt
+    from inference.serving.web import chat_prompt
 
-    tokenizer = registry.load_tokenizer(str(registry.resolve_model_dir(pair.main_dir)))
+    tokenizer = checks.load_tokenizer(str(checks.resolve_model_dir(pair.main_dir)))
     return all(
         chat_prompt(pair=pair, messages=[{"role": "user", "content": p.text}]) == p.text
         and tokenizer.encode(p.text, add_special_tokens=True).input_ids.data.tolist()
@@ -127,7 +128,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     variants = sorted(set(variants) | set(through_stack), key=variant_order)  # each stack variant has its twin
     paths = []
     if through_stack:
-        from inference.benchmark_stack import StackPath
+        from inference.benchmark.stack import StackPath
 
         paths = [StackPath(name, stack.client(name)) for name in options.clients]
     levels = sorted(set(options.concurrency)) if through_stack else []
@@ -161,7 +162,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     rows = [row for path, by_variant in results.items()
             for row in summarize(by_variant, cost_ratio=cost_ratio, path=path,
                                  reference=reference if path != "websocket" or chat_same else None)]
-    report = {
+    measured = {
         "pair": pair.slug,
         "started_at": started_at,
         "machine": {"cpus": os.cpu_count(), "cpu": openvino.Core().get_property("CPU", "FULL_DEVICE_NAME"),
@@ -183,19 +184,19 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
         "notes": notes,
     }
     if through_stack:
-        from inference.benchmark_stack import concurrency_sweep, summarize_concurrency, ttft_profile
+        from inference.benchmark.stack import concurrency_sweep, summarize_concurrency, ttft_profile
 
-        report["ttft_profile"] = ttft_profile({path.name: [s for r in results[path.name].values() for s in r.samples]
+        measured["ttft_profile"] = ttft_profile({path.name: [s for r in results[path.name].values() for s in r.samples]
                                                for path in paths})
         if levels:
-            report["concurrency_bursts"] = concurrency_sweep(
+            measured["concurrency_bursts"] = concurrency_sweep(
                 stream=stack.client(options.concurrency_client), prompts=prompts, levels=levels,
                 variants=sweep_variants, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
                 progress=phase(sweep_offset))
-            report["concurrency"] = summarize_concurrency(report["concurrency_bursts"])
-    report["finished_at"] = timestamp()
-    report["bars"] = benchmark_report.evaluate_bars(report)
-    return report
+            measured["concurrency"] = summarize_concurrency(measured["concurrency_bursts"])
+    measured["finished_at"] = timestamp()
+    measured["bars"] = report.evaluate_bars(measured)
+    return measured
 
 
 # ------------------------------------------------------------------ runs kept in the database
@@ -208,17 +209,16 @@ def record_run(*, pair: ModelPair, options: BenchmarkOptions, results: dict, rep
 
 def start_benchmark_run(*, pair: ModelPair, options: BenchmarkOptions) -> BenchmarkRun:
     """Record a queued run and send it to a worker of the pair's queue."""
-    from inference.tasks import benchmark
-
     run = BenchmarkRun.objects.create(pair=pair, options=options.as_json())
-    transaction.on_commit(lambda: benchmark.apply_async(args=[run.id], queue=pair.queue))
+    transaction.on_commit(lambda: current_app.send_task("inference.benchmark", args=[run.id], queue=pair.queue))
     return run
 
 
 def execute_benchmark_run(*, run_id: int) -> None:
     """The worker's side: measure in-process on this worker's own engines for the pair (shared
     with any live traffic, which the notes say), write the report, keep the results."""
-    from inference.services import pair_spec
+    from inference.serving.records import pair_spec
+    from inference.serving.worker import ENGINES
 
     claimed = BenchmarkRun.objects.filter(id=run_id, status=BenchmarkRun.Status.QUEUED).update(
         status=BenchmarkRun.Status.RUNNING, progress="starting")
@@ -239,7 +239,7 @@ def execute_benchmark_run(*, run_id: int) -> None:
                                 engines=Engines(pair_spec(pair=run.pair), get=ENGINES.get),
                                 notes=("Run on a worker's own engines, which live traffic may have shared.",))
         report_dir = Path(settings.BENCHMARK_DIR) / f"{run.pair.slug}-{run.id}"
-        benchmark_report.write_report(results, report_dir)
+        report.write_report(results, report_dir)
     except Exception as exc:
         log.exception("benchmark run %s failed", run_id)
         BenchmarkRun.objects.filter(id=run_id).update(status=BenchmarkRun.Status.FAILED, finished_at=timezone.now(),
@@ -256,7 +256,7 @@ def latest_finished_run(*, pair: ModelPair) -> BenchmarkRun | None:
 
 def plot_file(*, run: BenchmarkRun, name: str) -> Path | None:
     """One of the run's PNGs, if it has it (names are checked against the known plots)."""
-    if name not in benchmark_report.PLOTS or not run.report_dir:
+    if name not in report.PLOTS or not run.report_dir:
         return None
     path = Path(run.report_dir) / name
     return path if path.is_file() else None

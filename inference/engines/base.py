@@ -1,28 +1,17 @@
-"""The speculative engine: one ContinuousBatchingPipeline per pair, stepped by one thread.
+"""What every engine shares: the pair's spec, a request's decoding settings, the events a request
+receives (one StepTokens per speculative step, then Finished), text assembly and speculation counts.
 
-openvino-genai's `step()` must be driven by a single thread and holds the GIL while it runs, so a
-worker process keeps one pipeline per pair and one thread that steps it; concurrent generations
-join the same batch through `add_request` (thread-safe). Each step hands every request the tokens
-it accepted in that step: with a draft, the accepted draft run plus the main model's own token.
-Nothing here knows about Django, Redis or Celery, so the benchmark drives it in-process too.
+An engine (library.py, exact.py) takes a PairSpec, and `submit(prompt=..., params=...)` returns an
+ActiveRequest whose `events` queue the caller drains. Nothing here knows Django, Redis or Celery.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
 import queue
-import threading
-import time
 from dataclasses import dataclass, field, fields
-from pathlib import Path
-from collections.abc import Callable
 from typing import NamedTuple
 
 import openvino_genai as og
-
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class PairSpec:
@@ -64,16 +53,6 @@ class PairSpec:
             # token and for K+1 verified tokens; near-ties then flip (2 of 16 demo answers differed).
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
         return props
-
-    def build_pipeline(self) -> og.ContinuousBatchingPipeline:
-        scheduler = og.SchedulerConfig()
-        scheduler.cache_size = self.cache_size_gb
-        props: dict = dict(self.device_properties())
-        if self.uses_draft:
-            props["draft_model"] = og.draft_model(self.draft_dir, self.device, **self.device_properties())
-        elif self.uses_prompt_lookup:
-            props["prompt_lookup"] = True
-        return og.ContinuousBatchingPipeline(self.main_dir, scheduler, self.device, props)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,100 +132,6 @@ class ActiveRequest:
     def stop(self) -> None:
         """Ask the step thread to stop this request before its next step (keeps what was produced)."""
         self.stop_requested = True
-
-
-class PairEngine:
-    def __init__(self, spec: PairSpec):
-        self.spec = spec
-        started = time.perf_counter()
-        self.pipe = spec.build_pipeline()
-        self.load_seconds = time.perf_counter() - started
-        self.tokenizer = self.pipe.get_tokenizer()
-        self._cv = threading.Condition()
-        self._active: dict[int, ActiveRequest] = {}
-        self._ids = itertools.count()
-        self._closed = False
-        self._thread = threading.Thread(target=self._step_forever, name=f"step-{spec.slug}", daemon=True)
-        self._thread.start()
-        log.info("loaded %s (speculative=%s) in %.1f s", spec.slug, spec.speculative, self.load_seconds)
-
-    @property
-    def active_count(self) -> int:
-        return len(self._active)
-
-    def submit(self, *, prompt: str, params: DecodingParams, add_special_tokens: bool = True,
-               before_batch: Callable[[int], None] | None = None) -> ActiveRequest:
-        """Add a request to the batch. `before_batch(prompt_tokens)` runs first: once the request is
-        in, step() holds the GIL and I/O from other threads (a Redis write) waits tens of ms."""
-        input_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids
-        if before_batch:
-            before_batch(int(input_ids.shape[1]))
-        request_id = next(self._ids)
-        config = params.generation_config(self.spec)
-        with self._cv:
-            handle = self.pipe.add_request(request_id, input_ids, config)
-            request = ActiveRequest(request_id, handle, int(input_ids.shape[1]), time.perf_counter())
-            self._active[request_id] = request
-            self._cv.notify()
-        return request
-
-    def close(self) -> None:
-        """End the step thread once no request is left, so the pipeline can be freed."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-
-    def _step_forever(self) -> None:
-        while True:
-            with self._cv:
-                while not self._active and not self._closed:
-                    self._cv.wait()
-                if not self._active:
-                    return
-                batch = list(self._active.values())
-            for request in batch:
-                if request.stop_requested and not request.stop_sent:
-                    request.handle.stop()
-                    request.stop_sent = True
-            try:
-                self.pipe.step()
-            except Exception as exc:  # a failed step fails the requests in it, not the worker
-                log.exception("step failed for %s", self.spec.slug)
-                for request in batch:
-                    self._finish(request, Finished("error", f"{type(exc).__name__}: {exc}"))
-                continue
-            now = time.perf_counter()
-            for request in batch:
-                self._collect(request, now)
-            # step() keeps the GIL for its whole run: hand it over so the threads that stream the
-            # tokens just delivered run now, not after the next step.
-            time.sleep(0)
-
-    def _collect(self, request: ActiveRequest, now: float) -> None:
-        if request.handle.can_read():
-            for output in request.handle.read().values():
-                if output.generated_ids:
-                    request.events.put(StepTokens(list(output.generated_ids), now))
-                if output.finish_reason == og.GenerationFinishReason.LENGTH:
-                    request.finish_reason = "length"
-                elif output.finish_reason == og.GenerationFinishReason.STOP:
-                    request.finish_reason = "stop"
-        status = request.handle.get_status()
-        if status == og.GenerationStatus.RUNNING:
-            return
-        if status in (og.GenerationStatus.STOP, og.GenerationStatus.CANCEL) or request.stop_sent:
-            self._finish(request, Finished("stopped"))
-        elif status == og.GenerationStatus.FINISHED:
-            self._finish(request, Finished(request.finish_reason or "stop"))
-        else:
-            self._finish(request, Finished("error", f"the pipeline dropped the request ({status.name})"))
-
-    def _finish(self, request: ActiveRequest, finished: Finished) -> None:
-        with self._cv:
-            if self._active.pop(request.request_id, None) is None:
-                return
-        request.events.put(finished)
-        request.handle = None
 
 
 class TextAssembler:
@@ -336,49 +221,3 @@ class SpeculationStats:
             "mean_accepted_length": ((self.tokens - 1) / decode_steps) if self.speculative and decode_steps else None,
             "accepted_by_position": self.accepted_by_position if self.speculative else [],
         }
-
-
-class EngineRegistry:
-    """The engines a worker process holds, loaded on first use and kept."""
-
-    def __init__(self):
-        self._engines: dict[PairSpec, PairEngine] = {}
-        self._locks: dict[PairSpec, threading.Lock] = {}
-        self._guard = threading.Lock()
-        self.states: dict[str, dict] = {}  # slug -> {"state": loading|available|failed, "error": str}
-
-    def get(self, spec: PairSpec) -> PairEngine:
-        engine = self._engines.get(spec)
-        if engine:
-            return engine
-        with self._guard:
-            lock = self._locks.setdefault(spec, threading.Lock())
-        with lock:
-            if spec in self._engines:
-                return self._engines[spec]
-            if spec.is_pair_default:
-                self.states[spec.slug] = {"state": "loading", "error": ""}
-            try:
-                for folder in filter(None, (spec.main_dir, spec.draft_dir if spec.speculative else "")):
-                    if not Path(folder, "openvino_model.xml").is_file():
-                        raise FileNotFoundError(f"no openvino_model.xml in {folder}")
-                engine = PairEngine(spec)
-            except Exception as exc:
-                if spec.is_pair_default:
-                    self.states[spec.slug] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
-                raise
-            self._engines[spec] = engine
-            if spec.is_pair_default:
-                self.states[spec.slug] = {"state": "available", "error": ""}
-            return engine
-
-    def unload(self, slug: str) -> None:
-        for spec in [s for s in self._engines if s.slug == slug]:
-            self._engines.pop(spec).close()  # requests in flight finish first
-        self.states.pop(slug, None)
-
-    def active_requests(self) -> int:
-        return sum(engine.active_count for engine in self._engines.values())
-
-
-ENGINES = EngineRegistry()

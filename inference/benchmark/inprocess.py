@@ -3,7 +3,7 @@
 Variants run interleaved (repeat -> prompt -> variant -> path) so that drift of a shared machine
 hits all alike; results are compared as ratios within one run. A path is anything with a `name`
 and `run(prompt=, variant=, max_new_tokens=) -> Sample`: `InProcessPath` drives openvino-genai
-here, the stack clients (inference.benchmark_stack) go through daphne, Redis and a Celery worker.
+here, the stack clients (inference.benchmark.stack) go through daphne, Redis and a Celery worker.
 
 The theoretical speedup follows Leviathan et al.: with acceptance a, K draft tokens and a
 draft/main step cost ratio c, a step yields (1 - a^(K+1)) / (1 - a) tokens and costs 1 + K*c main
@@ -21,9 +21,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from inference.engine import DecodingParams, Finished, PairEngine, PairSpec, SpeculationStats, TextAssembler
+from inference.engines.base import DecodingParams, Finished, PairSpec, SpeculationStats, TextAssembler
+from inference.engines.library import PairEngine
 
-PROMPTS_FILE = Path(__file__).resolve().parent / "prompts" / "heldout.json"
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "prompts" / "heldout.json"
 INPROCESS = "inprocess"
 
 

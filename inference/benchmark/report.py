@@ -1,5 +1,5 @@
 """What a benchmark run says: the issue's bars (PASS/MISS and by how much), the tables as text and
-markdown, and the PNG plots, all from the results dict that `benchmark_runs.run_benchmark` returns
+markdown, and the PNG plots, all from the results dict that `runs.run_benchmark` returns
 (and that results.json keeps), so a report can be redrawn from the JSON alone."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inference.benchmark import INPROCESS, TABLE_COLUMNS, Column, print_table, table
+from inference.benchmark.inprocess import INPROCESS, TABLE_COLUMNS, Column, print_table, table
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"

@@ -21,8 +21,9 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from inference import transport
-from inference.engine import ENGINES
+from inference.models import ModelPair
 from inference.selectors import WORKER_KEY_PREFIX
+from inference.serving.worker import ENGINES, fail_orphaned_generations, load_engine, stop_running
 
 log = logging.getLogger(__name__)
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
@@ -42,8 +43,6 @@ def heartbeat_payload() -> dict:
 
 
 def _beat_forever() -> None:
-    from inference.services import fail_orphaned_generations
-
     client = transport.sync_client()
     while not _stop.is_set():
         try:
@@ -59,8 +58,6 @@ def _beat_forever() -> None:
 
 def _listen_for_cancels() -> None:
     """Stops reach the running request at once (pub/sub), not at the next flush."""
-    from inference.services import stop_running
-
     while not _stop.is_set():
         try:
             pubsub = transport.sync_client().pubsub(ignore_subscribe_messages=True)
@@ -73,9 +70,6 @@ def _listen_for_cancels() -> None:
 
 
 def _load(slug: str) -> None:
-    from inference.models import ModelPair
-    from inference.services import load_engine
-
     try:
         pair = ModelPair.objects.filter(slug=slug, enabled=True).first()
         if pair is not None:
@@ -98,7 +92,6 @@ def _load_unloaded_pairs() -> None:
             threading.Thread(target=_load, args=(slug,), name=f"load-{slug}", daemon=True).start()
 
 
-@control_command(args=[("slug", str)], signature="<slug>")
 def load_pair(state, slug: str) -> dict:
     """Remote control (admin "load"): consume the pair's queue from now on and load it, no restart."""
     queue = f"pair.{slug}"
@@ -110,7 +103,6 @@ def load_pair(state, slug: str) -> dict:
     return {"ok": f"loading {slug}"}
 
 
-@control_command(args=[("slug", str)], signature="<slug>")
 def unload_pair(state, slug: str) -> dict:
     """Remote control (admin "unload"): stop taking the pair's requests and free it once idle."""
     queue = f"pair.{slug}"
@@ -121,7 +113,6 @@ def unload_pair(state, slug: str) -> dict:
     return {"ok": f"unloaded {slug}"}
 
 
-@worker_ready.connect
 def start_worker_services(sender, **_) -> None:
     _queues[:] = sorted(q.name for q in sender.task_consumer.queues)
     _stop.clear()
@@ -129,10 +120,17 @@ def start_worker_services(sender, **_) -> None:
     threading.Thread(target=_listen_for_cancels, name="cancels", daemon=True).start()
 
 
-@worker_shutdown.connect
 def stop_worker_services(**_) -> None:
     _stop.set()
     try:
         transport.sync_client().delete(WORKER_KEY_PREFIX + WORKER_NAME)
     except Exception:
         log.exception("could not remove the heartbeat")
+
+
+def register() -> None:
+    """Called from the app's ready(): the worker's start and stop hooks and its remote-control commands."""
+    worker_ready.connect(start_worker_services)
+    worker_shutdown.connect(stop_worker_services)
+    for command in (load_pair, unload_pair):
+        control_command(args=[("slug", str)], signature="<slug>")(command)

@@ -29,8 +29,10 @@ from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
 
 from inference import selectors, transport
+from inference.celery_worker import worker_command
+from inference.limits import ServingState
 from inference.api.auth import set_new_key
-from inference.benchmark import Progress, Prompt, Sample, Variant, percentile
+from inference.benchmark.inprocess import Progress, Prompt, Sample, Variant, percentile
 from inference.models import ApiKey, Generation, ModelPair
 
 BENCHMARK_USERNAME = "specchat-benchmark"  # has no password: only the benchmark logs in as it
@@ -110,9 +112,9 @@ def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180)
     while time.monotonic() < deadline:
         workers = [w for w in selectors.live_workers(client=client) if w.get("name", "").endswith(f":{worker_pid}")]
         state = selectors.pair_state(pair=pair, workers=workers)
-        if state.state == "AVAILABLE":
+        if state.state == ServingState.AVAILABLE:
             return
-        if state.state == "UNAVAILABLE" and workers:
+        if state.state == ServingState.UNAVAILABLE and workers:
             raise StackError(f"'{pair.slug}' cannot be served: {state.error}")
         time.sleep(0.3)
     raise StackError(f"'{pair.slug}' was not served within {timeout:.0f} s ({state.error if state else 'no state'})")
@@ -137,9 +139,8 @@ def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
         try:
             with open(worker_log, "w") as wl, open(web_log, "w") as dl:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-P", "threads",
-                     "-c", str(worker_threads), "-Q", pair.queue, "-n", f"benchmark-{os.getpid()}@%h",
-                     "--without-mingle", "--without-gossip", "--loglevel", "WARNING"],
+                    worker_command(queues=[pair.queue], concurrency=worker_threads, name=f"benchmark-{os.getpid()}@%h",
+                                   loglevel="WARNING", standalone=True),
                     cwd=root, env=env, stdout=wl, stderr=subprocess.STDOUT))
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],

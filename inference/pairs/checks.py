@@ -14,6 +14,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from inference import limits
+
 REQUIRED_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
 PROBE_STRINGS = (
     "def quicksort(numbers):\n    return sorted(numbers)\n",
@@ -119,8 +121,8 @@ def validate_pair_fields(
         errors["num_assistant_tokens"] = "A speculative pair needs a default: num_assistant_tokens or the confidence threshold."
     elif prompt_lookup and k is None:
         errors["num_assistant_tokens"] = "Prompt lookup needs num_assistant_tokens."
-    if k is not None and not 1 <= k <= 32:
-        errors["num_assistant_tokens"] = "num_assistant_tokens must be between 1 and 32."
+    if k is not None and not limits.K_MIN <= k <= limits.K_MAX:
+        errors["num_assistant_tokens"] = f"num_assistant_tokens must be between {limits.K_MIN} and {limits.K_MAX}."
     if threshold is not None and not 0 < threshold < 1:
         errors["assistant_confidence_threshold"] = "The confidence threshold must be between 0 and 1 (exclusive)."
     if max_new_tokens_cap < 1:

@@ -1,7 +1,7 @@
 """OpenAI request bodies -> what the shared generation path takes, or an error naming the field.
 
 Everything is checked before anything is recorded or queued. Types and ranges of the decoding
-options are checked by services.parse_options / start_generation, shared with the chat; what only
+options are checked by web.parse_options / start_generation, shared with the chat; what only
 OpenAI's shapes have (prompt forms, messages, stream options, unsupported features) is checked here.
 """
 
@@ -14,12 +14,11 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
-from inference import services
+from inference import errors
+from inference.serving import web
 from inference.models import ModelPair
 
-Error = services.GenerationRequestError
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-MAX_SEED = 2**64 - 1  # openvino-genai's rng_seed is a size_t
 
 # OpenAI parameters this server cannot honour: each is accepted only with its neutral values.
 NEUTRAL = {
@@ -48,7 +47,7 @@ class ApiRequest:
 
     pair: ModelPair
     prompt: str
-    options: services.GenerationOptions
+    options: web.GenerationOptions
     chat: bool
     stream: bool
     include_usage: bool
@@ -56,7 +55,7 @@ class ApiRequest:
 
     @property
     def start_kwargs(self) -> dict:
-        """services.start_generation's arguments; the chat template already holds the special tokens."""
+        """web.start_generation's arguments; the chat template already holds the special tokens."""
         return {"pair": self.pair, "prompt": self.prompt, "options": self.options,
                 "add_special_tokens": not self.chat}
 
@@ -66,17 +65,17 @@ def json_body(request: HttpRequest) -> dict:
     try:
         raw = request.body
     except (RequestDataTooBig, RawPostDataException):
-        raise Error("The request body is too large.", code="request_too_large", status=413) from None
+        raise errors.RequestTooLarge("The request body is too large.") from None
     try:
         data = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
-        raise Error(f"The body is not valid JSON: {exc}", code="invalid_json") from None
+        raise errors.InvalidJson(f"The body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise Error("The body must be a JSON object.", code="invalid_json")
+        raise errors.InvalidJson("The body must be a JSON object.")
     try:
         json.dumps(data, ensure_ascii=False).encode()
     except UnicodeEncodeError:
-        raise Error("The body holds invalid Unicode (a lone surrogate escape).", code="invalid_json") from None
+        raise errors.InvalidJson("The body holds invalid Unicode (a lone surrogate escape).") from None
     return data
 
 
@@ -87,7 +86,7 @@ def _no_constant(name: str):
 def _flag(data: dict, name: str) -> bool:
     value = data.get(name)
     if value is not None and not isinstance(value, bool):
-        raise Error(f"{name} must be a boolean, not {type(value).__name__}.", param=name, code="invalid_type")
+        raise errors.InvalidType(f"{name} must be a boolean, not {type(value).__name__}.", param=name)
     return bool(value)
 
 
@@ -97,22 +96,17 @@ def _check_supported(data: dict) -> None:
         if value is None or any(value == ok and type(value) is type(ok) for ok in neutral):
             continue
         reason = WHY_NOT.get(name, "not supported by this server")
-        raise Error(f"{name}={json.dumps(value)[:40]} is not supported: {reason}.", param=name,
-                    code="unsupported_value")
+        raise errors.UnsupportedValue(f"{name}={json.dumps(value)[:40]} is not supported: {reason}.", param=name)
     for name in ("tools", "functions", "logit_bias"):
         if data.get(name):
-            raise Error(f"{name} is not supported by this server.", param=name, code="unsupported_value")
+            raise errors.UnsupportedValue(f"{name} is not supported by this server.", param=name)
     response_format = data.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
-        raise Error('Only response_format {"type": "text"} is supported.', param="response_format",
-                    code="unsupported_value")
+        raise errors.UnsupportedValue('Only response_format {"type": "text"} is supported.', param="response_format")
 
 
-def _options(data: dict) -> services.GenerationOptions:
-    options = services.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens"))
-    if options.seed is not None and not 0 <= options.seed <= MAX_SEED:
-        raise Error(f"seed must be in [0, {MAX_SEED}]; got {options.seed}.", param="seed")
-    return options
+def _options(data: dict) -> web.GenerationOptions:
+    return web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens"))
 
 
 def _completion_prompt(data: dict) -> str:
@@ -120,12 +114,12 @@ def _completion_prompt(data: dict) -> str:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if prompt is None:
-        raise Error("prompt is required.", param="prompt", code="missing_required_parameter")
+        raise errors.MissingParameter("prompt is required.", param="prompt")
     if isinstance(prompt, list):
-        raise Error("prompt must be one string (no batches or token ids; send one request per prompt).",
-                    param="prompt", code="invalid_type")
+        raise errors.InvalidType("prompt must be one string (no batches or token ids; send one request per prompt).",
+                    param="prompt")
     if not isinstance(prompt, str):
-        raise Error(f"prompt must be a string, not {type(prompt).__name__}.", param="prompt", code="invalid_type")
+        raise errors.InvalidType(f"prompt must be a string, not {type(prompt).__name__}.", param="prompt")
     return prompt
 
 
@@ -135,27 +129,27 @@ def _message_text(content, index: int) -> str:
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
         return "".join(part["text"] for part in content)
-    raise Error("A message's content must be a string or a list of text parts.",
-                param=f"messages[{index}].content", code="invalid_type")
+    raise errors.InvalidType("A message's content must be a string or a list of text parts.",
+                param=f"messages[{index}].content")
 
 
 def _chat_messages(data: dict) -> list[dict]:
     messages = data.get("messages")
     if messages is None:
-        raise Error("messages is required.", param="messages", code="missing_required_parameter")
+        raise errors.MissingParameter("messages is required.", param="messages")
     if not isinstance(messages, list) or not messages:
-        raise Error("messages must be a non-empty list.", param="messages", code="invalid_type")
+        raise errors.InvalidType("messages must be a non-empty list.", param="messages")
     turns = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise Error("Each message must be an object.", param=f"messages[{index}]", code="invalid_type")
+            raise errors.InvalidType("Each message must be an object.", param=f"messages[{index}]")
         role = message.get("role")
         if role not in CHAT_ROLES:
-            raise Error(f"role must be one of {', '.join(CHAT_ROLES)}; got {json.dumps(role)[:40]}.",
+            raise errors.InvalidValue(f"role must be one of {', '.join(CHAT_ROLES)}; got {json.dumps(role)[:40]}.",
                         param=f"messages[{index}].role")
         turns.append({"role": CHAT_ROLES[role], "content": _message_text(message.get("content"), index)})
     if not any(turn["content"].strip() for turn in turns):
-        raise Error("The messages hold no text.", param="messages", code="empty_prompt")
+        raise errors.EmptyPrompt("The messages hold no text.", param="messages")
     return turns
 
 
@@ -164,26 +158,25 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
     and the pair's tokenizer: call it off the event loop."""
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise Error("model must name a pair (see GET /v1/models).", param="model",
-                    code="missing_required_parameter" if model is None else "invalid_type")
+        error = errors.MissingParameter if model is None else errors.InvalidType
+        raise error("model must name a pair (see GET /v1/models).", param="model")
     _check_supported(data)
     stream = _flag(data, "stream")
     stream_options = data.get("stream_options")
     if stream_options is not None:
         if not isinstance(stream_options, dict):
-            raise Error("stream_options must be an object.", param="stream_options", code="invalid_type")
+            raise errors.InvalidType("stream_options must be an object.", param="stream_options")
         if not stream:
-            raise Error("stream_options is only allowed with stream: true.", param="stream_options")
+            raise errors.InvalidValue("stream_options is only allowed with stream: true.", param="stream_options")
     include_usage = (stream_options or {}).get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
-        raise Error("stream_options.include_usage must be a boolean.", param="stream_options.include_usage",
-                    code="invalid_type")
+        raise errors.InvalidType("stream_options.include_usage must be a boolean.", param="stream_options.include_usage")
     background = _flag(data, "background")
     options = _options(data)
     messages = _chat_messages(data) if chat else None
     prompt = None if chat else _completion_prompt(data)
-    pair = services.find_pair(slug=model)
+    pair = web.find_pair(slug=model)
     if chat:
-        prompt = services.chat_prompt(pair=pair, messages=messages)
+        prompt = web.chat_prompt(pair=pair, messages=messages)
     return ApiRequest(pair=pair, prompt=prompt, options=options, chat=chat, stream=stream,
                       include_usage=bool(include_usage), background=background)

@@ -31,7 +31,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from inference import registry
+from inference.pairs import checks
 from inference.models import ImportJob, ModelPair
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def tokenizer_problems(main: Path, draft: Path) -> list[str]:
             save_model(tokenizer, folder / "openvino_tokenizer.xml")
             save_model(detokenizer, folder / "openvino_detokenizer.xml")
             folders.append(folder)
-        return registry.tokenizer_differences(*folders)
+        return checks.tokenizer_differences(*folders)
 
 
 def _weights_size(folder: Path) -> int:

@@ -1,0 +1,53 @@
+"""The engines one worker process holds, loaded on first use and kept, with each pair's load state."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from inference.engines.base import PairSpec
+from inference.limits import LoadState
+from inference.engines.library import PairEngine
+
+
+class EngineRegistry:
+    """The engines a worker process holds, loaded on first use and kept."""
+
+    def __init__(self):
+        self._engines: dict[PairSpec, PairEngine] = {}
+        self._locks: dict[PairSpec, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.states: dict[str, dict] = {}  # slug -> {"state": loading|available|failed, "error": str}
+
+    def get(self, spec: PairSpec) -> PairEngine:
+        engine = self._engines.get(spec)
+        if engine:
+            return engine
+        with self._guard:
+            lock = self._locks.setdefault(spec, threading.Lock())
+        with lock:
+            if spec in self._engines:
+                return self._engines[spec]
+            if spec.is_pair_default:
+                self.states[spec.slug] = {"state": LoadState.LOADING, "error": ""}
+            try:
+                for folder in filter(None, (spec.main_dir, spec.draft_dir if spec.speculative else "")):
+                    if not Path(folder, "openvino_model.xml").is_file():
+                        raise FileNotFoundError(f"no openvino_model.xml in {folder}")
+                engine = PairEngine(spec)
+            except Exception as exc:
+                if spec.is_pair_default:
+                    self.states[spec.slug] = {"state": LoadState.FAILED, "error": f"{type(exc).__name__}: {exc}"}
+                raise
+            self._engines[spec] = engine
+            if spec.is_pair_default:
+                self.states[spec.slug] = {"state": LoadState.AVAILABLE, "error": ""}
+            return engine
+
+    def unload(self, slug: str) -> None:
+        for spec in [s for s in self._engines if s.slug == slug]:
+            self._engines.pop(spec).close()  # requests in flight finish first
+        self.states.pop(slug, None)
+
+    def active_requests(self) -> int:
+        return sum(engine.active_count for engine in self._engines.values())

@@ -1,0 +1,40 @@
+"""Ranges and names every side agrees on: read by the pair registry's checks, the request checks and
+the OpenAPI document, so that a limit is written once."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+K_MIN, K_MAX = 1, 32  # num_assistant_tokens: tokens the draft proposes per step
+DEFAULT_K = 5  # what the library falls back to when a speculative request names neither K nor a threshold
+TEMPERATURE_MAX = 2
+TOP_K_MAX = 100_000
+MAX_SEED = 2**64 - 1  # openvino-genai's rng_seed is a size_t
+MAX_STOP_STRINGS = 4
+# The pipeline keeps temperature and the confidence threshold as float32: far smaller values become 0
+# (the pipeline then refuses the request on the worker) or a denormal (NaN garbage).
+FLOAT32_TINY = 1e-30
+DEFAULT_MAX_NEW_TOKENS = 256  # when a request names no max_tokens (and the pair's cap allows it)
+
+
+class ServingState(StrEnum):
+    """A pair's state as the API and admin show it (OpenVINO Model Server's names)."""
+
+    AVAILABLE = "AVAILABLE"
+    LOADING = "LOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+class LoadState(StrEnum):
+    """A pair's engine in one worker, as its heartbeat reports it."""
+
+    LOADING = "loading"
+    AVAILABLE = "available"
+    FAILED = "failed"
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # EOS or a stop string
+    LENGTH = "length"  # max_tokens reached
+    STOPPED = "stopped"  # the client asked to stop
+    ERROR = "error"

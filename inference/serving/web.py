@@ -1,0 +1,322 @@
+"""The web side of a generation, shared by the chat and the REST API (runs in the Django process).
+
+`start_generation` validates a request completely before it writes anything, records a queued
+Generation and sends the `inference.generate` task, by name, to the pair's queue (the worker side,
+inference.serving.worker, is never imported here); `follow_generation` streams its events to any
+number of readers and turns a dead or missing worker into an error event.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from inference import errors, limits, selectors, transport
+from inference.celery_worker import worker_command_line
+from inference.engines.base import DecodingParams, Sampling
+from inference.models import Generation, ModelPair
+from inference.pairs import checks
+from inference.serving.records import fail_generation, pair_spec, worker_died
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationOptions(Sampling):
+    """What a caller may ask for; None means the pair's default (decoding_params resolves them)."""
+
+    max_new_tokens: int | None = None
+    num_assistant_tokens: int | None = None
+    assistant_confidence_threshold: float | None = None
+    speculative: bool = True
+
+
+def _typed(data: dict, name: str, kind: type, default=None):
+    """data[name] checked against kind (bool is not a number here); errors.InvalidType naming it."""
+    value = data.get(name, default)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise errors.InvalidType(f"{name} must be {kind.__name__}, not {type(value).__name__}.", param=name)
+    return value
+
+
+def parse_options(data: dict, *, max_tokens_names: tuple[str, ...] = ("max_tokens",)) -> GenerationOptions:
+    """GenerationOptions from a JSON object (chat settings or an API body); types are checked here,
+    ranges in decoding_params."""
+    max_new = None
+    for name in max_tokens_names:
+        max_new = _typed(data, name, int, max_new)
+    stop = data.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= limits.MAX_STOP_STRINGS:
+        stop = tuple(stop)
+    else:
+        raise errors.InvalidType(f"stop must be a string or a list of at most {limits.MAX_STOP_STRINGS} strings.", param="stop")
+    if any(not s or "\x00" in s for s in stop):
+        raise errors.InvalidValue("stop strings must not be empty or contain NUL.", param="stop")
+    return GenerationOptions(
+        max_new_tokens=max_new,
+        num_assistant_tokens=_typed(data, "num_assistant_tokens", int),
+        assistant_confidence_threshold=_typed(data, "assistant_confidence_threshold", float),
+        speculative=_typed(data, "speculative", bool, True),
+        temperature=_typed(data, "temperature", float, 0.0),
+        top_p=_typed(data, "top_p", float, 1.0),
+        top_k=_typed(data, "top_k", int, 0),
+        seed=_typed(data, "seed", int),
+        stop=stop,
+        ignore_eos=_typed(data, "ignore_eos", bool, False),
+    )
+
+
+@dataclass(frozen=True)
+class SpeculativeMode:
+    """How a request is served, stated on every answer: `draft`, `draft-inexact-sampling` (the
+    library's own sampling with a draft, allowed per pair), `prompt-lookup` or `off`, with a reason."""
+
+    mode: str
+    reason: str = ""
+
+    @property
+    def speculative(self) -> bool:
+        return self.mode != "off"
+
+
+INEXACT_LIBRARY_SAMPLING = ("sampled answers run on the main alone: openvino-genai's draft verification "
+                            "is not exact at temperature > 0")
+
+
+def speculative_mode(*, pair: ModelPair, options: GenerationOptions) -> SpeculativeMode:
+    """Never an inexact path served silently: with a draft, a sampled request runs on the main alone
+    unless the pair explicitly allows the library's inexact sampling."""
+    if not options.speculative:
+        return SpeculativeMode("off", "speculative: false was asked")
+    if not pair.is_speculative:
+        return SpeculativeMode("off", "the pair has no draft model")
+    if not pair.draft_dir:
+        return SpeculativeMode("prompt-lookup")  # sample from the main, compare with the n-gram: exact
+    if options.temperature == 0:
+        return SpeculativeMode("draft")
+    if pair.allow_inexact_sampling:
+        return SpeculativeMode("draft-inexact-sampling", "allowed by the pair: answers are not drawn from the "
+                                                         "main model's distribution")
+    return SpeculativeMode("off", INEXACT_LIBRARY_SAMPLING)
+
+
+def _check_range(value, low, high, param: str, *, low_open=False, high_open=False) -> None:
+    if value is None:
+        return
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if too_low or too_high:
+        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
+        raise errors.InvalidValue(f"{param} must be in {lo}{low}, {high}{hi}; got {value}.", param=param)
+
+
+def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_tokens: int) -> DecodingParams:
+    """The pipeline settings for a request, or an errors.ServiceError naming the bad field."""
+    k, threshold = options.num_assistant_tokens, options.assistant_confidence_threshold
+    if k is not None and threshold is not None:
+        raise errors.InvalidValue(
+            "num_assistant_tokens and assistant_confidence_threshold are mutually exclusive.",
+            param="assistant_confidence_threshold",
+        )
+    _check_range(k, limits.K_MIN, limits.K_MAX, "num_assistant_tokens")
+    _check_range(threshold, 0, 1, "assistant_confidence_threshold", low_open=True, high_open=True)
+    _check_float32_floor(threshold, "assistant_confidence_threshold")
+    if (k is not None or threshold is not None) and options.speculative and not pair.is_speculative:
+        raise errors.InvalidValue(
+            f"Pair '{pair.slug}' has no draft model, so it takes no speculative parameters.",
+            param="num_assistant_tokens" if k is not None else "assistant_confidence_threshold",
+        )
+    if threshold is not None and not pair.draft_dir:
+        raise errors.InvalidValue(
+            "assistant_confidence_threshold needs a draft model (prompt lookup takes num_assistant_tokens).",
+            param="assistant_confidence_threshold",
+        )
+    _check_range(options.temperature, 0, limits.TEMPERATURE_MAX, "temperature")
+    _check_float32_floor(options.temperature, "temperature", zero_means="greedy decoding")
+    _check_range(options.top_p, 0, 1, "top_p", low_open=True)
+    _check_range(options.top_k, 0, limits.TOP_K_MAX, "top_k")
+    _check_range(options.seed, 0, limits.MAX_SEED, "seed")
+    max_new = options.max_new_tokens if options.max_new_tokens is not None else min(pair.max_new_tokens_cap, limits.DEFAULT_MAX_NEW_TOKENS)
+    if max_new < 1:
+        raise errors.InvalidValue(f"max_tokens must be at least 1; got {max_new}.", param="max_tokens")
+    if max_new > pair.max_new_tokens_cap:
+        raise errors.InvalidValue(
+            f"max_tokens is {max_new}, over this pair's cap of {pair.max_new_tokens_cap}.", param="max_tokens"
+        )
+    context = checks.context_length(Path(settings.MODELS_ROOT) / pair.main_dir)
+    if prompt_tokens >= context:
+        raise errors.ContextLengthExceeded(
+            f"The prompt is {prompt_tokens} tokens, over the model's context of {context} tokens.",
+            param="prompt",
+        )
+    if k is None and threshold is None:
+        k, threshold = pair.num_assistant_tokens, pair.assistant_confidence_threshold
+    params = DecodingParams(
+        max_new_tokens=min(max_new, context - prompt_tokens),
+        num_assistant_tokens=k,
+        assistant_confidence_threshold=threshold,
+        max_ngram_size=pair.max_ngram_size,
+        **options.sampling(),
+    )
+    mode = speculative_mode(pair=pair, options=options)
+    try:  # whatever else the pipeline would refuse, refused here rather than on the worker
+        params.generation_config(pair_spec(pair=pair, speculative=mode.speculative)).validate()
+    except RuntimeError as exc:
+        reason = str(exc).strip().splitlines()[-1]  # the C++ check's own sentence, without its source path
+        raise errors.InvalidValue(f"The pipeline refuses these settings: {reason}") from None
+    return params
+
+
+def _check_float32_floor(value: float | None, param: str, *, zero_means: str = "") -> None:
+    if value and 0 < value < limits.FLOAT32_TINY:
+        hint = f"; use 0 for {zero_means}" if zero_means else ""
+        raise errors.InvalidValue(f"{param} {value} is too small for the pipeline (at least {limits.FLOAT32_TINY}{hint}).",
+                                     param=param)
+
+
+def count_prompt_tokens(*, pair: ModelPair, prompt: str, add_special_tokens: bool) -> int:
+    try:
+        main = checks.resolve_model_dir(pair.main_dir)
+    except checks.PairFolderError as exc:
+        raise errors.ModelUnavailable(f"Pair '{pair.slug}' cannot be served: {exc}", param="model") from exc
+    tokenizer = checks.load_tokenizer(str(main))
+    return int(tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.shape[1])
+
+
+def chat_prompt(*, pair: ModelPair, messages: list[dict]) -> str:
+    """The conversation as the model sees it, through the main model's own chat template."""
+    tokenizer = checks.load_tokenizer(str(checks.resolve_model_dir(pair.main_dir)))
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as exc:
+        raise errors.InvalidValue(f"The pair's chat template failed: {exc}", param="messages") from exc
+
+
+def find_pair(*, slug: str) -> ModelPair:
+    pair = selectors.enabled_pair(slug=slug or "")
+    if pair is None:
+        raise errors.ModelNotFound(f"The model '{slug}' does not exist or is disabled.", param="model")
+    return pair
+
+
+def check_prompt_text(text: str, *, param: str) -> None:
+    """Empty text, or a NUL character (PostgreSQL cannot store one), is refused before anything is written."""
+    if not text or not text.strip():
+        raise errors.EmptyPrompt("The prompt is empty.", param=param)
+    if "\x00" in text:
+        raise errors.InvalidValue("The prompt contains a NUL character.", param=param)
+
+
+def start_generation(
+    *,
+    pair: ModelPair,
+    prompt: str,
+    options: GenerationOptions,
+    user=None,
+    source: str = Generation.Source.CHAT,
+    add_special_tokens: bool = True,
+    api_key=None,
+) -> Generation:
+    """Validate, record and enqueue one generation. Raises an errors.ServiceError and writes
+    nothing when the request cannot be served."""
+    if not pair.enabled:
+        raise errors.ModelNotFound(f"The model '{pair.slug}' is disabled.", param="model")
+    check_prompt_text(prompt, param="prompt")
+    prompt_tokens = count_prompt_tokens(pair=pair, prompt=prompt, add_special_tokens=add_special_tokens)
+    params = decoding_params(pair=pair, options=options, prompt_tokens=prompt_tokens)
+    state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client()))
+    if not state.served:
+        raise errors.ModelUnavailable(
+            f"Nobody can serve '{pair.slug}' now: {state.error}. Start one with "
+            f"`{worker_command_line(queues=[pair.queue])}`.",
+            param="model",
+        )
+    mode = speculative_mode(pair=pair, options=options)
+    generation = Generation.objects.create(
+        pair=pair,
+        speculative_mode=mode.mode,
+        speculative_reason=mode.reason,
+        user=user,
+        source=source,
+        api_key=api_key,
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        params={"decoding": asdict(params), "speculative": mode.speculative,
+                "add_special_tokens": add_special_tokens},
+    )
+    transaction.on_commit(lambda: current_app.send_task("inference.generate", args=[str(generation.id)],
+                                                        queue=pair.queue))
+    return generation
+
+
+def request_stop(*, generation: Generation) -> None:
+    """Ask the worker to stop at its next step; what was produced is kept."""
+    transport.request_cancel(transport.sync_client(), generation.id)
+
+
+# ------------------------------------------------------------------ readers
+async def follow_generation(*, generation_id, after: str = "0-0"):
+    """The generation's events after `after`, then a terminal one. A queued generation that no
+    live worker serves, or a running one whose worker stopped beating, ends with an error event."""
+    client = transport.async_client()
+    quiet_since = time.monotonic()
+    try:
+        async for entry_id, event in transport.follow(client, generation_id, after=after):
+            if entry_id is not None:
+                quiet_since = time.monotonic()
+                yield entry_id, event
+                continue
+            yield None, event  # idle: lets the caller keep its connection alive
+            if time.monotonic() - quiet_since >= 2:
+                problem = await sync_to_async(stalled_generation_problem)(generation_id=generation_id)
+                if problem:
+                    entry_id = await sync_to_async(fail_generation)(generation_id=generation_id, message=problem)
+                    if entry_id is None:
+                        continue  # it finished meanwhile: its last events are on the stream
+                    yield entry_id, {"type": "error", "message": problem}
+                    return
+                quiet_since = time.monotonic()
+    finally:
+        await client.aclose()
+
+
+def stalled_generation_problem(*, generation_id) -> str:
+    """Why a generation that sends nothing will never finish, or '' while it may."""
+    generation = Generation.objects.select_related("pair").filter(id=generation_id).first()
+    if generation is None or generation.is_done:
+        return ""
+    client = transport.sync_client()
+    if generation.status == Generation.Status.RUNNING:
+        if generation.worker and not selectors.worker_is_alive(client=client, name=generation.worker):
+            return worker_died(generation.worker)
+        return ""
+    waited = (timezone.now() - generation.created_at).total_seconds()
+    state = selectors.pair_state(pair=generation.pair, workers=selectors.live_workers(client=client))
+    if not state.served and waited >= 2:
+        return f"No worker can serve '{generation.pair.slug}': {state.error}."
+    if waited >= settings.STALL_TIMEOUT_S and state.state != limits.ServingState.AVAILABLE:
+        return f"'{generation.pair.slug}' did not become available within {settings.STALL_TIMEOUT_S} s."
+    return ""
+
+
+async def wait_for(*, generation_id) -> Generation:
+    """The generation once it has ended (used by non-streaming API calls and tests)."""
+    async for _, event in follow_generation(generation_id=generation_id):
+        if event["type"] in transport.TERMINAL:
+            break
+    return await Generation.objects.aget(id=generation_id)
+

@@ -1,0 +1,147 @@
+"""The worker side of a generation, run in the Celery worker process: load the pair's engine, run a
+queued generation on it, stream its steps to the generation's Redis Stream and write the record.
+The module state (the engines this process holds, the requests it runs) lives here only."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+
+from django.conf import settings
+from django.utils import timezone
+
+from inference import selectors, transport
+from inference.engines.base import ActiveRequest, DecodingParams, Finished, SpeculationStats, StepTokens, TextAssembler
+from inference.engines.library import PairEngine
+from inference.engines.registry import EngineRegistry
+from inference.metrics import record_generation
+from inference.models import Generation, ModelPair
+from inference.serving.records import fail_generation, pair_spec, worker_died
+
+log = logging.getLogger(__name__)
+
+ENGINES = EngineRegistry()
+RUNNING: dict[str, ActiveRequest] = {}  # generation id -> its request in this worker's engine
+
+
+def load_engine(*, pair: ModelPair, speculative: bool = True) -> PairEngine:
+    """This worker's engine for the pair, loaded on first use; the last load result is kept on the pair."""
+    try:
+        engine = ENGINES.get(pair_spec(pair=pair, speculative=speculative))
+    except Exception as exc:
+        ModelPair.objects.filter(id=pair.id).update(load_error=f"{type(exc).__name__}: {exc}",
+                                                    load_reported_at=timezone.now())
+        raise
+    if pair.load_error:
+        ModelPair.objects.filter(id=pair.id).update(load_error="", load_reported_at=timezone.now())
+    return engine
+
+
+def run_generation(*, generation_id: str, worker_name: str) -> None:
+    generation = Generation.objects.select_related("pair").filter(id=generation_id).first()
+    if generation is None or generation.status != Generation.Status.QUEUED:
+        return  # a replayed delivery of a generation that already ran
+    writer = transport.StreamWriter(transport.sync_client(), generation.id)
+    claimed = Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
+        status=Generation.Status.RUNNING, worker=worker_name, started_at=timezone.now()
+    )
+    if not claimed:
+        return
+    try:
+        engine = load_engine(pair=generation.pair, speculative=generation.params.get("speculative", True))
+    except Exception as exc:
+        fail_generation(generation_id=generation.id,
+                        message=f"Pair '{generation.pair.slug}' failed to load: {type(exc).__name__}: {exc}")
+        return
+    params = DecodingParams(**{**generation.params["decoding"], "stop": tuple(generation.params["decoding"]["stop"])})
+    request = None
+    try:
+        request = engine.submit(
+            prompt=generation.prompt, params=params,
+            add_special_tokens=generation.params.get("add_special_tokens", True),
+            before_batch=lambda prompt_tokens: writer.send({"type": "start", "prompt_tokens": prompt_tokens,
+                                                            "worker": worker_name}))
+        RUNNING[str(generation.id)] = request
+        _stream_generation(generation=generation, request=request, writer=writer, params=params, engine=engine)
+    except Exception as exc:  # whatever went wrong, the reader gets an error instead of waiting forever
+        log.exception("generation %s failed", generation.id)
+        if request is not None:
+            request.stop()
+        fail_generation(generation_id=generation.id, message=f"The worker failed: {type(exc).__name__}: {exc}")
+    finally:
+        RUNNING.pop(str(generation.id), None)
+
+
+def stop_running(*, generation_id: str) -> None:
+    """A cancel published by the web side: the step thread stops the request before its next step."""
+    request = RUNNING.get(generation_id)
+    if request is not None:
+        request.stop()
+
+
+def _stream_generation(*, generation: Generation, request, writer, params: DecodingParams, engine: PairEngine) -> None:
+    spec = engine.spec
+    fixed_k = params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
+    stats = SpeculationStats(num_assistant_tokens=fixed_k if spec.uses_draft or spec.uses_prompt_lookup else None,
+                             speculative=spec.uses_draft or spec.uses_prompt_lookup,
+                             max_new_tokens=params.max_new_tokens)
+    text = TextAssembler(engine.tokenizer)
+    steps: list[list[str]] = []
+    pending: list[list[str]] = []
+    flush_s = settings.STREAM_FLUSH_MS / 1000
+    last_flush = time.monotonic()
+    finished: Finished | None = None
+    while finished is None:
+        try:
+            item = request.events.get(timeout=flush_s)
+        except queue.Empty:
+            item = None
+        if isinstance(item, StepTokens):
+            stats.add_step(len(item.token_ids), item.at)
+            piece = list(text.add(item.token_ids))
+            steps.append(piece)
+            pending.append(piece)
+        elif isinstance(item, Finished):
+            finished = item
+        first_tokens = pending and len(pending) == len(steps)  # nothing sent yet: they are the time to first token
+        if finished or first_tokens or time.monotonic() - last_flush >= flush_s:
+            if finished:
+                tail = text.finish()
+                if tail:
+                    piece = ["", tail]
+                    steps.append(piece)
+                    pending.append(piece)
+            if pending:
+                writer.send({"type": "delta", "steps": pending})
+                pending = []
+            if not finished and not request.stop_requested and writer.cancel_requested():
+                request.stop()
+            last_flush = time.monotonic()
+    metrics = stats.summary(started_at=request.added_at, ended_at=stats.last_token_at or time.perf_counter())
+    status = {"stopped": Generation.Status.STOPPED, "error": Generation.Status.FAILED}.get(
+        finished.finish_reason, Generation.Status.FINISHED
+    )
+    Generation.objects.filter(id=generation.id).update(
+        status=status, text=text.text, steps=steps, finish_reason=finished.finish_reason, error=finished.error,
+        prompt_tokens=request.prompt_tokens, finished_at=timezone.now(), **metrics,
+    )
+    record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
+                   prompt_tokens=request.prompt_tokens, summary=metrics)
+    if finished.finish_reason == "error":
+        writer.send({"type": "error", "message": finished.error})
+    else:
+        writer.send({"type": "done", "finish_reason": finished.finish_reason, "prompt_tokens": request.prompt_tokens,
+                     "text": text.text, "speculative_mode": generation.speculative_mode,
+                     "speculative_reason": generation.speculative_reason, **metrics})
+
+
+def fail_orphaned_generations(*, client) -> None:
+    """Fail the running generations of workers whose heartbeat expired, read or not (a background
+    API request nobody follows must not stay 'running' forever). Live workers call this as they beat."""
+    running = list(Generation.objects.filter(status=Generation.Status.RUNNING).exclude(worker="")
+                   .values_list("id", "worker"))
+    dead = {worker for worker in {w for _, w in running} if not selectors.worker_is_alive(client=client, name=worker)}
+    for generation_id, worker in running:
+        if worker in dead:
+            fail_generation(generation_id=generation_id, message=worker_died(worker))
