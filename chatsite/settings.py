@@ -113,6 +113,10 @@ WORKER_HEARTBEAT_S = env_int("SPECCHAT_WORKER_HEARTBEAT_S", 2)
 WORKER_HEARTBEAT_TTL_S = env_int("SPECCHAT_WORKER_HEARTBEAT_TTL_S", 10)
 WORKER_SLOTS = env_int("SPECCHAT_WORKER_SLOTS", 16)  # concurrent generations per worker process
 STALL_TIMEOUT_S = env_int("SPECCHAT_STALL_TIMEOUT_S", 15)  # a queued answer nobody picks up fails after this
+# A queued answer whose task never reached a worker (a Redis without persistence restarted, a worker
+# died after prefetching it) is sent again after this long by a worker with a free slot...
+REQUEUE_AFTER_S = env_int("SPECCHAT_REQUEUE_AFTER_S", 10)
+QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if still queued after this
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin
 CONTROL_QUEUE = "control"  # Celery queue of jobs tied to no pair (imports): consumed by a worker with the train extra
 IMPORT_DISK_RESERVE_GB = env_int("SPECCHAT_IMPORT_DISK_RESERVE_GB", 1)  # an import must leave this much free

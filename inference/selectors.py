@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 import redis
@@ -11,14 +12,17 @@ from inference.limits import LoadState, ServingState
 from inference.models import Generation, ModelPair
 
 WORKER_KEY_PREFIX = "specchat:worker:"
+# Worker names scored by when their heartbeat expires: live workers are read from here, not by
+# scanning the keyspace on every request.
+WORKER_INDEX = "specchat:workers"
 
 
 def live_workers(*, client: redis.Redis) -> list[dict]:
     """Heartbeats that have not expired: {name, queues, pairs: {slug: {state, error}}, active, slots}."""
-    keys = list(client.scan_iter(match=WORKER_KEY_PREFIX + "*", count=200))
-    if not keys:
+    names = client.zrangebyscore(WORKER_INDEX, time.time(), "+inf")
+    if not names:
         return []
-    return [json.loads(raw) for raw in client.mget(keys) if raw]
+    return [json.loads(raw) for raw in client.mget([WORKER_KEY_PREFIX + name for name in names]) if raw]
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,17 @@ from collections.abc import AsyncIterator
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 TERMINAL = {"done", "error"}
+# A Redis restart (a few seconds) must not end an answer: commands are retried with backoff for about
+# REDIS_RETRY_S before the error reaches the caller.
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
+REDIS_RETRIES = 12
 
 
 def stream_key(generation_id) -> str:
@@ -31,11 +40,13 @@ def cancel_key(generation_id) -> str:
 
 
 def sync_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, retry_on_error=list(REDIS_ERRORS),
+                                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES))
 
 
 def async_client() -> aioredis.Redis:
-    return aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    return aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True, retry_on_error=list(REDIS_ERRORS),
+                                   retry=AsyncRetry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES))
 
 
 class StreamWriter:

@@ -3,6 +3,7 @@
 import os
 
 os.environ.setdefault("SPECCHAT_STALL_TIMEOUT_S", "8")
+os.environ.setdefault("SPECCHAT_REQUEUE_AFTER_S", "3")
 # Always a Redis DB of its own: the tests flush it, and `make run` keeps its data in DB 0.
 os.environ["REDIS_URL"] = os.environ.get(
     "SPECCHAT_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{os.environ.get('SPECCHAT_TEST_REDIS_DB', '15')}")

@@ -136,6 +136,17 @@ async def test_reconnect_resumes_without_loss_or_doubling(demo_pair, user):
     await second.disconnect()
 
 
+async def test_following_past_the_end_of_an_answer_gets_an_error_not_silence(demo_pair, user):
+    communicator = await connect(user)
+    started = await send_message(communicator, max_tokens=8)
+    events = await events_until_end(communicator, started["generation"])
+    for after in (events[-1]["id"], "99999999999999-0"):  # the end itself, and an id past it
+        await communicator.send_json_to({"action": "follow", "generation": started["generation"], "after": after})
+        ended = await events_until_end(communicator, started["generation"])
+        assert [e["event"]["type"] for e in ended] == ["error"] and "ended" in ended[0]["event"]["message"]
+    await communicator.disconnect()
+
+
 async def test_another_users_answer_is_refused(demo_pair, user, other_user):
     alice = await connect(user)
     started = await send_message(alice, max_tokens=8)

@@ -1,6 +1,8 @@
 """Workers announce themselves; the admin loads and unloads a pair on them without a restart."""
 
 import json
+import os
+import signal
 import time
 from dataclasses import asdict
 
@@ -95,3 +97,43 @@ def test_a_pair_registered_after_the_worker_started_is_loaded_without_a_request(
     generation = wait_until_done(web.start_generation(
         pair=plain, prompt="def f(x):", options=web.GenerationOptions(max_new_tokens=8)).id)
     assert generation.status == Generation.Status.FINISHED and generation.draft_tokens is None
+
+
+def test_a_queued_generation_whose_task_was_lost_is_sent_again(demo_pair):
+    """The record was written but its Celery message never reached a worker (Redis without persistence
+    restarted, a worker died after prefetching it): a worker with a free slot sends it again."""
+    lost = Generation.objects.create(pair=demo_pair, prompt="def f(x):", prompt_tokens=4, params={
+        "decoding": asdict(DecodingParams(max_new_tokens=8)), "speculative": True})  # no task sent
+    generation = wait_until_done(lost.id)
+    assert generation.status == Generation.Status.FINISHED and generation.completion_tokens == 8
+
+
+def test_a_worker_taken_for_dead_does_not_finish_what_was_failed(demo_pair, stack_env, redis_client, tmp_path):
+    """A worker frozen past its heartbeat's expiry (SIGSTOP) is taken for dead and its answer failed;
+    when it wakes it stops that answer and writes no `done` after the error, nor over the record."""
+    from tests.conftest import Worker
+
+    frozen = ModelPair.objects.create(name="Frozen", slug="frozen", main_dir=demo_pair.main_dir,
+                                      draft_dir=demo_pair.draft_dir, num_assistant_tokens=3)
+    env = {**stack_env, "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3"}
+    worker = Worker(env, frozen.queue, tmp_path / "frozen.log")
+    try:
+        worker.wait_ready(redis_client)
+        generation = web.start_generation(pair=frozen, prompt="def f(x):",
+                                          options=web.GenerationOptions(max_new_tokens=500, ignore_eos=True))
+        key = transport.stream_key(generation.id)
+        deadline = time.time() + 60
+        while not redis_client.xlen(key) >= 2 and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(worker.proc.pid, signal.SIGSTOP)
+        failed = wait_until_done(generation.id)  # the session's live worker sweeps it
+        assert failed.status == Generation.Status.FAILED
+        os.kill(worker.proc.pid, signal.SIGCONT)
+        time.sleep(4)  # it wakes, sees the cancel, stops the request and reaches its final write
+        generation.refresh_from_db()
+        assert generation.status == Generation.Status.FAILED and generation.error == failed.error
+        events = [json.loads(fields["data"])["type"] for _, fields in redis_client.xrange(key)]
+        assert "error" in events and "done" not in events[events.index("error"):]
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+        worker.stop()

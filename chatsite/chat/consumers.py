@@ -104,6 +104,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         async for entry_id, event in web.follow_generation(generation_id=generation_id, after=after):
             if entry_id is not None:
                 await self.send_json({"type": "event", "generation": generation_id, "id": entry_id, "event": event})
+            elif event["type"] in {"ended", "error"}:  # past the end, or Redis lost: said, never silence
+                await self.send_json({"type": "event", "generation": generation_id, "id": after,
+                                      "event": {"type": "error", "message": event["message"]}})
         self.followers.pop(generation_id, None)
 
 

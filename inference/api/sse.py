@@ -14,7 +14,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 
 from inference import transport
@@ -39,41 +38,31 @@ def response(stream: AsyncIterator[bytes], *, generation: Generation) -> Streami
     return reply
 
 
-def _entry_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _nothing_more(generation_id, seen: str) -> bool:
-    """True once the generation has ended and its stream holds nothing after `seen` (the client
-    already read the end, or the stream expired): there is nothing left to wait for."""
-    if not Generation.objects.filter(id=generation_id, status__in=[
-            Generation.Status.FINISHED, Generation.Status.STOPPED, Generation.Status.FAILED]).exists():
-        return False
-    last = transport.sync_client().xrevrange(transport.stream_key(generation_id), count=1)
-    return not last or _entry_key(last[0][0]) <= _entry_key(seen)
-
-
 async def events(*, generation: Generation, shape: Shape, after: str, include_usage: bool,
                  owner: bool) -> AsyncIterator[bytes]:
     """The generation's chunks after entry `after`, ending with `data: [DONE]`. `owner`: this
     connection started the generation, so its disconnect stops it (background generations aside)."""
-    seen, ended, quiet_since = after, False, time.monotonic()
+    ended, quiet_since = False, time.monotonic()
     try:
         async with aclosing(web.follow_generation(generation_id=generation.id, after=after)) as follow:
             async for entry_id, event in follow:
+                if event is web.ENDED:
+                    ended = True
+                    yield frame("[DONE]")
+                    return
+                if entry_id is None and event["type"] == "error":  # Redis lost for good
+                    ended = True
+                    for payload in shape.payloads(event, include_usage=include_usage):
+                        yield frame(payload)
+                    return
                 if entry_id is None:
-                    if await sync_to_async(_nothing_more)(generation.id, seen):
-                        ended = True
-                        yield frame("[DONE]")
-                        return
                     if time.monotonic() - quiet_since >= KEEPALIVE_S:
                         quiet_since = time.monotonic()
                         yield b": keep-alive\n\n"
                     continue
                 payloads = shape.payloads(event, include_usage=include_usage)
                 ended = event["type"] in transport.TERMINAL
-                seen, quiet_since = entry_id, time.monotonic()
+                quiet_since = time.monotonic()
                 for index, payload in enumerate(payloads):
                     yield frame(payload, event_id=entry_id if index == len(payloads) - 1 else None)
     except (asyncio.CancelledError, GeneratorExit):

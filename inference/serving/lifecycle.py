@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 
 from celery.signals import worker_ready, worker_shutdown
 from celery.worker.control import control_command
@@ -22,14 +23,30 @@ from django.db import close_old_connections
 
 from inference import transport
 from inference.models import ModelPair
-from inference.selectors import WORKER_KEY_PREFIX
-from inference.serving.worker import ENGINES, fail_orphaned_generations, load_engine, stop_running
+from inference.selectors import WORKER_INDEX, WORKER_KEY_PREFIX
+from inference.serving.worker import (ENGINES, fail_orphaned_generations, load_engine, resend_lost_generations,
+                                      stop_running)
 
 log = logging.getLogger(__name__)
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 _queues: list[str] = []
 _loading: set[str] = set()  # slugs being loaded by _load threads
 _stop = threading.Event()
+
+
+def announce_worker(*, client, name: str, payload: dict, ttl_s: int) -> None:
+    """A worker's heartbeat: its key expires with it, and the index forgets expired names."""
+    now = time.time()
+    pipe = client.pipeline(transaction=False)
+    pipe.set(WORKER_KEY_PREFIX + name, json.dumps(payload), ex=ttl_s)
+    pipe.zadd(WORKER_INDEX, {name: now + ttl_s})
+    pipe.zremrangebyscore(WORKER_INDEX, "-inf", now)
+    pipe.execute()
+
+
+def retire_worker(*, client, name: str) -> None:
+    client.delete(WORKER_KEY_PREFIX + name)
+    client.zrem(WORKER_INDEX, name)
 
 
 def heartbeat_payload() -> dict:
@@ -46,8 +63,11 @@ def _beat_forever() -> None:
     client = transport.sync_client()
     while not _stop.is_set():
         try:
-            client.set(WORKER_KEY_PREFIX + WORKER_NAME, json.dumps(heartbeat_payload()), ex=settings.WORKER_HEARTBEAT_TTL_S)
+            announce_worker(client=client, name=WORKER_NAME, payload=heartbeat_payload(),
+                            ttl_s=settings.WORKER_HEARTBEAT_TTL_S)
             fail_orphaned_generations(client=client)
+            if ENGINES.active_requests() < settings.WORKER_SLOTS:
+                resend_lost_generations(client=client, queues=list(_queues))
             _load_unloaded_pairs()
         except Exception:
             log.exception("heartbeat failed")
@@ -123,7 +143,7 @@ def start_worker_services(sender, **_) -> None:
 def stop_worker_services(**_) -> None:
     _stop.set()
     try:
-        transport.sync_client().delete(WORKER_KEY_PREFIX + WORKER_NAME)
+        retire_worker(client=transport.sync_client(), name=WORKER_NAME)
     except Exception:
         log.exception("could not remove the heartbeat")
 

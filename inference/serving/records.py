@@ -37,7 +37,13 @@ def fail_generation(*, generation_id, message: str) -> str | None:
         ).update(status=Generation.Status.FAILED, error=message, finish_reason="error", finished_at=timezone.now())
     if not updated:
         return None
-    return transport.append_event(transport.sync_client(), generation_id, {"type": "error", "message": message})
+    client = transport.sync_client()
+    transport.request_cancel(client, generation_id)  # a worker still running it (taken for dead) stops
+    return transport.append_event(client, generation_id, {"type": "error", "message": message})
+
+
+def queue_timeout(slug: str) -> str:
+    return f"No worker of '{slug}' picked this answer up within {settings.QUEUE_TIMEOUT_S} s; send it again."
 
 
 def worker_died(worker: str) -> str:

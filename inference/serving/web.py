@@ -23,7 +23,7 @@ from inference.celery_worker import worker_command_line
 from inference.engines.base import DecodingParams, Sampling
 from inference.models import Generation, ModelPair
 from inference.pairs import checks
-from inference.serving.records import fail_generation, pair_spec, worker_died
+from inference.serving.records import fail_generation, pair_spec, queue_timeout, worker_died
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,18 +269,27 @@ def request_stop(*, generation: Generation) -> None:
 
 
 # ------------------------------------------------------------------ readers
+ENDED = {"type": "ended", "message": "This answer has ended: nothing follows the event asked for."}
+
+
 async def follow_generation(*, generation_id, after: str = "0-0"):
     """The generation's events after `after`, then a terminal one. A queued generation that no
-    live worker serves, or a running one whose worker stopped beating, ends with an error event."""
+    live worker serves, or a running one whose worker stopped beating, ends with an error event;
+    a follower past the end of an ended generation gets (None, ENDED), never silence; Redis lost
+    for longer than the transport's retries ends with (None, error)."""
     client = transport.async_client()
     quiet_since = time.monotonic()
+    last = after or "0-0"
     try:
         async for entry_id, event in transport.follow(client, generation_id, after=after):
             if entry_id is not None:
-                quiet_since = time.monotonic()
+                quiet_since, last = time.monotonic(), entry_id
                 yield entry_id, event
                 continue
             yield None, event  # idle: lets the caller keep its connection alive
+            if await sync_to_async(nothing_after)(generation_id=generation_id, seen=last):
+                yield None, ENDED
+                return
             if time.monotonic() - quiet_since >= 2:
                 problem = await sync_to_async(stalled_generation_problem)(generation_id=generation_id)
                 if problem:
@@ -290,8 +299,26 @@ async def follow_generation(*, generation_id, after: str = "0-0"):
                     yield entry_id, {"type": "error", "message": problem}
                     return
                 quiet_since = time.monotonic()
+    except transport.REDIS_ERRORS as exc:
+        yield None, {"type": "error", "message": f"Lost the connection to Redis: {exc}. Reload to see the answer "
+                                                 "as it was saved."}
     finally:
         await client.aclose()
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def nothing_after(*, generation_id, seen: str) -> bool:
+    """True once the generation has ended and its stream holds nothing after `seen` (the reader
+    already read the end, asked past it, or the stream expired): there is nothing left to wait for."""
+    if not Generation.objects.filter(id=generation_id, status__in=[
+            Generation.Status.FINISHED, Generation.Status.STOPPED, Generation.Status.FAILED]).exists():
+        return False
+    last = transport.sync_client().xrevrange(transport.stream_key(generation_id), count=1)
+    return not last or _entry_key(last[0][0]) <= _entry_key(seen)
 
 
 def stalled_generation_problem(*, generation_id) -> str:
@@ -305,6 +332,8 @@ def stalled_generation_problem(*, generation_id) -> str:
             return worker_died(generation.worker)
         return ""
     waited = (timezone.now() - generation.created_at).total_seconds()
+    if waited >= settings.QUEUE_TIMEOUT_S:
+        return queue_timeout(generation.pair.slug)
     state = selectors.pair_state(pair=generation.pair, workers=selectors.live_workers(client=client))
     if not state.served and waited >= 2:
         return f"No worker can serve '{generation.pair.slug}': {state.error}."

@@ -7,6 +7,9 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from datetime import timedelta
+
+from celery import current_app
 
 from django.conf import settings
 from django.utils import timezone
@@ -17,7 +20,7 @@ from inference.engines.library import PairEngine
 from inference.engines.registry import EngineRegistry
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
-from inference.serving.records import fail_generation, pair_spec, worker_died
+from inference.serving.records import fail_generation, pair_spec, queue_timeout, worker_died
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +125,15 @@ def _stream_generation(*, generation: Generation, request, writer, params: Decod
     status = {"stopped": Generation.Status.STOPPED, "error": Generation.Status.FAILED}.get(
         finished.finish_reason, Generation.Status.FINISHED
     )
-    Generation.objects.filter(id=generation.id).update(
+    ended = Generation.objects.filter(id=generation.id, status=Generation.Status.RUNNING).update(
         status=status, text=text.text, steps=steps, finish_reason=finished.finish_reason, error=finished.error,
         prompt_tokens=request.prompt_tokens, finished_at=timezone.now(), **metrics,
     )
+    if not ended:
+        # Failed meanwhile (this worker was taken for dead): its readers already got that error, and a
+        # `done` after it would contradict the record.
+        log.warning("generation %s was failed by another process before it finished here", generation.id)
+        return
     record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
                    prompt_tokens=request.prompt_tokens, summary=metrics)
     if finished.finish_reason == "error":
@@ -134,6 +142,23 @@ def _stream_generation(*, generation: Generation, request, writer, params: Decod
         writer.send({"type": "done", "finish_reason": finished.finish_reason, "prompt_tokens": request.prompt_tokens,
                      "text": text.text, "speculative_mode": generation.speculative_mode,
                      "speculative_reason": generation.speculative_reason, **metrics})
+
+
+def resend_lost_generations(*, client, queues: list[str]) -> None:
+    """Send again the task of a generation queued for longer than REQUEUE_AFTER_S on a pair this
+    worker serves (called only while it has a free slot, so nothing legitimately waits for it): the
+    claim in run_generation makes a second delivery harmless. Still queued after QUEUE_TIMEOUT_S: failed."""
+    now = timezone.now()
+    slugs = [queue.removeprefix("pair.") for queue in queues if queue.startswith("pair.")]
+    stale = Generation.objects.filter(status=Generation.Status.QUEUED, pair__slug__in=slugs,
+                                      created_at__lt=now - timedelta(seconds=settings.REQUEUE_AFTER_S))
+    for generation_id, slug, created_at in stale.values_list("id", "pair__slug", "created_at"):
+        if (now - created_at).total_seconds() >= settings.QUEUE_TIMEOUT_S:
+            fail_generation(generation_id=generation_id, message=queue_timeout(slug))
+        elif client.set(f"specchat:resent:{generation_id}", "1", nx=True, ex=settings.REQUEUE_AFTER_S):
+            log.warning("generation %s was queued for %s s: sending its task again", generation_id,
+                        settings.REQUEUE_AFTER_S)
+            current_app.send_task("inference.generate", args=[str(generation_id)], queue=f"pair.{slug}")
 
 
 def fail_orphaned_generations(*, client) -> None:
