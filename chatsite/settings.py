@@ -116,6 +116,7 @@ STALL_TIMEOUT_S = env_int("SPECCHAT_STALL_TIMEOUT_S", 15)  # a queued answer nob
 # A queued answer whose task never reached a worker (a Redis without persistence restarted, a worker
 # died after prefetching it) is sent again after this long by a worker with a free slot...
 REQUEUE_AFTER_S = env_int("SPECCHAT_REQUEUE_AFTER_S", 10)
+RETENTION_DAYS = env_int("SPECCHAT_RETENTION_DAYS", 90)  # `manage.py purge_history` deletes older history; 0 keeps all
 QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if still queued after this
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin
 CONTROL_QUEUE = "control"  # Celery queue of jobs tied to no pair (imports): consumed by a worker with the train extra

@@ -137,3 +137,18 @@ def test_a_worker_taken_for_dead_does_not_finish_what_was_failed(demo_pair, stac
     finally:
         os.kill(worker.proc.pid, signal.SIGCONT)
         worker.stop()
+
+
+def test_an_edited_pair_frees_the_engine_it_replaces(demo_pair, celery_worker, redis_client):
+    """Each edit of a pair's settings builds a new pipeline; the worker keeps one per role
+    (speculative, main alone), not one per edit."""
+    for cache_size_gb in (2, 3, 1):
+        demo_pair.cache_size_gb = cache_size_gb
+        demo_pair.save()
+        for speculative in (True, False):
+            wait_until_done(web.start_generation(pair=demo_pair, prompt="def f(x):", options=web.GenerationOptions(
+                max_new_tokens=4, speculative=speculative)).id)
+    time.sleep(3)  # a heartbeat
+    beat = next(w for w in selectors.live_workers(client=redis_client) if w["name"] == celery_worker.name)
+    engines = [e for e in beat["engines"] if e["slug"] == "demo-code"]
+    assert sorted(e["speculative"] for e in engines) == [False, True]

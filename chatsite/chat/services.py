@@ -1,6 +1,9 @@
 """Chat actions: a message sent or an answer regenerated starts a generation on the shared path."""
 
+from datetime import timedelta
+
 from django.db import transaction
+from django.utils import timezone
 
 from chatsite.chat import selectors
 from chatsite.chat.models import Conversation, Message
@@ -49,3 +52,16 @@ def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Mess
         message.save(update_fields=["generation"])
         conversation.save(update_fields=["updated_at"])
     return message
+
+
+def purge_history(*, older_than_days: int) -> tuple[int, int]:
+    """Delete conversations untouched for that many days, then ended generations as old that no
+    kept message shows (API and benchmark answers); running ones are never touched. Returns the
+    numbers of conversations and generations deleted."""
+    cutoff = timezone.now() - timedelta(days=older_than_days)
+    _, conversations = Conversation.objects.filter(updated_at__lt=cutoff).delete()
+    _, generations = Generation.objects.filter(
+        created_at__lt=cutoff, message__isnull=True,
+        status__in=[Generation.Status.FINISHED, Generation.Status.STOPPED, Generation.Status.FAILED],
+    ).delete()
+    return conversations.get("chat.Conversation", 0), generations.get("inference.Generation", 0)

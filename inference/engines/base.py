@@ -29,6 +29,12 @@ class PairSpec:
     speculative: bool = True
 
     @property
+    def role(self) -> tuple[str, bool]:
+        """What the spec is for: a pair's speculative engine or its main alone. A worker keeps one engine
+        per role; a spec with new settings for the same role replaces the old engine."""
+        return self.slug, self.speculative
+
+    @property
     def uses_draft(self) -> bool:
         return self.speculative and bool(self.draft_dir)
 

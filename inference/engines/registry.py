@@ -40,9 +40,18 @@ class EngineRegistry:
                     self.states[spec.slug] = {"state": LoadState.FAILED, "error": f"{type(exc).__name__}: {exc}"}
                 raise
             self._engines[spec] = engine
+            self._retire_replaced(spec)
             if spec.is_pair_default:
                 self.states[spec.slug] = {"state": LoadState.AVAILABLE, "error": ""}
             return engine
+
+    def _retire_replaced(self, spec: PairSpec) -> None:
+        """An edited pair loads a new engine: the one it replaces is freed once its requests end."""
+        for stale in [s for s in self._engines if s.role == spec.role and s != spec]:
+            self._engines.pop(stale).close()
+
+    def loaded(self) -> list[dict]:
+        return [{"slug": s.slug, "speculative": s.speculative} for s in self._engines]
 
     def unload(self, slug: str) -> None:
         for spec in [s for s in self._engines if s.slug == slug]:

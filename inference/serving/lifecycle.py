@@ -55,6 +55,7 @@ def heartbeat_payload() -> dict:
         "queues": _queues,
         "pairs": dict(ENGINES.states),
         "active": ENGINES.active_requests(),
+        "engines": ENGINES.loaded(),
         "slots": settings.WORKER_SLOTS,
     }
 
