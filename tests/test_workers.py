@@ -8,6 +8,8 @@ from dataclasses import asdict
 
 import pytest
 
+from django.utils import timezone
+
 from inference import selectors, transport
 from inference.serving import web
 from inference.engines.base import DecodingParams
@@ -152,3 +154,17 @@ def test_an_edited_pair_frees_the_engine_it_replaces(demo_pair, celery_worker, r
     beat = next(w for w in selectors.live_workers(client=redis_client) if w["name"] == celery_worker.name)
     engines = [e for e in beat["engines"] if e["slug"] == "demo-code"]
     assert sorted(e["speculative"] for e in engines) == [False, True]
+
+
+def test_a_reader_waits_for_the_end_event_that_lags_the_record(demo_pair, redis_client):
+    """The worker ends the record a moment before it appends `done`: a reader that sees the record
+    but not the event must keep reading (16 streams under load lost their usage this way)."""
+    generation = Generation.objects.create(pair=demo_pair, prompt="p", status=Generation.Status.RUNNING)
+    writer = transport.StreamWriter(redis_client, generation.id)
+    delta = writer.send({"type": "delta", "steps": [["", "x"]]})
+    Generation.objects.filter(id=generation.id).update(status=Generation.Status.FINISHED, finished_at=timezone.now())
+    assert not web.nothing_after(generation_id=generation.id, seen=delta)
+    done = writer.send({"type": "done", "finish_reason": "stop"})
+    assert not web.nothing_after(generation_id=generation.id, seen=delta)
+    assert web.nothing_after(generation_id=generation.id, seen=done)
+    assert web.nothing_after(generation_id=generation.id, seen="99999999999999-0")

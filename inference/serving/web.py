@@ -8,6 +8,7 @@ number of readers and turns a dead or missing worker into an error event.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -311,14 +312,25 @@ def _entry_key(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+END_GRACE_S = 5  # a worker writes the record, then the terminal event: it may lag the record this long
+
+
 def nothing_after(*, generation_id, seen: str) -> bool:
-    """True once the generation has ended and its stream holds nothing after `seen` (the reader
-    already read the end, asked past it, or the stream expired): there is nothing left to wait for."""
-    if not Generation.objects.filter(id=generation_id, status__in=[
-            Generation.Status.FINISHED, Generation.Status.STOPPED, Generation.Status.FAILED]).exists():
+    """True once the generation has ended and its stream holds nothing after `seen`: the reader
+    already read the terminal event, asked past it, or the stream expired. The record ends a moment
+    before the worker appends `done`; a reader that saw the record but not yet the event waits for it
+    (else the stream would end without its usage)."""
+    finished_at = Generation.objects.filter(id=generation_id, status__in=[
+        Generation.Status.FINISHED, Generation.Status.STOPPED, Generation.Status.FAILED]).values_list(
+        "finished_at", flat=True).first()
+    if finished_at is None:
         return False
     last = transport.sync_client().xrevrange(transport.stream_key(generation_id), count=1)
-    return not last or _entry_key(last[0][0]) <= _entry_key(seen)
+    if last and _entry_key(last[0][0]) > _entry_key(seen):
+        return False  # more to read
+    if last and json.loads(last[0][1]["data"]).get("type") in transport.TERMINAL:
+        return True
+    return (timezone.now() - finished_at).total_seconds() >= END_GRACE_S
 
 
 def stalled_generation_problem(*, generation_id) -> str:
