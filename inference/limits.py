@@ -38,3 +38,13 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # max_tokens reached
     STOPPED = "stopped"  # the client asked to stop
     ERROR = "error"
+
+
+class SpeculativeMode(StrEnum):
+    """How an answer was served, stated on every answer (API usage, chat metrics line, admin)."""
+
+    DRAFT = "draft"  # greedy, verified by openvino-genai: exactly the main's output
+    EXACT_SAMPLING = "draft-exact-sampling"  # sampled, verified by our exact rule (engines/exact.py)
+    INEXACT_SAMPLING = "draft-inexact-sampling"  # sampled by the library with a draft: allowed per pair only
+    PROMPT_LOOKUP = "prompt-lookup"
+    OFF = "off"  # the main alone, with the reason why

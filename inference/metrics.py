@@ -55,6 +55,9 @@ FAMILIES = (
     Family("vllm:spec_decode_num_accepted_tokens", "counter", "Proposed tokens the main model accepted."),
     Family("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
            "Accepted tokens by their position in the speculation (0 = first proposed token)."),
+    Family("specchat_requests_by_mode", "counter",
+           "Generations by how they were served: speculative mode and the K chosen (asked, measured best at the "
+           "worker's load, or the pair's default)."),
     Family("vllm:num_requests_running", "gauge", "Generations running on a worker."),
     Family("vllm:num_requests_waiting", "gauge", "Generations queued for a worker."),
 )
@@ -78,7 +81,8 @@ def _observe(pipe, name: str, labels: dict, buckets: tuple[float, ...], value: f
     pipe.hincrbyfloat(METRICS_KEY, _sample(f"{name}_count", labels), times)
 
 
-def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, prompt_tokens: int, summary: dict) -> None:
+def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, prompt_tokens: int, summary: dict,
+                      mode: str, k: int | None) -> None:
     """Count one ended generation (worker side). `summary` is SpeculationStats.summary().
     Never raises: metrics must not break a generation."""
     labels = {"model_name": pair}
@@ -92,6 +96,7 @@ def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, pro
             count("vllm:request_success", 1, {"finished_reason": FINISH_REASONS[finish_reason]})
         else:
             count("specchat_request_errors", 1)
+        count("specchat_requests_by_mode", 1, {"mode": mode, "k": str(k) if k is not None else ""})
         tokens = summary["completion_tokens"]
         count("vllm:prompt_tokens", prompt_tokens)
         count("vllm:generation_tokens", tokens)

@@ -45,6 +45,12 @@ class ModelPair(models.Model):
         default=False, help_text="INEXACT: let sampled requests (temperature > 0) use openvino-genai's own draft "
                                  "verification, whose answers are not drawn from the main model's distribution. "
                                  "Off: they run exactly.")
+    speculation_profile = models.JSONField(
+        default=dict, blank=True, help_text="Best K by concurrent streams, measured by the benchmark: "
+        '{"greedy": {"1": 4, "8": 2, "16": 0}, "sampled": {...}} (0 = the main alone is faster). New requests '
+        "that name no K get the entry for the worker's load; empty: the default K above.")
+    profile_run = models.ForeignKey("BenchmarkRun", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+", help_text="The benchmark run the profile comes from.")
     max_new_tokens_cap = models.PositiveIntegerField(default=512, help_text="No request may ask for more new tokens.")
     cache_size_gb = models.PositiveSmallIntegerField(default=1, help_text="KV cache of the scheduler, in GB.")
     inference_precision = models.CharField(max_length=8, choices=Precision.choices, default=Precision.F32, blank=True)
@@ -114,7 +120,8 @@ class Generation(models.Model):
     finish_reason = models.CharField(max_length=20, blank=True)
     speculative_mode = models.CharField(max_length=30, blank=True, help_text="How the answer was served: draft, "
                                         "draft-exact-sampling, draft-inexact-sampling, prompt-lookup or off.")
-    speculative_reason = models.CharField(max_length=200, blank=True, help_text="Why, when not plain `draft`.")
+    speculative_reason = models.CharField(max_length=200, blank=True, help_text="Why this mode and K.")
+    speculative_k = models.PositiveSmallIntegerField(null=True, blank=True, help_text="K used (fixed-K modes).")
     error = models.TextField(blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)

@@ -136,6 +136,33 @@ def test_every_answer_states_how_it_was_served_and_sampling_never_takes_the_inex
     assert allowed["accepted_tokens"] is not None
 
 
+@pytest.mark.usefixtures("celery_worker")
+def test_k_follows_the_measured_profile_for_the_workers_load(live_server_url, demo_pair, api_key, main_alone_greedy):
+    """Best K by concurrent streams, as the benchmark measures it: alone the request gets K=3; a
+    request joining while another runs gets the main alone, which the profile says is faster there.
+    Both answers stay the main's greedy output."""
+    demo_pair.speculation_profile = {"greedy": {"1": 3, "2": 0}}
+    demo_pair.save()
+    body = {"model": "demo-code", "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    first = post(live_server_url, "/v1/completions", api_key.secret, body, stream=True)
+    events = sse_events(first)
+    next(event for event in events if chunk_text(event[1]))  # the first is running
+    second = post(live_server_url, "/v1/completions", api_key.secret, {"model": "demo-code", "prompt": PROMPT, "max_tokens": 6})
+    rest = [data for _, data in events if data != "[DONE]"]
+
+    assert second.status_code == 200, second.text
+    alone, joined = json.loads(rest[-1])["usage"], second.json()["usage"]
+    assert alone["speculative_mode"] == "draft" and alone["speculative_k"] == 3
+    assert "best K at 1+ streams" in alone["speculative_reason"]
+    assert joined["speculative_mode"] == "off" and joined["speculative_k"] is None
+    assert "main alone is faster at 2+ streams" in joined["speculative_reason"]
+    assert second.json()["choices"][0]["text"] == main_alone_greedy(PROMPT, 6)
+    metrics = requests.get(f"{live_server_url}/metrics", timeout=30).text
+    assert 'specchat_requests_by_mode_total{model_name="demo-code",mode="draft",k="3"} 1' in metrics
+    assert 'specchat_requests_by_mode_total{model_name="demo-code",mode="off",k=""} 1' in metrics
+
+
 # ----------------------------------------------------------------- streams: resume, disconnect, cancel
 @pytest.mark.usefixtures("celery_worker")
 def test_stream_resumes_after_last_event_id_without_loss(live_server_url, demo_pair, api_key, main_alone_greedy):

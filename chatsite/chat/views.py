@@ -18,7 +18,7 @@ def answer_json(message) -> dict:
             "acceptance_rate": generation.acceptance_rate, "mean_accepted_length": generation.mean_accepted_length,
             "completion_tokens": generation.completion_tokens, "main_steps": generation.main_steps,
             "pair": generation.pair.slug, "speculative_mode": generation.speculative_mode,
-            "speculative_reason": generation.speculative_reason,
+            "speculative_reason": generation.speculative_reason, "speculative_k": generation.speculative_k,
         }
     return data
 

@@ -98,7 +98,7 @@ def _usage() -> dict:
         "type": "object",
         "required": ["prompt_tokens", "completion_tokens", "total_tokens", "draft_tokens", "accepted_tokens",
                      "acceptance_rate", "mean_accepted_length", "main_steps", "speculative_mode",
-                     "speculative_reason"],
+                     "speculative_reason", "speculative_k"],
         "properties": {
             "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
             "total_tokens": {"type": "integer"},
@@ -111,7 +111,10 @@ def _usage() -> dict:
             "speculative_mode": {"type": "string", "enum": ["draft", "draft-exact-sampling", "draft-inexact-sampling",
                                                             "prompt-lookup", "off"],
                                  "description": "How the answer was served."},
-            "speculative_reason": {"type": "string", "description": "Why, when the mode is not plain `draft`."},
+            "speculative_reason": {"type": "string", "description": "Why this mode and K (asked, measured best "
+                                                                    "at this load, the pair's default)."},
+            "speculative_k": {"type": "integer", "nullable": True,
+                              "description": "K used: tokens the draft proposed per step (null: threshold or off)."},
         },
     }
 

@@ -9,7 +9,7 @@ from inference import errors
 
 # What OpenAI's usage lacks: the speculative figures of the request (null without speculation).
 SPECULATIVE_USAGE = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "main_steps",
-                     "speculative_mode", "speculative_reason")
+                     "speculative_mode", "speculative_reason", "speculative_k")
 FINISH_REASONS = {"stopped": "abort"}  # stopped by the client: vLLM's name; "stop" and "length" are OpenAI's own
 
 

@@ -58,5 +58,6 @@ class EngineRegistry:
             self._engines.pop(spec).close()  # requests in flight finish first
         self.states.pop(slug, None)
 
-    def active_requests(self) -> int:
-        return sum(engine.active_count for engine in self._engines.values())
+    def active_requests(self, *, slug: str = "") -> int:
+        """Requests running in this process, for one pair or all."""
+        return sum(engine.active_count for spec, engine in self._engines.items() if not slug or spec.slug == slug)

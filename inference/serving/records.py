@@ -3,6 +3,7 @@ generation is failed (the web side fails stalled ones, workers fail their own an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from django.conf import settings
@@ -10,8 +11,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from inference import transport
-from inference.engines.base import PairSpec
+from inference.engines.base import DecodingParams, PairSpec
 from inference.models import Generation, ModelPair
+from inference.serving.speculation import Plan
 
 
 def pair_spec(*, pair: ModelPair, speculative: bool = True) -> PairSpec:
@@ -27,6 +29,11 @@ def pair_spec(*, pair: ModelPair, speculative: bool = True) -> PairSpec:
         kv_cache_precision=pair.kv_cache_precision,
         speculative=speculative and pair.is_speculative,
     )
+
+
+def planned_decoding(params: DecodingParams, planned: Plan) -> DecodingParams:
+    """A request's decoding settings with the K or threshold its plan chose."""
+    return replace(params, num_assistant_tokens=planned.k, assistant_confidence_threshold=planned.threshold)
 
 
 def fail_generation(*, generation_id, message: str) -> str | None:

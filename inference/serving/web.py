@@ -24,7 +24,8 @@ from inference.celery_worker import worker_command_line
 from inference.engines.base import DecodingParams, Sampling
 from inference.models import Generation, ModelPair
 from inference.pairs import checks
-from inference.serving.records import fail_generation, pair_spec, queue_timeout, worker_died
+from inference.serving import speculation
+from inference.serving.records import fail_generation, pair_spec, planned_decoding, queue_timeout, worker_died
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,40 +82,6 @@ def parse_options(data: dict, *, max_tokens_names: tuple[str, ...] = ("max_token
     )
 
 
-@dataclass(frozen=True)
-class SpeculativeMode:
-    """How a request is served, stated on every answer: `draft`, `draft-inexact-sampling` (the
-    library's own sampling with a draft, allowed per pair), `prompt-lookup` or `off`, with a reason."""
-
-    mode: str
-    reason: str = ""
-
-    @property
-    def speculative(self) -> bool:
-        return self.mode != "off"
-
-
-INEXACT_LIBRARY_SAMPLING = ("sampled answers run on the main alone: openvino-genai's draft verification "
-                            "is not exact at temperature > 0")
-
-
-def speculative_mode(*, pair: ModelPair, options: GenerationOptions) -> SpeculativeMode:
-    """Never an inexact path served silently: with a draft, a sampled request runs on the main alone
-    unless the pair explicitly allows the library's inexact sampling."""
-    if not options.speculative:
-        return SpeculativeMode("off", "speculative: false was asked")
-    if not pair.is_speculative:
-        return SpeculativeMode("off", "the pair has no draft model")
-    if not pair.draft_dir:
-        return SpeculativeMode("prompt-lookup")  # sample from the main, compare with the n-gram: exact
-    if options.temperature == 0:
-        return SpeculativeMode("draft")
-    if pair.allow_inexact_sampling:
-        return SpeculativeMode("draft-inexact-sampling", "allowed by the pair: answers are not drawn from the "
-                                                         "main model's distribution")
-    return SpeculativeMode("off", INEXACT_LIBRARY_SAMPLING)
-
-
 def _check_range(value, low, high, param: str, *, low_open=False, high_open=False) -> None:
     if value is None:
         return
@@ -164,22 +131,26 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
             f"The prompt is {prompt_tokens} tokens, over the model's context of {context} tokens.",
             param="prompt",
         )
-    if k is None and threshold is None:
-        k, threshold = pair.num_assistant_tokens, pair.assistant_confidence_threshold
     params = DecodingParams(
         max_new_tokens=min(max_new, context - prompt_tokens),
-        num_assistant_tokens=k,
+        num_assistant_tokens=k,  # None: the worker's plan decides (speculation.plan)
         assistant_confidence_threshold=threshold,
         max_ngram_size=pair.max_ngram_size,
         **options.sampling(),
     )
-    mode = speculative_mode(pair=pair, options=options)
+    planned = speculation.plan(pair=pair, asked=asked(options), load=1)
     try:  # whatever else the pipeline would refuse, refused here rather than on the worker
-        params.generation_config(pair_spec(pair=pair, speculative=mode.speculative)).validate()
+        planned_params = planned_decoding(params, planned)
+        planned_params.generation_config(pair_spec(pair=pair, speculative=planned.speculative)).validate()
     except RuntimeError as exc:
         reason = str(exc).strip().splitlines()[-1]  # the C++ check's own sentence, without its source path
         raise errors.InvalidValue(f"The pipeline refuses these settings: {reason}") from None
     return params
+
+
+def asked(options: GenerationOptions) -> speculation.Asked:
+    return speculation.Asked(speculative=options.speculative, k=options.num_assistant_tokens,
+                             threshold=options.assistant_confidence_threshold, sampled=options.temperature > 0)
 
 
 def _check_float32_floor(value: float | None, param: str, *, zero_means: str = "") -> None:
@@ -246,17 +217,14 @@ def start_generation(
             f"`{worker_command_line(queues=[pair.queue])}`.",
             param="model",
         )
-    mode = speculative_mode(pair=pair, options=options)
     generation = Generation.objects.create(
         pair=pair,
-        speculative_mode=mode.mode,
-        speculative_reason=mode.reason,
         user=user,
         source=source,
         api_key=api_key,
         prompt=prompt,
         prompt_tokens=prompt_tokens,
-        params={"decoding": asdict(params), "speculative": mode.speculative,
+        params={"decoding": asdict(params), "asked": asdict(asked(options)),
                 "add_special_tokens": add_special_tokens},
     )
     transaction.on_commit(lambda: current_app.send_task("inference.generate", args=[str(generation.id)],

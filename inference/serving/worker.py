@@ -20,7 +20,8 @@ from inference.engines.library import PairEngine
 from inference.engines.registry import EngineRegistry
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
-from inference.serving.records import fail_generation, pair_spec, queue_timeout, worker_died
+from inference.serving import speculation
+from inference.serving.records import fail_generation, pair_spec, planned_decoding, queue_timeout, worker_died
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +52,27 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     )
     if not claimed:
         return
+    planned = speculation.plan(pair=generation.pair, asked=speculation.Asked(**generation.params.get("asked", {})),
+                               load=ENGINES.active_requests(slug=generation.pair.slug) + 1)
+    Generation.objects.filter(id=generation.id).update(
+        speculative_mode=planned.mode, speculative_reason=planned.reason, speculative_k=planned.k)
+    generation.speculative_mode, generation.speculative_reason = planned.mode, planned.reason
+    generation.speculative_k = planned.k
     try:
-        engine = load_engine(pair=generation.pair, speculative=generation.params.get("speculative", True))
+        engine = load_engine(pair=generation.pair, speculative=planned.speculative)
     except Exception as exc:
         fail_generation(generation_id=generation.id,
                         message=f"Pair '{generation.pair.slug}' failed to load: {type(exc).__name__}: {exc}")
         return
-    params = DecodingParams(**{**generation.params["decoding"], "stop": tuple(generation.params["decoding"]["stop"])})
+    decoding = generation.params["decoding"]
+    params = planned_decoding(DecodingParams(**{**decoding, "stop": tuple(decoding["stop"])}), planned)
     request = None
     try:
         request = engine.submit(
             prompt=generation.prompt, params=params,
             add_special_tokens=generation.params.get("add_special_tokens", True),
             before_batch=lambda prompt_tokens: writer.send({"type": "start", "prompt_tokens": prompt_tokens,
-                                                            "worker": worker_name}))
+                                                            "worker": worker_name, **_served(generation)}))
         RUNNING[str(generation.id)] = request
         _stream_generation(generation=generation, request=request, writer=writer, params=params, engine=engine)
     except Exception as exc:  # whatever went wrong, the reader gets an error instead of waiting forever
@@ -135,13 +143,19 @@ def _stream_generation(*, generation: Generation, request, writer, params: Decod
         log.warning("generation %s was failed by another process before it finished here", generation.id)
         return
     record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
-                   prompt_tokens=request.prompt_tokens, summary=metrics)
+                      prompt_tokens=request.prompt_tokens, summary=metrics, mode=generation.speculative_mode,
+                      k=generation.speculative_k)
     if finished.finish_reason == "error":
         writer.send({"type": "error", "message": finished.error})
     else:
         writer.send({"type": "done", "finish_reason": finished.finish_reason, "prompt_tokens": request.prompt_tokens,
-                     "text": text.text, "speculative_mode": generation.speculative_mode,
-                     "speculative_reason": generation.speculative_reason, **metrics})
+                     "text": text.text, **_served(generation), **metrics})
+
+
+def _served(generation: Generation) -> dict:
+    """How the answer is served, as the start and done events carry it."""
+    return {"speculative_mode": generation.speculative_mode, "speculative_reason": generation.speculative_reason,
+            "speculative_k": generation.speculative_k}
 
 
 def resend_lost_generations(*, client, queues: list[str]) -> None:

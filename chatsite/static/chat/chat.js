@@ -28,8 +28,9 @@ function formatMetrics(m) {
   if (m.mean_accepted_length != null) parts.push(`${m.mean_accepted_length.toFixed(2)} tokens/step`);
   if (m.completion_tokens != null) parts.push(`${m.completion_tokens} tokens in ${m.main_steps} steps`);
   if (m.speculative_mode) {
-    parts.push(m.speculative_reason ? `speculation: ${m.speculative_mode} (${m.speculative_reason})`
-                                    : `speculation: ${m.speculative_mode}`);
+    const k = m.speculative_k != null ? ` K=${m.speculative_k}` : "";
+    parts.push(m.speculative_reason ? `speculation: ${m.speculative_mode}${k} (${m.speculative_reason})`
+                                    : `speculation: ${m.speculative_mode}${k}`);
   }
   if (m.finish_reason) parts.push(`finish: ${m.finish_reason}`);
   return parts.join(" · ");

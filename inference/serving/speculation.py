@@ -1,0 +1,87 @@
+"""How a request is served — which engine, which K, and why — decided when it joins a worker's batch,
+from what it asked, the pair's settings and measured profile, and the worker's load then.
+
+Both sides use it: the web side to validate a request with the settings it would get, the worker to
+decide for real (it knows its load). Two promises shape it: a sampled request never runs on an inexact
+path unless the pair allows it (and then says so), and where the pair's benchmark measured the main
+alone to be faster at the current load, the main alone serves (speculation must never slow answers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference.limits import DEFAULT_K, SpeculativeMode
+from inference.models import ModelPair
+
+INEXACT_LIBRARY_SAMPLING = ("sampled answers run on the main alone: openvino-genai's draft verification is "
+                            "not exact at temperature > 0")
+INEXACT_ALLOWED = "allowed by the pair: answers are not drawn from the main model's distribution"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Asked:
+    """What the request asked for about speculation (None: the pair decides)."""
+
+    speculative: bool = True
+    k: int | None = None
+    threshold: float | None = None
+    sampled: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    mode: SpeculativeMode
+    reason: str = ""
+    k: int | None = None
+    threshold: float | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.mode != SpeculativeMode.OFF
+
+
+def measured_k(*, pair: ModelPair, sampled: bool, load: int) -> tuple[int, int] | None:
+    """(best K, at how many streams) from the pair's profile for this load: the entry measured at the
+    largest concurrency not above it. 0 means the main alone was fastest there. None: not measured."""
+    table = (pair.speculation_profile or {}).get("sampled" if sampled else "greedy") or {}
+    measured = sorted((int(streams), int(k)) for streams, k in table.items())
+    if not measured:
+        return None
+    at_or_below = [entry for entry in measured if entry[0] <= load]
+    streams, k = at_or_below[-1] if at_or_below else measured[0]
+    return k, streams
+
+
+def plan(*, pair: ModelPair, asked: Asked, load: int) -> Plan:
+    """The plan for a request joining a worker that already runs `load - 1` of the pair's requests."""
+    if not asked.speculative:
+        return Plan(mode=SpeculativeMode.OFF, reason="speculative: false was asked")
+    if not pair.is_speculative:
+        return Plan(mode=SpeculativeMode.OFF, reason="the pair has no draft model")
+    if not pair.draft_dir:  # prompt lookup samples from the main and compares with the n-gram: exact
+        return Plan(mode=SpeculativeMode.PROMPT_LOOKUP, k=asked.k or pair.num_assistant_tokens or DEFAULT_K)
+    if asked.sampled and not pair.allow_inexact_sampling:
+        return Plan(mode=SpeculativeMode.OFF, reason=INEXACT_LIBRARY_SAMPLING)
+    mode = SpeculativeMode.INEXACT_SAMPLING if asked.sampled else SpeculativeMode.DRAFT
+    allowed = INEXACT_ALLOWED if asked.sampled else ""
+    if asked.threshold is not None:
+        return Plan(mode=mode, threshold=asked.threshold, reason=_join(allowed, "confidence threshold asked"))
+    if asked.k is not None:
+        return Plan(mode=mode, k=asked.k, reason=_join(allowed, "K asked by the request"))
+    best = measured_k(pair=pair, sampled=asked.sampled, load=load)
+    if best is None:
+        if pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None:
+            return Plan(mode=mode, threshold=pair.assistant_confidence_threshold,
+                        reason=_join(allowed, "the pair's default threshold"))
+        return Plan(mode=mode, k=pair.num_assistant_tokens or DEFAULT_K,
+                    reason=_join(allowed, "the pair's default K (no measured profile)"))
+    k, streams = best
+    if k == 0:
+        return Plan(mode=SpeculativeMode.OFF, reason=f"the main alone is faster at {streams}+ streams (measured); "
+                                                     f"{load} running here")
+    return Plan(mode=mode, k=k, reason=_join(allowed, f"best K at {streams}+ streams (measured); {load} running here"))
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(part for part in parts if part)

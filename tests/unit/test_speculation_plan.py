@@ -1,0 +1,51 @@
+"""How a request is served, decided without any service running: the plan a worker makes."""
+
+import pytest
+
+from inference.limits import SpeculativeMode
+from inference.models import ModelPair
+from inference.serving.speculation import INEXACT_LIBRARY_SAMPLING, Asked, plan
+
+PROFILE = {"greedy": {"1": 4, "4": 2, "16": 0}, "sampled": {"1": 3, "8": 0}}
+
+
+def pair(**fields) -> ModelPair:
+    defaults = {"slug": "p", "main_dir": "m", "draft_dir": "d", "num_assistant_tokens": 5}
+    return ModelPair(**{**defaults, **fields})
+
+
+@pytest.mark.parametrize(("load", "k", "mode"), [
+    (1, 4, SpeculativeMode.DRAFT), (3, 4, SpeculativeMode.DRAFT), (4, 2, SpeculativeMode.DRAFT),
+    (15, 2, SpeculativeMode.DRAFT), (16, None, SpeculativeMode.OFF), (40, None, SpeculativeMode.OFF),
+])
+def test_greedy_k_follows_the_profile_at_the_workers_load(load, k, mode):
+    chosen = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(), load=load)
+    assert (chosen.mode, chosen.k) == (mode, k)
+    assert "measured" in chosen.reason
+
+
+def test_a_request_that_names_its_k_gets_it_whatever_the_load():
+    chosen = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(k=7), load=16)
+    assert (chosen.mode, chosen.k, chosen.reason) == (SpeculativeMode.DRAFT, 7, "K asked by the request")
+
+
+def test_without_a_profile_the_pairs_default_k_or_threshold():
+    assert plan(pair=pair(), asked=Asked(), load=8).k == 5
+    threshold = plan(pair=pair(num_assistant_tokens=None, assistant_confidence_threshold=0.4), asked=Asked(), load=1)
+    assert (threshold.k, threshold.threshold) == (None, 0.4)
+
+
+def test_sampling_never_takes_the_inexact_library_path_unless_the_pair_allows_it():
+    refused = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(sampled=True, k=3), load=1)
+    assert (refused.mode, refused.reason) == (SpeculativeMode.OFF, INEXACT_LIBRARY_SAMPLING)
+    allowed = plan(pair=pair(allow_inexact_sampling=True), asked=Asked(sampled=True), load=1)
+    assert allowed.mode == SpeculativeMode.INEXACT_SAMPLING and "not drawn" in allowed.reason
+
+
+@pytest.mark.parametrize(("fields", "asked", "mode"), [
+    ({}, Asked(speculative=False), SpeculativeMode.OFF),
+    ({"draft_dir": ""}, Asked(), SpeculativeMode.OFF),
+    ({"draft_dir": "", "prompt_lookup": True}, Asked(sampled=True), SpeculativeMode.PROMPT_LOOKUP),
+])
+def test_modes_without_a_draft_or_speculation(fields, asked, mode):
+    assert plan(pair=pair(**fields), asked=asked, load=1).mode == mode
