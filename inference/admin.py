@@ -27,13 +27,14 @@ class ModelPairAdmin(admin.ModelAdmin):
                     "assistant_confidence_threshold", "enabled", "serving_state")
     list_filter = ("enabled", "device")
     prepopulated_fields = {"slug": ("name",)}
-    readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark")
+    readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark",
+                       "profile_run")
     actions = ("load_on_worker", "unload_from_worker", "run_benchmark")
     fieldsets = (
         (None, {"fields": ("name", "slug", "enabled", "serving_state", "load_error")}),
         ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device")}),
         ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold",
-                                             "allow_inexact_sampling")}),
+                                             "allow_inexact_sampling", "speculation_profile", "profile_run")}),
         ("Limits and precision", {"fields": ("max_new_tokens_cap", "cache_size_gb", "inference_precision",
                                              "kv_cache_precision")}),
         ("Latest benchmark", {"fields": ("latest_benchmark",)}),

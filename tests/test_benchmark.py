@@ -14,7 +14,7 @@ from django.test import Client
 
 from inference.benchmark import report
 from inference.benchmark.inprocess import expected_tokens_per_step
-from inference.models import BenchmarkRun
+from inference.models import BenchmarkRun, Generation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TINY = ["--max-new-tokens", "16", "--repeats", "1", "--ks", "2", "--thresholds", "", "--prompts", "code",
@@ -136,3 +136,28 @@ def test_admin_starts_a_benchmark_on_the_worker_and_shows_it(demo_pair, celery_w
         assert Client().get(plot).status_code == 302  # the admin's login, not the file
     finally:
         shutil.rmtree(run.report_dir, ignore_errors=True)
+
+
+def test_profile_stores_the_best_k_per_load_and_checks_the_adaptive_line(demo_pair, celery_worker, live_server_url):
+    out = io.StringIO()
+    call_command("profile_pair", "demo-code", "--url", live_server_url, "--levels", "1,2", "--ks", "2,3",
+                 "--max-new-tokens", "12", "--greedy-only", stdout=out)
+    printed = out.getvalue()
+
+    demo_pair.refresh_from_db()
+    profile = demo_pair.speculation_profile["greedy"]
+    assert set(profile) == {"1", "2"} and all(k in (0, 2, 3) for k in profile.values())
+    run = demo_pair.profile_run
+    rows = run.results["sweeps"]["greedy"]["rows"]
+    for level, k in profile.items():  # the stored K is the fastest variant measured at that load
+        at_level = [r for r in rows if r["concurrency"] == int(level)]
+        fastest = max(at_level, key=lambda r: r["throughput"])["variant"]
+        assert fastest == ("plain" if k == 0 else f"K={k}")
+    lines = {(r["variant"], r["concurrency"]) for r in run.results["lines"]["greedy"]}
+    fixed = run.results["sweeps"]["greedy"]["best_fixed_k"]
+    assert lines == {(v, c) for v in ("plain", f"K={fixed}", "adaptive") for c in (1, 2)}
+    assert all(r["lost"] == 0 and r["failed"] == 0 for r in run.results["lines"]["greedy"])
+    assert "main alone / best fixed K / adaptive" in printed and "streams: plain" in printed
+    adaptive = Generation.objects.filter(params__asked__k=None, params__asked__speculative=True)
+    assert adaptive.exists() and all("measured" in g.speculative_reason or g.speculative_mode == "off"
+                                     for g in adaptive)

@@ -30,20 +30,28 @@ INPROCESS = "inprocess"
 
 @dataclass(frozen=True)
 class Variant:
+    """One way to serve the benchmark's requests. Through the stack, a speculative variant with
+    neither K nor threshold lets the worker plan K from the pair's profile and its load (adaptive)."""
+
     name: str
     speculative: bool
     num_assistant_tokens: int | None = None
     assistant_confidence_threshold: float | None = None
+    temperature: float = 0.0
+    seed: int | None = None
 
     def params(self, max_new_tokens: int) -> DecodingParams:
-        """Greedy, a fixed number of tokens (EOS ignored) so every variant does the same work."""
-        return DecodingParams(max_new_tokens=max_new_tokens, ignore_eos=True,
-                              num_assistant_tokens=self.num_assistant_tokens,
+        """A fixed number of tokens (EOS ignored) so every variant does the same work."""
+        return DecodingParams(max_new_tokens=max_new_tokens, ignore_eos=True, temperature=self.temperature,
+                              seed=self.seed, num_assistant_tokens=self.num_assistant_tokens,
                               assistant_confidence_threshold=self.assistant_confidence_threshold)
 
     def request_settings(self, max_new_tokens: int) -> dict:
         """The same request as chat settings / API body fields."""
-        data = {"max_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True, "speculative": self.speculative}
+        data = {"max_tokens": max_new_tokens, "temperature": self.temperature, "ignore_eos": True,
+                "speculative": self.speculative}
+        if self.seed is not None:
+            data["seed"] = self.seed
         if self.num_assistant_tokens is not None:
             data["num_assistant_tokens"] = self.num_assistant_tokens
         if self.assistant_confidence_threshold is not None:

@@ -1,0 +1,121 @@
+"""A pair's speculation profile: the best K at each number of concurrent streams, measured through
+the stack, greedy and sampled. Verifying K+1 tokens is nearly free while a step is memory-bound; as
+streams join the batch the step turns compute-bound and the draft's work costs real time, so the
+best K falls with load, down to 0 (the main alone). Workers plan each request's K from this table
+(inference.serving.speculation); the validation sweep then compares three lines at every load: the
+main alone, the best fixed K, and adaptive (requests that name no K)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from django.utils import timezone
+
+from inference.benchmark.inprocess import PLAIN, Progress, Prompt, Variant, k_variant, timestamp
+from inference.benchmark.stack import StreamFn, concurrency_sweep, summarize_concurrency
+from inference.models import BenchmarkRun, ModelPair
+
+SAMPLED_TEMPERATURE = 0.8
+ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileOptions:
+    levels: tuple[int, ...] = (1, 2, 4, 8, 16)
+    ks: tuple[int, ...] = (2, 3, 4, 6)
+    max_new_tokens: int = 96
+    repeats: int = 1
+    sampled: bool = True
+
+
+def variants(*, ks: tuple[int, ...], temperature: float) -> list[Variant]:
+    seed = 7 if temperature else None
+    plain = Variant(PLAIN.name, False, temperature=temperature, seed=seed)
+    return [plain] + [Variant(k_variant(k).name, True, num_assistant_tokens=k, temperature=temperature, seed=seed)
+                      for k in ks]
+
+
+def best_k_by_level(rows: list[dict]) -> dict[str, int]:
+    """{streams: K} with the highest median throughput at each level; 0 where the main alone wins."""
+    best: dict[int, tuple[float, int]] = {}
+    for row in rows:
+        k = 0 if row["variant"] == PLAIN.name else int(row["variant"].removeprefix("K="))
+        if row["concurrency"] not in best or row["throughput"] > best[row["concurrency"]][0]:
+            best[row["concurrency"]] = (row["throughput"], k)
+    return {str(level): k for level, (_, k) in sorted(best.items())}
+
+
+def best_fixed_k(rows: list[dict]) -> int:
+    """The one K with the best throughput over plain, averaged over levels (what a fixed setting gives)."""
+    plain = {r["concurrency"]: r["throughput"] for r in rows if r["variant"] == PLAIN.name}
+    gains: dict[int, list[float]] = {}
+    for row in rows:
+        if row["variant"] != PLAIN.name:
+            gains.setdefault(int(row["variant"].removeprefix("K=")), []).append(
+                row["throughput"] / plain[row["concurrency"]])
+    return max(gains, key=lambda k: statistics.mean(gains[k]))
+
+
+def measure_profile(*, stream: StreamFn, prompts: list[Prompt], options: ProfileOptions,
+                    progress: Progress | None = None) -> dict:
+    """Sweep K x streams per decoding mode, then validate: main alone vs best fixed K vs adaptive.
+    The profile is written to the pair between the two sweeps (the adaptive line runs on it)."""
+    modes = {"greedy": 0.0, **({"sampled": SAMPLED_TEMPERATURE} if options.sampled else {})}
+    sweeps = {}
+    for mode, temperature in modes.items():
+        records = concurrency_sweep(stream=stream, prompts=prompts, levels=list(options.levels),
+                                    variants=variants(ks=options.ks, temperature=temperature),
+                                    max_new_tokens=options.max_new_tokens, repeats=options.repeats, progress=progress)
+        rows = summarize_concurrency(records)
+        sweeps[mode] = {"rows": rows, "profile": best_k_by_level(rows), "best_fixed_k": best_fixed_k(rows)}
+    return sweeps
+
+
+def validate_profile(*, stream: StreamFn, prompts: list[Prompt], options: ProfileOptions, sweeps: dict,
+                     progress: Progress | None = None) -> dict:
+    """Three lines at every level, per mode: the main alone, the best fixed K, adaptive."""
+    lines = {}
+    for mode, sweep in sweeps.items():
+        temperature = SAMPLED_TEMPERATURE if mode == "sampled" else 0.0
+        seed = 7 if temperature else None
+        fixed = sweep["best_fixed_k"]
+        candidates = [Variant(PLAIN.name, False, temperature=temperature, seed=seed),
+                      Variant(f"K={fixed}", True, num_assistant_tokens=fixed, temperature=temperature, seed=seed),
+                      Variant(ADAPTIVE, True, temperature=temperature, seed=seed)]
+        records = concurrency_sweep(stream=stream, prompts=prompts, levels=list(options.levels), variants=candidates,
+                                    max_new_tokens=options.max_new_tokens, repeats=options.repeats, progress=progress)
+        lines[mode] = summarize_concurrency(records)
+    return lines
+
+
+def adaptive_bars(lines: dict) -> list[dict]:
+    """Issue bars: at every level adaptive >= the main alone and >= 0.95x the best fixed K."""
+    bars = []
+    for mode, rows in lines.items():
+        by = {(r["variant"], r["concurrency"]): r["throughput"] for r in rows}
+        for level in sorted({r["concurrency"] for r in rows}):
+            adaptive = by[(ADAPTIVE, level)]
+            plain = by[(PLAIN.name, level)]
+            fixed = next(v for (name, lv), v in by.items() if lv == level and name.startswith("K="))
+            bars.append({"mode": mode, "streams": level, "adaptive": adaptive, "plain": plain, "best_fixed": fixed,
+                         "vs_plain": adaptive / plain, "vs_fixed": adaptive / fixed,
+                         "pass": adaptive >= plain and adaptive >= 0.95 * fixed})
+    return bars
+
+
+def set_profile(*, pair: ModelPair, sweeps: dict) -> None:
+    """New requests that name no K follow this profile from now on (workers read it per request)."""
+    pair.speculation_profile = {mode: sweep["profile"] for mode, sweep in sweeps.items()}
+    pair.save(update_fields=["speculation_profile"])
+
+
+def record_profile_run(*, pair: ModelPair, sweeps: dict, lines: dict, options: ProfileOptions) -> BenchmarkRun:
+    """Keep the run the profile came from; the admin shows it beside the pair's profile."""
+    results = {"kind": "profile", "finished_at": timestamp(), "options": asdict(options),
+               "sweeps": sweeps, "lines": lines, "bars": adaptive_bars(lines)}
+    run = BenchmarkRun.objects.create(pair=pair, status=BenchmarkRun.Status.FINISHED, options=asdict(options),
+                                      results=results, progress="done", finished_at=timezone.now())
+    pair.profile_run = run
+    pair.save(update_fields=["profile_run"])
+    return run
