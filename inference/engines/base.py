@@ -27,12 +27,13 @@ class PairSpec:
     inference_precision: str = "f32"
     kv_cache_precision: str = "f32"
     speculative: bool = True
+    exact_sampling: bool = False  # the exact engine (engines/exact.py) rather than openvino-genai's pipeline
 
     @property
-    def role(self) -> tuple[str, bool]:
-        """What the spec is for: a pair's speculative engine or its main alone. A worker keeps one engine
-        per role; a spec with new settings for the same role replaces the old engine."""
-        return self.slug, self.speculative
+    def role(self) -> tuple[str, bool, bool]:
+        """What the spec is for: a pair's speculative engine, its exact-sampling engine or its main alone.
+        A worker keeps one engine per role; a spec with new settings for a role replaces the old engine."""
+        return self.slug, self.speculative, self.exact_sampling
 
     @property
     def uses_draft(self) -> bool:
@@ -45,8 +46,8 @@ class PairSpec:
     @property
     def is_pair_default(self) -> bool:
         """The pipeline the pair serves as registered, whose state the admin shows (a speculative
-        pair also builds its main alone, for requests with speculative=false)."""
-        return self.speculative or not (self.draft_dir or self.prompt_lookup)
+        pair also builds its main alone and its exact-sampling engine, on demand)."""
+        return not self.exact_sampling and (self.speculative or not (self.draft_dir or self.prompt_lookup))
 
     def device_properties(self) -> dict[str, str]:
         props = {}

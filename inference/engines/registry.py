@@ -7,6 +7,7 @@ from pathlib import Path
 
 from inference.engines.base import PairSpec
 from inference.limits import LoadState
+from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
 
 
@@ -14,12 +15,12 @@ class EngineRegistry:
     """The engines a worker process holds, loaded on first use and kept."""
 
     def __init__(self):
-        self._engines: dict[PairSpec, PairEngine] = {}
+        self._engines: dict[PairSpec, PairEngine | ExactEngine] = {}
         self._locks: dict[PairSpec, threading.Lock] = {}
         self._guard = threading.Lock()
         self.states: dict[str, dict] = {}  # slug -> {"state": loading|available|failed, "error": str}
 
-    def get(self, spec: PairSpec) -> PairEngine:
+    def get(self, spec: PairSpec) -> PairEngine | ExactEngine:
         engine = self._engines.get(spec)
         if engine:
             return engine
@@ -34,7 +35,7 @@ class EngineRegistry:
                 for folder in filter(None, (spec.main_dir, spec.draft_dir if spec.speculative else "")):
                     if not Path(folder, "openvino_model.xml").is_file():
                         raise FileNotFoundError(f"no openvino_model.xml in {folder}")
-                engine = PairEngine(spec)
+                engine = ExactEngine(spec) if spec.exact_sampling else PairEngine(spec)
             except Exception as exc:
                 if spec.is_pair_default:
                     self.states[spec.slug] = {"state": LoadState.FAILED, "error": f"{type(exc).__name__}: {exc}"}
@@ -51,7 +52,8 @@ class EngineRegistry:
             self._engines.pop(stale).close()
 
     def loaded(self) -> list[dict]:
-        return [{"slug": s.slug, "speculative": s.speculative} for s in self._engines]
+        return [{"slug": s.slug, "speculative": s.speculative, "exact_sampling": s.exact_sampling}
+                for s in self._engines]
 
     def unload(self, slug: str) -> None:
         for spec in [s for s in self._engines if s.slug == slug]:

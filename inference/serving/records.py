@@ -16,7 +16,7 @@ from inference.models import Generation, ModelPair
 from inference.serving.speculation import Plan
 
 
-def pair_spec(*, pair: ModelPair, speculative: bool = True) -> PairSpec:
+def pair_spec(*, pair: ModelPair, speculative: bool = True, exact_sampling: bool = False) -> PairSpec:
     root = Path(settings.MODELS_ROOT)
     return PairSpec(
         slug=pair.slug,
@@ -28,6 +28,7 @@ def pair_spec(*, pair: ModelPair, speculative: bool = True) -> PairSpec:
         inference_precision=pair.inference_precision,
         kv_cache_precision=pair.kv_cache_precision,
         speculative=speculative and pair.is_speculative,
+        exact_sampling=exact_sampling and speculative and bool(pair.draft_dir),
     )
 
 

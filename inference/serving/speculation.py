@@ -2,9 +2,10 @@
 from what it asked, the pair's settings and measured profile, and the worker's load then.
 
 Both sides use it: the web side to validate a request with the settings it would get, the worker to
-decide for real (it knows its load). Two promises shape it: a sampled request never runs on an inexact
-path unless the pair allows it (and then says so), and where the pair's benchmark measured the main
-alone to be faster at the current load, the main alone serves (speculation must never slow answers).
+decide for real (it knows its load). Two promises shape it: a sampled request runs on the exact engine
+(engines/exact.py), never on openvino-genai's inexact sampling with a draft unless the pair allows it
+(and then says so); and where the pair's benchmark measured the main alone to be faster at the current
+load, the main alone serves (speculation must never slow answers).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from dataclasses import dataclass
 from inference.limits import DEFAULT_K, SpeculativeMode
 from inference.models import ModelPair
 
-INEXACT_LIBRARY_SAMPLING = ("sampled answers run on the main alone: openvino-genai's draft verification is "
-                            "not exact at temperature > 0")
+EXACT_THRESHOLD = "the confidence threshold applies to greedy requests; exact sampling takes K"
 INEXACT_ALLOWED = "allowed by the pair: answers are not drawn from the main model's distribution"
 
 
@@ -40,6 +40,10 @@ class Plan:
     def speculative(self) -> bool:
         return self.mode != SpeculativeMode.OFF
 
+    @property
+    def exact_sampling(self) -> bool:
+        return self.mode == SpeculativeMode.EXACT_SAMPLING
+
 
 def measured_k(*, pair: ModelPair, sampled: bool, load: int) -> tuple[int, int] | None:
     """(best K, at how many streams) from the pair's profile for this load: the entry measured at the
@@ -61,17 +65,21 @@ def plan(*, pair: ModelPair, asked: Asked, load: int) -> Plan:
         return Plan(mode=SpeculativeMode.OFF, reason="the pair has no draft model")
     if not pair.draft_dir:  # prompt lookup samples from the main and compares with the n-gram: exact
         return Plan(mode=SpeculativeMode.PROMPT_LOOKUP, k=asked.k or pair.num_assistant_tokens or DEFAULT_K)
-    if asked.sampled and not pair.allow_inexact_sampling:
-        return Plan(mode=SpeculativeMode.OFF, reason=INEXACT_LIBRARY_SAMPLING)
-    mode = SpeculativeMode.INEXACT_SAMPLING if asked.sampled else SpeculativeMode.DRAFT
-    allowed = INEXACT_ALLOWED if asked.sampled else ""
+    exact = asked.sampled and not pair.allow_inexact_sampling
+    if asked.sampled:
+        mode = SpeculativeMode.EXACT_SAMPLING if exact else SpeculativeMode.INEXACT_SAMPLING
+    else:
+        mode = SpeculativeMode.DRAFT
+    allowed = INEXACT_ALLOWED if asked.sampled and not exact else ""
+    if exact and asked.threshold is not None:
+        return Plan(mode=mode, k=pair.num_assistant_tokens or DEFAULT_K, reason=EXACT_THRESHOLD)
     if asked.threshold is not None:
         return Plan(mode=mode, threshold=asked.threshold, reason=_join(allowed, "confidence threshold asked"))
     if asked.k is not None:
         return Plan(mode=mode, k=asked.k, reason=_join(allowed, "K asked by the request"))
     best = measured_k(pair=pair, sampled=asked.sampled, load=load)
     if best is None:
-        if pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None:
+        if pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None and not exact:
             return Plan(mode=mode, threshold=pair.assistant_confidence_threshold,
                         reason=_join(allowed, "the pair's default threshold"))
         return Plan(mode=mode, k=pair.num_assistant_tokens or DEFAULT_K,

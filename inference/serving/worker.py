@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from inference import selectors, transport
 from inference.engines.base import ActiveRequest, DecodingParams, Finished, SpeculationStats, StepTokens, TextAssembler
+from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
 from inference.engines.registry import EngineRegistry
 from inference.metrics import record_generation
@@ -29,10 +30,11 @@ ENGINES = EngineRegistry()
 RUNNING: dict[str, ActiveRequest] = {}  # generation id -> its request in this worker's engine
 
 
-def load_engine(*, pair: ModelPair, speculative: bool = True) -> PairEngine:
+def load_engine(*, pair: ModelPair, speculative: bool = True,
+                exact_sampling: bool = False) -> PairEngine | ExactEngine:
     """This worker's engine for the pair, loaded on first use; the last load result is kept on the pair."""
     try:
-        engine = ENGINES.get(pair_spec(pair=pair, speculative=speculative))
+        engine = ENGINES.get(pair_spec(pair=pair, speculative=speculative, exact_sampling=exact_sampling))
     except Exception as exc:
         ModelPair.objects.filter(id=pair.id).update(load_error=f"{type(exc).__name__}: {exc}",
                                                     load_reported_at=timezone.now())
@@ -59,7 +61,8 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     generation.speculative_mode, generation.speculative_reason = planned.mode, planned.reason
     generation.speculative_k = planned.k
     try:
-        engine = load_engine(pair=generation.pair, speculative=planned.speculative)
+        engine = load_engine(pair=generation.pair, speculative=planned.speculative,
+                             exact_sampling=planned.exact_sampling)
     except Exception as exc:
         fail_generation(generation_id=generation.id,
                         message=f"Pair '{generation.pair.slug}' failed to load: {type(exc).__name__}: {exc}")
@@ -91,7 +94,8 @@ def stop_running(*, generation_id: str) -> None:
         request.stop()
 
 
-def _stream_generation(*, generation: Generation, request, writer, params: DecodingParams, engine: PairEngine) -> None:
+def _stream_generation(*, generation: Generation, request, writer, params: DecodingParams,
+                       engine: PairEngine | ExactEngine) -> None:
     spec = engine.spec
     fixed_k = params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
     stats = SpeculationStats(num_assistant_tokens=fixed_k if spec.uses_draft or spec.uses_prompt_lookup else None,

@@ -4,7 +4,7 @@ import pytest
 
 from inference.limits import SpeculativeMode
 from inference.models import ModelPair
-from inference.serving.speculation import INEXACT_LIBRARY_SAMPLING, Asked, plan
+from inference.serving.speculation import EXACT_THRESHOLD, Asked, plan
 
 PROFILE = {"greedy": {"1": 4, "4": 2, "16": 0}, "sampled": {"1": 3, "8": 0}}
 
@@ -35,11 +35,21 @@ def test_without_a_profile_the_pairs_default_k_or_threshold():
     assert (threshold.k, threshold.threshold) == (None, 0.4)
 
 
+@pytest.mark.parametrize(("load", "k", "mode"), [
+    (1, 3, SpeculativeMode.EXACT_SAMPLING), (7, 3, SpeculativeMode.EXACT_SAMPLING), (8, None, SpeculativeMode.OFF)])
+def test_sampling_runs_on_the_exact_engine_with_the_sampled_profile(load, k, mode):
+    chosen = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(sampled=True), load=load)
+    assert (chosen.mode, chosen.k, chosen.exact_sampling) == (mode, k, mode == SpeculativeMode.EXACT_SAMPLING)
+
+
 def test_sampling_never_takes_the_inexact_library_path_unless_the_pair_allows_it():
-    refused = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(sampled=True, k=3), load=1)
-    assert (refused.mode, refused.reason) == (SpeculativeMode.OFF, INEXACT_LIBRARY_SAMPLING)
+    asked = plan(pair=pair(), asked=Asked(sampled=True, k=2), load=1)
+    assert (asked.mode, asked.k) == (SpeculativeMode.EXACT_SAMPLING, 2)
+    threshold = plan(pair=pair(), asked=Asked(sampled=True, threshold=0.3), load=1)
+    assert (threshold.mode, threshold.k, threshold.reason) == (SpeculativeMode.EXACT_SAMPLING, 5, EXACT_THRESHOLD)
     allowed = plan(pair=pair(allow_inexact_sampling=True), asked=Asked(sampled=True), load=1)
     assert allowed.mode == SpeculativeMode.INEXACT_SAMPLING and "not drawn" in allowed.reason
+    assert not allowed.exact_sampling
 
 
 @pytest.mark.parametrize(("fields", "asked", "mode"), [

@@ -1,0 +1,265 @@
+"""The exact engine: speculative sampling by the exact rule, on the raw OpenVINO runtime.
+
+openvino-genai's verification with a draft is exact only for greedy decoding (see
+shared notes: at T > 0 its answers are not drawn from the main model's distribution). Here the draft
+proposes K tokens sampled from its own distribution q, the main scores all K+1 positions in one
+inference, and each proposal x is accepted with probability min(1, p(x)/q(x)); the first rejection
+emits one token drawn from norm(max(0, p - q)), and K acceptances one more drawn from p (Leviathan et
+al. 2023, Chen et al. 2023). Temperature, top_p and top_k shape p and q as openvino-genai's sampler
+does for the main alone (softmax with temperature, then the nucleus, then the top k), so the answers
+follow the main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output.
+
+Rejected tokens stay in the KV cache but are masked out (attention_mask 0, position ids continuous
+over the live tokens); copying the cache to trim it every step cost as much as a main step. When the
+cache is mostly dead it is rebuilt once from the live tokens. Each request holds its own pair of
+infer requests and runs in its own thread (OpenVINO releases the GIL while it infers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino_genai as og
+
+from inference.engines.base import ActiveRequest, DecodingParams, Finished, PairSpec, StepTokens
+from inference.limits import DEFAULT_K
+
+log = logging.getLogger(__name__)
+COMPACT_MIN_DEAD = 64  # rebuild a cache once this many slots (and more than half) are dead
+
+
+def probabilities(logits: np.ndarray, params: DecodingParams) -> np.ndarray:
+    """The distribution a token is drawn from, as openvino-genai's sampler shapes it: softmax of
+    logits / T, then the smallest set of most likely tokens whose mass exceeds top_p, then the top k of
+    those; renormalised. Temperature 0: all mass on the argmax."""
+    if params.temperature == 0:
+        onehot = np.zeros(logits.shape[-1])
+        onehot[int(np.argmax(logits))] = 1.0
+        return onehot
+    z = (logits.astype(np.float64) - logits.max()) / params.temperature
+    probs = np.exp(z)
+    probs /= probs.sum()
+    keep = None
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        mass = np.cumsum(probs[order])
+        keep = order[: min(int(np.searchsorted(mass, params.top_p, side="right")) + 1, len(order))]
+    if 0 < params.top_k < (len(keep) if keep is not None else len(probs)):
+        keep = keep[: params.top_k] if keep is not None else np.argpartition(-probs, params.top_k)[: params.top_k]
+    if keep is None:
+        return probs
+    shaped = np.zeros_like(probs)
+    shaped[keep] = probs[keep]
+    return shaped / shaped.sum()
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    if probs.max() == 1.0:
+        return int(np.argmax(probs))
+    return int(rng.choice(len(probs), p=probs))
+
+
+class KvSequence:
+    """One model's KV cache for one request: which slots are live, and the next position."""
+
+    def __init__(self, compiled: ov.CompiledModel):
+        self.request = compiled.create_infer_request()
+        self.mask = np.zeros(0, dtype=np.int64)
+        self.position = 0
+
+    def feed(self, token_ids: list[int]) -> np.ndarray:
+        """Logits for each fed token, given every live slot before it."""
+        n = len(token_ids)
+        self.mask = np.concatenate([self.mask, np.ones(n, dtype=np.int64)])
+        self.request.infer({
+            "input_ids": np.array([token_ids], dtype=np.int64),
+            "attention_mask": self.mask[None, :],
+            "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
+            "beam_idx": np.zeros(1, dtype=np.int32),
+        })
+        self.position += n
+        return self.request.get_output_tensor(0).data[0]
+
+    def drop_last(self, n: int) -> None:
+        """The last n fed tokens were rejected: masked from now on, their positions reused."""
+        if n:
+            self.mask[-n:] = 0
+            self.position -= n
+
+    @property
+    def dead(self) -> int:
+        return len(self.mask) - self.position
+
+    def rebuild(self, live_ids: list[int]) -> None:
+        """Drop the dead slots: a fresh cache holding the live tokens only."""
+        self.request.reset_state()
+        self.mask = np.zeros(0, dtype=np.int64)
+        self.position = 0
+        self.feed(live_ids)
+
+
+def eos_token_ids(model_dir: str) -> set[int]:
+    ids: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        path = Path(model_dir, name)
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    return ids
+
+
+class ExactEngine:
+    """Same interface as the library engine: submit() returns an ActiveRequest fed one StepTokens per
+    speculative step, then Finished."""
+
+    def __init__(self, spec: PairSpec):
+        self.spec = spec
+        started = time.perf_counter()
+        core = ov.Core()
+        props = spec.device_properties()
+        self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device, props)
+        self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.device, props)
+        self.tokenizer = og.Tokenizer(spec.main_dir)
+        self.eos_ids = eos_token_ids(spec.main_dir)
+        self.load_seconds = time.perf_counter() - started
+        self._active: dict[int, ActiveRequest] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        log.info("loaded %s (exact sampling) in %.1f s", spec.slug, self.load_seconds)
+
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
+    def submit(self, *, prompt: str, params: DecodingParams, add_special_tokens: bool = True,
+               before_batch: Callable[[int], None] | None = None) -> ActiveRequest:
+        prompt_ids = [int(t) for t in self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+                      .input_ids.data[0]]
+        if before_batch:
+            before_batch(len(prompt_ids))
+        request = ActiveRequest(next(self._ids), None, len(prompt_ids), time.perf_counter())
+        with self._lock:
+            self._active[request.request_id] = request
+        threading.Thread(target=self._run, args=(request, prompt_ids, params), name=f"exact-{request.request_id}",
+                         daemon=True).start()
+        return request
+
+    def close(self) -> None:
+        """Nothing to stop: each request's thread ends with it."""
+
+    def _run(self, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams) -> None:
+        try:
+            finished = Decoding(self, request, prompt_ids, params).run()
+        except Exception as exc:  # a failed request fails alone
+            log.exception("exact decoding failed for %s", self.spec.slug)
+            finished = Finished("error", f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            self._active.pop(request.request_id, None)
+        request.events.put(finished)
+
+
+class Decoding:
+    """One request's speculative loop on its own two caches."""
+
+    def __init__(self, engine: ExactEngine, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams):
+        self.engine, self.request, self.params = engine, request, params
+        self.rng = np.random.default_rng(params.seed)
+        self.k = params.num_assistant_tokens or DEFAULT_K
+        self.main = KvSequence(engine.main)
+        self.draft = KvSequence(engine.draft)
+        self.prompt_ids = prompt_ids
+        self.emitted: list[int] = []
+        self.draft_backlog: list[int] = []  # tokens the draft has not seen yet (the last emitted among them)
+
+    def run(self) -> Finished:
+        first = draw(probabilities(self.main.feed(self.prompt_ids)[-1], self.params), self.rng)
+        self.draft.feed(self.prompt_ids)
+        finished = self._emit([first])
+        while finished is None:
+            if self.request.stop_requested:
+                return Finished("stopped")
+            self._compact_if_mostly_dead()
+            finished = self._emit(self._step())
+        return finished
+
+    def _step(self) -> list[int]:
+        """One speculative step: the accepted proposals and the main's own token."""
+        last = self.emitted[-1]
+        k = min(self.k, self.params.max_new_tokens - len(self.emitted) - 1)  # never propose past the cap
+        proposals, qs = [], []
+        feed = [*self.draft_backlog, last]
+        for _ in range(k):
+            q = probabilities(self.draft.feed(feed)[-1], self.params)
+            proposals.append(draw(q, self.rng))
+            qs.append(q)
+            feed = [proposals[-1]]
+        main_logits = self.main.feed([last, *proposals])
+        accepted, token = k, None
+        for i, (x, q) in enumerate(zip(proposals, qs, strict=True)):
+            p = probabilities(main_logits[i], self.params)
+            if self.rng.random() < min(1.0, p[x] / q[x]):
+                continue
+            accepted = i
+            residual = np.maximum(p - q, 0.0)
+            token = draw(residual / residual.sum(), self.rng)
+            break
+        if token is None:
+            token = draw(probabilities(main_logits[k], self.params), self.rng)
+        self.main.drop_last(k - accepted)
+        if k == 0:
+            self.draft_backlog = feed  # the draft saw nothing this step
+        elif accepted == k:
+            self.draft_backlog = [proposals[-1]]  # fed to the main, not yet to the draft
+        else:
+            self.draft_backlog = []
+            self.draft.drop_last(k - 1 - accepted)
+        return [*proposals[:accepted], token]
+
+    def _emit(self, tokens: list[int]) -> Finished | None:
+        """Deliver one step's tokens, cut at EOS, a stop string or the cap; Finished when it ended."""
+        params, reason = self.params, None
+        if not params.ignore_eos:
+            for index, token in enumerate(tokens):
+                if token in self.engine.eos_ids:
+                    tokens, reason = tokens[: index + 1], "stop"
+                    break
+        room = params.max_new_tokens - len(self.emitted)
+        if len(tokens) >= room:
+            tokens, reason = tokens[:room], reason or "length"
+        if params.stop:
+            tokens, reason = self._cut_at_stop_string(tokens, reason)
+        self.emitted.extend(tokens)
+        if tokens:
+            self.request.events.put(StepTokens(tokens, time.perf_counter()))
+        return Finished(reason) if reason else None
+
+    def _cut_at_stop_string(self, tokens: list[int], reason: str | None) -> tuple[list[int], str | None]:
+        """Like the library (stop string not included): the answer ends before the tokens that make up
+        the first stop string to appear."""
+        decode = self.engine.tokenizer.decode
+        full = self.emitted + tokens
+        for end in range(len(self.emitted) + 1, len(full) + 1):
+            text = decode(full[:end])
+            found = [text.find(stop) for stop in self.params.stop if stop in text]
+            if found:
+                keep = end - 1
+                while keep > len(self.emitted) and len(decode(full[:keep])) > min(found):
+                    keep -= 1
+                return full[len(self.emitted):keep], "stop"
+        return tokens, reason
+
+    def _compact_if_mostly_dead(self) -> None:
+        live = self.prompt_ids + self.emitted[:-1]  # the last emitted token is fed at the next step
+        if self.main.dead >= COMPACT_MIN_DEAD and self.main.dead > self.main.position:
+            self.main.rebuild(live)
+        if self.draft.dead >= COMPACT_MIN_DEAD and self.draft.dead > self.draft.position:
+            self.draft.rebuild(live)
+            self.draft_backlog = []
