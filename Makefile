@@ -30,6 +30,9 @@ install-train: $(VENV)/.installed-train
 redis:
 	@$(PY) -m inference.redis_check "$(REDIS_URL)"
 
+# A developer's machine: DEBUG on and the development secret (the settings refuse both otherwise).
+run benchmark: export DJANGO_DEBUG ?= 1
+
 run: install redis
 	@mkdir -p var
 	$(PY) manage.py migrate --noinput -v0

@@ -144,6 +144,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
     _check_float32_floor(options.temperature, "temperature", zero_means="greedy decoding")
     _check_range(options.top_p, 0, 1, "top_p", low_open=True)
     _check_range(options.top_k, 0, 100_000, "top_k")
+    _check_range(options.seed, 0, MAX_SEED, "seed")
     max_new = options.max_new_tokens if options.max_new_tokens is not None else min(pair.max_new_tokens_cap, 256)
     if max_new < 1:
         raise GenerationRequestError(f"max_tokens must be at least 1; got {max_new}.", param="max_tokens")
@@ -174,6 +175,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
     return params
 
 
+MAX_SEED = 2**64 - 1  # openvino-genai's rng_seed is a size_t
 FLOAT32_TINY = 1e-30  # the pipeline keeps these options as float32: far smaller values become 0 or denormal
 
 
@@ -308,6 +310,14 @@ def stalled_generation_problem(*, generation_id) -> str:
     if waited >= settings.STALL_TIMEOUT_S and state.state != "AVAILABLE":
         return f"'{generation.pair.slug}' did not become available within {settings.STALL_TIMEOUT_S} s."
     return ""
+
+
+def fail_if_stalled(*, generation_id) -> bool:
+    """Fail the generation if it will never finish (see stalled_generation_problem); True if it was failed."""
+    problem = stalled_generation_problem(generation_id=generation_id)
+    if problem:
+        fail_generation(generation_id=generation_id, message=problem)
+    return bool(problem)
 
 
 def _worker_died(worker: str) -> str:

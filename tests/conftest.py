@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -195,3 +196,46 @@ def wait_until_done(generation_id=None):
             return generation
         time.sleep(0.1)
     raise AssertionError(f"generation {generation_id or ''} did not end")
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def page(live_server_url):
+    """A page of Debian's headless Chromium (Playwright never downloads a browser here)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+        browser.close()
+
+
+def log_in(page, live_server_url: str, username: str, password: str, *, next_path: str = "/") -> None:
+    page.goto(f"{live_server_url}/accounts/login/?next={next_path}")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server_url}{next_path}")
+
+
+async def chat_socket(user, *, origin: str = "http://127.0.0.1", host: str = "127.0.0.1"):
+    """The chat's websocket as a browser opens it (Origin and Host headers), logged in as `user`
+    through the real session middleware; None for an anonymous one."""
+    from asgiref.sync import sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.test import Client
+
+    from chatsite.asgi import application
+
+    headers = [(b"origin", origin.encode()), (b"host", host.encode())]
+    if user is not None:
+        client = Client()
+        await sync_to_async(client.force_login)(user)
+        headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
+    return WebsocketCommunicator(application, "/ws/chat/", headers=headers)

@@ -9,9 +9,9 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from chatsite.asgi import application
 from chatsite.chat.models import Conversation, Message
 from inference.models import Generation, ModelPair
+from tests.conftest import chat_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
 PROMPT = "def quicksort(numbers):"
@@ -19,10 +19,7 @@ PROMPT = "def quicksort(numbers):"
 
 async def connect(user) -> WebsocketCommunicator:
     """A websocket logged in as `user` through the real session middleware."""
-    client = Client()
-    await sync_to_async(client.force_login)(user)
-    headers = [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()), (b"origin", b"http://127.0.0.1")]
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    communicator = await chat_socket(user)
     connected, _ = await communicator.connect()
     assert connected
     return communicator
@@ -158,7 +155,7 @@ async def test_another_users_answer_is_refused(demo_pair, user, other_user):
 
 
 async def test_anonymous_websocket_is_closed():
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=[(b"origin", b"http://127.0.0.1")])
+    communicator = await chat_socket(None)
     connected, code = await communicator.connect()
     assert not connected and code == 4401
 

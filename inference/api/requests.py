@@ -19,7 +19,6 @@ from inference.models import ModelPair
 
 Error = services.GenerationRequestError
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-MAX_SEED = 2**64 - 1  # openvino-genai's rng_seed is a size_t
 
 # OpenAI parameters this server cannot honour: each is accepted only with its neutral values.
 NEUTRAL = {
@@ -108,13 +107,6 @@ def _check_supported(data: dict) -> None:
                     code="unsupported_value")
 
 
-def _options(data: dict) -> services.GenerationOptions:
-    options = services.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens"))
-    if options.seed is not None and not 0 <= options.seed <= MAX_SEED:
-        raise Error(f"seed must be in [0, {MAX_SEED}]; got {options.seed}.", param="seed")
-    return options
-
-
 def _completion_prompt(data: dict) -> str:
     prompt = data.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -179,7 +171,7 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
         raise Error("stream_options.include_usage must be a boolean.", param="stream_options.include_usage",
                     code="invalid_type")
     background = _flag(data, "background")
-    options = _options(data)
+    options = services.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens"))
     messages = _chat_messages(data) if chat else None
     prompt = None if chat else _completion_prompt(data)
     pair = services.find_pair(slug=model)

@@ -15,10 +15,12 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import StreamingHttpResponse
 
 from inference import services, transport
-from inference.api.shapes import Shape
+from inference.api import auth
+from inference.api.shapes import Shape, error_body
 from inference.models import Generation
 
 KEEPALIVE_S = 15  # a comment line this often keeps proxies from closing a quiet stream
@@ -53,14 +55,29 @@ def _nothing_more(generation_id, seen: str) -> bool:
     return not last or _entry_key(last[0][0]) <= _entry_key(seen)
 
 
+REVOKED = services.GenerationRequestError("The API key was revoked (or its owner deactivated) during this stream.",
+                                          code="invalid_api_key", status=401)
+
+
 async def events(*, generation: Generation, shape: Shape, after: str, include_usage: bool,
                  owner: bool) -> AsyncIterator[bytes]:
     """The generation's chunks after entry `after`, ending with `data: [DONE]`. `owner`: this
-    connection started the generation, so its disconnect stops it (background generations aside)."""
+    connection started the generation, so its disconnect stops it (background generations aside).
+    Every ACCESS_RECHECK_S the key is checked again: a revoked key's stream ends with an error."""
     seen, ended, quiet_since = after, False, time.monotonic()
+    checked_at = time.monotonic()
     try:
         async with aclosing(services.follow_generation(generation_id=generation.id, after=after)) as follow:
             async for entry_id, event in follow:
+                if time.monotonic() - checked_at >= settings.ACCESS_RECHECK_S:
+                    checked_at = time.monotonic()
+                    if not await sync_to_async(auth.key_is_usable)(api_key_id=generation.api_key_id):
+                        if owner:
+                            await sync_to_async(services.request_stop)(generation=generation)
+                        ended = True
+                        yield frame(error_body(REVOKED))
+                        yield frame("[DONE]")
+                        return
                 if entry_id is None:
                     if await sync_to_async(_nothing_more)(generation.id, seen):
                         ended = True

@@ -171,16 +171,19 @@ async def config(request):
 
 
 def _health() -> None:
-    transport.sync_client().ping()
-    ModelPair.objects.exists()
+    """Redis and the database answer, or an error naming which one (the cause goes to the log only:
+    it can hold host names, ports and credentials)."""
+    for part, check in (("Redis", lambda: transport.sync_client().ping()), ("the database", ModelPair.objects.exists)):
+        try:
+            check()
+        except Exception:
+            log.exception("health check: %s does not answer", part)
+            raise Error(f"Not ready: {part} does not answer.", code="unhealthy", status=503) from None
 
 
 @api_view("GET")
 async def health(request):
-    try:
-        await sync_to_async(_health)()
-    except Exception as exc:
-        raise Error(f"Not ready: {type(exc).__name__}: {exc}", code="unhealthy", status=503) from exc
+    await sync_to_async(_health)()
     return JsonResponse({"status": "ok"})
 
 
