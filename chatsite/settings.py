@@ -22,7 +22,8 @@ DEBUG = env_bool("DJANGO_DEBUG", False)
 DEV_SECRET_KEY = "dev-only-insecure-key-change-me"
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (DEV_SECRET_KEY if DEBUG else "")
 if not SECRET_KEY or (not DEBUG and SECRET_KEY == DEV_SECRET_KEY):
-    raise ImproperlyConfigured("Set DJANGO_SECRET_KEY to a secret of your own (or DJANGO_DEBUG=1 on a developer's machine).")
+    raise ImproperlyConfigured(
+        "Set DJANGO_SECRET_KEY to a secret of your own (or DJANGO_DEBUG=1 on a developer's machine).")
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
 # Origins other than the site's own (scheme://host[:port]) that may post forms and open the chat's
 # websocket: the public origin when a proxy passes another Host.
@@ -134,7 +135,7 @@ WORKER_HEARTBEAT_S = env_int("SPECCHAT_WORKER_HEARTBEAT_S", 2)
 WORKER_HEARTBEAT_TTL_S = env_int("SPECCHAT_WORKER_HEARTBEAT_TTL_S", 10)
 WORKER_SLOTS = env_int("SPECCHAT_WORKER_SLOTS", 16)  # concurrent generations per worker process
 CHAT_MAX_CONCURRENT = env_int("SPECCHAT_CHAT_MAX_CONCURRENT", 2)  # answers one user may have in flight in the chat
-CHAT_ABANDON_GRACE_S = env_int("SPECCHAT_CHAT_ABANDON_GRACE_S", 10)  # a closed chat's answers wait this long for a reconnect
+CHAT_ABANDON_GRACE_S = env_int("SPECCHAT_CHAT_ABANDON_GRACE_S", 10)  # closed chat's answers await a reconnect
 ACCESS_RECHECK_S = env_int("SPECCHAT_ACCESS_RECHECK_S", 5)  # open streams re-check their key or user this often
 STALL_TIMEOUT_S = env_int("SPECCHAT_STALL_TIMEOUT_S", 15)  # a queued answer nobody picks up fails after this
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin

@@ -82,7 +82,8 @@ PAGE_STATE = """() => {
     const inside = (selector) => bodies.reduce((n, b) => n + b.querySelectorAll(selector).length, 0);
     return {
         background: getComputedStyle(document.body).backgroundColor,
-        prompts: [...document.querySelectorAll('#prompt')].map((e) => e.tagName + (e.closest('#composer') ? ' in composer' : '')),
+        prompts: [...document.querySelectorAll('#prompt')]
+            .map((e) => e.tagName + (e.closest('#composer') ? ' in composer' : '')),
         messagesBoxes: document.querySelectorAll('#messages').length,
         forbidden: inside('style, img, link, input, textarea, select, form, button, svg, math, iframe, object, embed, '
                           + '[style], [id], [class], [name], [src], [srcset], [background], [onclick]'),
@@ -120,7 +121,10 @@ def assert_send_sends_the_users_own_text(page) -> None:
     page.wait_for_selector("body[data-connected='1']")
     page.locator("#composer textarea").fill("my own question")
     page.locator("#composer button[type=submit]").click()
-    page.wait_for_function("() => document.getElementById('status').textContent !== ''")
+    for _ in range(100):  # the frame is seen by this process a moment after the page sent it
+        if any('"send"' in frame for frame in sent):
+            break
+        page.wait_for_timeout(50)
     sends = [json.loads(frame) for frame in sent if '"send"' in frame]
     assert [s["text"] for s in sends] == ["my own question"]
 

@@ -256,6 +256,7 @@ def test_create_api_key_prints_a_working_secret_once(user):
     assert (key.name, key.user, key.max_concurrent) == ("ci", user, 3)
     assert secret not in json.dumps(list(ApiKey.objects.values()), default=str)  # only its hash is kept
     call_command("create_api_key", "--name", "anonymous", stdout=StringIO())
-    assert ApiKey.objects.get(name="anonymous").max_concurrent == 4 and ApiKey.objects.get(name="anonymous").user is None
+    anonymous = ApiKey.objects.get(name="anonymous")
+    assert anonymous.max_concurrent == 4 and anonymous.user is None
     with pytest.raises(CommandError, match="nobody"):
         call_command("create_api_key", "--name", "x", "--user", "nobody", stdout=StringIO())

@@ -65,7 +65,8 @@ def start_for_key(*, api_key: ApiKey, **start_kwargs) -> Generation:
     In-flight generations whose worker is gone are failed first so they free their slot."""
     with transport.sync_client().lock(f"specchat:apikey-lock:{api_key.id}", timeout=30, blocking_timeout=10):
         ids = Generation.objects.filter(api_key=api_key, status__in=IN_FLIGHT).values_list("id", flat=True)
-        in_flight = [generation_id for generation_id in ids if not services.fail_if_stalled(generation_id=generation_id)]
+        in_flight = [generation_id for generation_id in ids
+                     if not services.fail_if_stalled(generation_id=generation_id)]
         if len(in_flight) >= api_key.max_concurrent:
             raise services.GenerationRequestError(
                 f"This key already has {len(in_flight)} generations in flight (its limit is "

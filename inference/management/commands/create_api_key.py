@@ -34,7 +34,8 @@ class Command(BaseCommand):
         try:
             key.full_clean()
         except ValidationError as exc:
-            raise CommandError("; ".join(f"{field}: {' '.join(errors)}" for field, errors in exc.message_dict.items()))
+            raise CommandError("; ".join(f"{field}: {' '.join(errors)}"
+                                         for field, errors in exc.message_dict.items())) from None
         key.save()
         self.stderr.write(f"API key '{name}' created ({key.prefix}…); its secret, shown this once:")
         self.stdout.write(secret)
