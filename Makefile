@@ -7,7 +7,7 @@ PORT ?= 8000
 REDIS_URL ?= redis://127.0.0.1:6379/0
 export REDIS_URL
 
-.PHONY: run test install install-train redis chromium demo-pair benchmark lint
+.PHONY: run test install install-train redis chromium demo-main demo-pair benchmark lint
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ install-train: $(VENV)/.installed-train
 redis:
 	@$(PY) -m inference.redis_check "$(REDIS_URL)"
 
+# A developer's machine: DEBUG on and the development secret (the settings refuse both otherwise).
+run benchmark: export DJANGO_DEBUG ?= 1
+
 run: install redis
 	@mkdir -p var
 	$(PY) manage.py migrate --noinput -v0
@@ -42,9 +45,13 @@ chromium:
 
 # The whole suite twice: on SQLite, then on PostgreSQL (pytest-django creates and drops test_specchat).
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/specchat
-test: install-train redis chromium
+test: install-train redis chromium demo-main
 	$(PY) -m pytest
 	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest
+
+# The demo main `make run` serves: grown from the committed main in seconds, cached, checked by pair.json's sha256.
+demo-main: install
+	@$(PY) -m inference.pairs.demo_main >/dev/null
 
 # Rebuild the shipped demo pair (hours of CPU; needs the train extra: pip install torch==2.13.0 -e '.[train]').
 demo-pair:

@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -16,12 +17,32 @@ def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-DEBUG = env_bool("DJANGO_DEBUG", True)
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me" if DEBUG else "")
-if not SECRET_KEY:
-    raise RuntimeError("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off")
+# Off unless asked for (`make run` asks): a server started without settings must not show tracebacks.
+DEBUG = env_bool("DJANGO_DEBUG", False)
+DEV_SECRET_KEY = "dev-only-insecure-key-change-me"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (DEV_SECRET_KEY if DEBUG else "")
+if not SECRET_KEY or (not DEBUG and SECRET_KEY == DEV_SECRET_KEY):
+    raise ImproperlyConfigured(
+        "Set DJANGO_SECRET_KEY to a secret of your own (or DJANGO_DEBUG=1 on a developer's machine).")
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
+# Origins other than the site's own (scheme://host[:port]) that may post forms and open the chat's
+# websocket: the public origin when a proxy passes another Host.
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+# --- HTTPS: set these when the site is served over TLS (docs/deploy.md)
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", False)
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+SECURE_REDIRECT_EXEMPT = [r"^health$"]  # container health checks ask over plain HTTP
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+# "HTTP_X_FORWARDED_PROTO,https": the header (as Django names it) and value by which the TLS proxy in
+# front says a request came over HTTPS. Only behind a proxy that sets or strips it on every request.
+_proxy_ssl_header = os.environ.get("DJANGO_SECURE_PROXY_SSL_HEADER", "")
+SECURE_PROXY_SSL_HEADER = tuple(_proxy_ssl_header.split(",")) if _proxy_ssl_header else None
+if SECURE_PROXY_SSL_HEADER and (len(SECURE_PROXY_SSL_HEADER) != 2 or not _proxy_ssl_header.startswith("HTTP_")):
+    raise ImproperlyConfigured("DJANGO_SECURE_PROXY_SSL_HEADER must look like HTTP_X_FORWARDED_PROTO,https")
 
 INSTALLED_APPS = [
     "daphne",
@@ -44,6 +65,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "chatsite.csp.content_security_policy",
 ]
 # The REST API authenticates by key and keeps no session: it skips the browser's middleware, each of
 # which costs two thread hops per request under ASGI (~4 ms of every API call measured here).
@@ -112,6 +134,9 @@ STREAM_TTL_S = env_int("SPECCHAT_STREAM_TTL_S", 3600)  # a finished answer can b
 WORKER_HEARTBEAT_S = env_int("SPECCHAT_WORKER_HEARTBEAT_S", 2)
 WORKER_HEARTBEAT_TTL_S = env_int("SPECCHAT_WORKER_HEARTBEAT_TTL_S", 10)
 WORKER_SLOTS = env_int("SPECCHAT_WORKER_SLOTS", 16)  # concurrent generations per worker process
+CHAT_MAX_CONCURRENT = env_int("SPECCHAT_CHAT_MAX_CONCURRENT", 2)  # answers one user may have in flight in the chat
+CHAT_ABANDON_GRACE_S = env_int("SPECCHAT_CHAT_ABANDON_GRACE_S", 10)  # closed chat's answers await a reconnect
+ACCESS_RECHECK_S = env_int("SPECCHAT_ACCESS_RECHECK_S", 5)  # open streams re-check their key or user this often
 STALL_TIMEOUT_S = env_int("SPECCHAT_STALL_TIMEOUT_S", 15)  # a queued answer nobody picks up fails after this
 # A queued answer whose task never reached a worker (a Redis without persistence restarted, a worker
 # died after prefetching it) is sent again after this long by a worker with a free slot...

@@ -21,6 +21,12 @@ from inference.benchmark.inprocess import table
 from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, ModelPair
 
 
+class ExtraStyle:
+    """The styles of what these admin pages add: a file rather than inline styles (see chatsite/csp.py)."""
+
+    css = {"all": ["admin-extra.css"]}
+
+
 @admin.register(ModelPair)
 class ModelPairAdmin(admin.ModelAdmin):
     list_display = ("name", "slug", "main_dir", "draft_dir", "device", "num_assistant_tokens",
@@ -30,6 +36,7 @@ class ModelPairAdmin(admin.ModelAdmin):
     readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark",
                        "profile_run")
     actions = ("load_on_worker", "unload_from_worker", "run_benchmark")
+    Media = ExtraStyle
     fieldsets = (
         (None, {"fields": ("name", "slug", "enabled", "serving_state", "load_error")}),
         ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device")}),
@@ -54,11 +61,11 @@ class ModelPairAdmin(admin.ModelAdmin):
         state = selectors.pair_state(pair=pair, workers=workers)
         return f"{state.state} ({state.error})" if state.error else f"{state.state} on {', '.join(state.workers)}"
 
-    @admin.action(description="Load on every live worker (no restart)")
+    @admin.action(description="Load on every live worker (no restart)", permissions=["change"])
     def load_on_worker(self, request, queryset):
         self._control(request, queryset, "load_pair")
 
-    @admin.action(description="Unload from every live worker")
+    @admin.action(description="Unload from every live worker", permissions=["change"])
     def unload_from_worker(self, request, queryset):
         self._control(request, queryset, "unload_pair")
 
@@ -73,7 +80,7 @@ class ModelPairAdmin(admin.ModelAdmin):
                 messages.error(request, f"{pair.slug}: no live worker answered.")
 
 
-    @admin.action(description="Run benchmark on a worker")
+    @admin.action(description="Run benchmark on a worker", permissions=["change"])
     def run_benchmark(self, request, queryset):
         """First shows BenchmarkForm; its submission queues one run per selected pair."""
         form = BenchmarkForm(request.POST if "apply" in request.POST else None)
@@ -150,6 +157,7 @@ class ImportJobAdmin(admin.ModelAdmin):
 
     form = ImportJobForm
     change_form_template = "admin/inference/importjob/change_form.html"  # refreshes while the job runs
+    Media = ExtraStyle
     list_display = ("created_at", "name", "slug", "status", "progress", "pair")
     list_filter = ("status",)
     readonly_fields = ("output",)
@@ -168,7 +176,7 @@ class ImportJobAdmin(admin.ModelAdmin):
 
     @admin.display(description="output")
     def output(self, job: ImportJob) -> str:
-        return format_html('<pre style="max-height:40em;overflow:auto;white-space:pre-wrap">{}</pre>', job.log or "-")
+        return format_html('<pre class="specchat-log">{}</pre>', job.log or "-")
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
@@ -247,6 +255,7 @@ def benchmark_html(run: BenchmarkRun | None) -> str:
 class BenchmarkRunAdmin(admin.ModelAdmin):
     list_display = ("created_at", "pair", "status", "progress", "finished_at")
     list_filter = ("status", "pair")
+    Media = ExtraStyle
     fields = ("pair", "status", "progress", "error", "options", "report_dir", "created_at", "finished_at", "report")
     readonly_fields = fields
 

@@ -90,3 +90,9 @@ class GenerationFailed(ServiceError):
 class Unhealthy(ServiceError):
     status = 503
     code = "unhealthy"
+
+
+class AccessRevoked(InvalidKey):
+    """The key was revoked, or its user deactivated, while a stream was open."""
+
+    code = "access_revoked"

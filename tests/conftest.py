@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_QUEUES = "pair.demo-code,pair.demo-plain,pair.broken"
 # A test that asks for any of these runs on the real stack (Redis, a worker, daphne, models, a browser):
 # it is marked `stack`, so `pytest -m "not stack"` is the fast tier.
-STACK_FIXTURES = {"redis_client", "stack_env", "celery_worker", "live_server_url", "demo_pair", "main_alone_greedy",
+STACK_FIXTURES = {"redis_client", "stack_env", "celery_worker", "live_server_url", "demo_pair", "large_demo_pair",
+                  "main_alone_greedy",
                   "transactional_db", "db", "client", "admin_client", "django_user_model"}
 
 
@@ -145,6 +147,17 @@ def demo_pair(transactional_db):
 
     from inference.models import ModelPair
 
+    call_command("register_demo_pair", "--main", "small", stdout=open(os.devnull, "w"))
+    return ModelPair.objects.get(slug="demo-code")
+
+
+@pytest.fixture
+def large_demo_pair(transactional_db):
+    """The demo pair `make run` serves: the memory-bound main built from the committed one."""
+    from django.core.management import call_command
+
+    from inference.models import ModelPair
+
     call_command("register_demo_pair", stdout=open(os.devnull, "w"))
     return ModelPair.objects.get(slug="demo-code")
 
@@ -207,3 +220,46 @@ def wait_until_done(generation_id=None):
             return generation
         time.sleep(0.1)
     raise AssertionError(f"generation {generation_id or ''} did not end")
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def page(live_server_url):
+    """A page of Debian's headless Chromium (Playwright never downloads a browser here)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+        browser.close()
+
+
+def log_in(page, live_server_url: str, username: str, password: str, *, next_path: str = "/") -> None:
+    page.goto(f"{live_server_url}/accounts/login/?next={next_path}")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server_url}{next_path}")
+
+
+async def chat_socket(user, *, origin: str = "http://127.0.0.1", host: str = "127.0.0.1"):
+    """The chat's websocket as a browser opens it (Origin and Host headers), logged in as `user`
+    through the real session middleware; None for an anonymous one."""
+    from asgiref.sync import sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.test import Client
+
+    from chatsite.asgi import application
+
+    headers = [(b"origin", origin.encode()), (b"host", host.encode())]
+    if user is not None:
+        client = Client()
+        await sync_to_async(client.force_login)(user)
+        headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
+    return WebsocketCommunicator(application, "/ws/chat/", headers=headers)

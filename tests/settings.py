@@ -4,6 +4,11 @@ import os
 
 os.environ.setdefault("SPECCHAT_STALL_TIMEOUT_S", "8")
 os.environ.setdefault("SPECCHAT_REQUEUE_AFTER_S", "3")
+# Production defaults (DEBUG off), with a secret of the tests' own; also for daphne and the workers they start.
+os.environ["DJANGO_DEBUG"] = "0"
+os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-" + "k" * 50)
+os.environ.setdefault("SPECCHAT_ACCESS_RECHECK_S", "1")
+os.environ.setdefault("SPECCHAT_CHAT_ABANDON_GRACE_S", "1")
 # Always a Redis DB of its own: the tests flush it, and `make run` keeps its data in DB 0.
 os.environ["REDIS_URL"] = os.environ.get(
     "SPECCHAT_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{os.environ.get('SPECCHAT_TEST_REDIS_DB', '15')}")

@@ -18,7 +18,7 @@ from inference.models import BenchmarkRun, Generation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TINY = ["--max-new-tokens", "16", "--repeats", "1", "--ks", "2", "--thresholds", "", "--prompts", "code",
-        "--prompts-per-set", "1"]
+        "--prompts-per-set", "1", "--sampled-ks", "2"]
 
 
 def run_command(*args) -> str:
@@ -71,6 +71,13 @@ def test_inprocess_benchmark_writes_json_table_plots_and_bars(demo_pair, tmp_pat
     assert "inprocess" in printed and "K=2" in printed
     run = BenchmarkRun.objects.get(pair=demo_pair)
     assert run.status == "finished" and run.results["rows"] == results["rows"]
+    # Sampled rows: the main alone and the exact engine at T=0.8, and which one a lone request gets.
+    sampled = {r["variant"]: r for r in results["sampled"]}
+    chosen_k = demo_pair.num_assistant_tokens  # no measured profile yet: the pair's default
+    assert set(sampled) == {"T=0.8 plain", "T=0.8 K=2", f"T=0.8 K={chosen_k}"}
+    assert sampled["T=0.8 plain"]["speedup"] == 1 and sampled["T=0.8 K=2"]["acceptance_rate"] is not None
+    assert [name for name, r in sampled.items() if r["chosen"]] == [f"T=0.8 K={chosen_k}"]
+    assert "Sampled (T=0.8)" in printed and "Sampled (T = 0.8)" in markdown
 
 
 def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, live_server_url, tmp_path):

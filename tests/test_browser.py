@@ -2,26 +2,9 @@
 prompt, watches tokens arrive and the metrics line appear, colours the answer by speculative step,
 then stops a long answer."""
 
-import shutil
-
 import pytest
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-@pytest.fixture
-def page(live_server_url):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        page = browser.new_page()
-        page.set_default_timeout(60_000)
-        yield page
-        browser.close()
 
 
 def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  # Django fixtures before the browser loop

@@ -9,9 +9,9 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from chatsite.asgi import application
 from chatsite.chat.models import Conversation, Message
 from inference.models import Generation, ModelPair
+from tests.conftest import chat_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
 PROMPT = "def quicksort(numbers):"
@@ -19,10 +19,7 @@ PROMPT = "def quicksort(numbers):"
 
 async def connect(user) -> WebsocketCommunicator:
     """A websocket logged in as `user` through the real session middleware."""
-    client = Client()
-    await sync_to_async(client.force_login)(user)
-    headers = [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()), (b"origin", b"http://127.0.0.1")]
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    communicator = await chat_socket(user)
     connected, _ = await communicator.connect()
     assert connected
     return communicator
@@ -65,6 +62,9 @@ async def test_answer_streams_the_main_models_greedy_output(demo_pair, user, mai
     assert done["type"] == "done"
     deltas = [e for e in events if e["event"]["type"] == "delta"]
     assert len(deltas) >= 2, "tokens should arrive in several batches, not all at the end"
+    start = next(e["event"] for e in events if e["event"]["type"] == "start")
+    assert "worker" not in start and start["prompt_tokens"] > 0  # not the worker's host and pid
+    assert start["speculative_mode"] == "draft" and start["speculative_k"] == done["speculative_k"]
     assert streamed_text(events) == done["text"]
     prompt = await sync_to_async(lambda: Generation.objects.get(id=started["generation"]).prompt)()
     assert done["text"] == main_alone_greedy(prompt, 64, add_special_tokens=False)
@@ -74,7 +74,7 @@ async def test_answer_streams_the_main_models_greedy_output(demo_pair, user, mai
     assert 0 < done["acceptance_rate"] <= 1 and done["mean_accepted_length"] > 1
     assert done["accepted_tokens"] == sum(done["accepted_by_position"][:1]) + sum(done["accepted_by_position"][1:])
     generation = await Generation.objects.aget(id=started["generation"])
-    assert generation.status == "finished" and generation.text == done["text"]
+    assert generation.status == "finished" and generation.text == done["text"] and generation.worker
     assert generation.ttft_ms > 0 and generation.tokens_per_s > 0 and generation.prompt_tokens > 0
     assert "".join(d + m for d, m in generation.steps) == generation.text
     message = await Message.objects.select_related("conversation").aget(generation=generation)
@@ -169,7 +169,7 @@ async def test_another_users_answer_is_refused(demo_pair, user, other_user):
 
 
 async def test_anonymous_websocket_is_closed():
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=[(b"origin", b"http://127.0.0.1")])
+    communicator = await chat_socket(None)
     connected, code = await communicator.connect()
     assert not connected and code == 4401
 
@@ -294,3 +294,79 @@ async def test_worker_that_dies_mid_answer_surfaces_as_an_error(demo_pair, user,
         await communicator.disconnect()
     finally:
         worker.stop()
+
+
+async def reply_to_request(communicator) -> dict:
+    """The answer to the last request (started or error), skipping events of answers being streamed."""
+    while (message := await receive(communicator))["type"] == "event":
+        pass
+    return message
+
+
+async def wait_until_ended(generation_id, timeout=30) -> Generation:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        generation = await Generation.objects.aget(id=generation_id)
+        if generation.is_done:
+            return generation
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"generation {generation_id} did not end")
+
+
+async def test_one_user_has_a_limited_number_of_answers_in_flight(demo_pair, user, other_user):
+    alice = await connect(user)
+    long = {"max_tokens": 500, "speculative": False}
+    first = await send_message(alice, **long)
+    await alice.send_json_to({"action": "send", "pair": "demo-code", "text": "class Stack:", "settings": long})
+    second = await reply_to_request(alice)
+    assert first["type"] == second["type"] == "started"
+    for tab in (alice, await connect(user)):  # another tab of hers counts too
+        await tab.send_json_to({"action": "send", "pair": "demo-code", "text": "x = 1", "settings": {"max_tokens": 8}})
+        refused = await reply_to_request(tab)
+        assert refused["type"] == "error" and refused["code"] == "concurrency_limit_exceeded", refused
+        assert "2 answers" in refused["message"]  # SPECCHAT_CHAT_MAX_CONCURRENT's default
+    bob = await connect(other_user)  # others are not held back by her
+    assert (await send_message(bob, max_tokens=8))["type"] == "started"
+    for started in (first, second):
+        await alice.send_json_to({"action": "stop", "generation": started["generation"]})
+        await wait_until_ended(started["generation"])
+    await alice.send_json_to({"action": "send", "pair": "demo-code", "text": "x = 1", "settings": {"max_tokens": 8}})
+    assert (await reply_to_request(alice))["type"] == "started"  # a slot is free again
+    assert await Generation.objects.filter(user=user).acount() == 3
+    for communicator in (alice, bob):
+        await communicator.disconnect()
+
+
+async def test_closing_the_chat_stops_its_answers_nobody_else_follows(demo_pair, user, settings):
+    settings.CHAT_ABANDON_GRACE_S = 0  # the demo pair writes 500 tokens in about 2 s here
+    first_tab = await connect(user)
+    long = {"max_tokens": 500, "speculative": False}
+    alone = await send_message(first_tab, **long)
+    await first_tab.send_json_to({"action": "send", "pair": "demo-code", "text": "class Stack:", "settings": long})
+    shared = await reply_to_request(first_tab)
+    second_tab = await connect(user)  # follows the second answer too
+    await second_tab.send_json_to({"action": "follow", "generation": shared["generation"]})
+    assert (await receive(second_tab))["type"] == "event"
+    await first_tab.disconnect()
+
+    stopped = await wait_until_ended(alone["generation"])
+    assert stopped.status == "stopped" and stopped.completion_tokens < 500
+    still = await Generation.objects.aget(id=shared["generation"])
+    assert still.status == "running", "an answer another tab follows goes on"
+    await second_tab.send_json_to({"action": "stop", "generation": shared["generation"]})
+    await wait_until_ended(shared["generation"])
+    await second_tab.disconnect()
+
+
+async def test_a_reload_within_the_grace_period_keeps_the_answer(demo_pair, user, settings):
+    settings.CHAT_ABANDON_GRACE_S = 0.5
+    first = await connect(user)
+    started = await send_message(first, max_tokens=500, speculative=False)
+    reloaded = await chat_socket(user)  # the page coming back (its session ready)
+    await first.disconnect()
+    assert (await reloaded.connect())[0]
+    await reloaded.send_json_to({"action": "follow", "generation": started["generation"]})
+    events = await events_until_end(reloaded, started["generation"])
+    assert events[-1]["event"]["finish_reason"] in ("length", "stop")  # its own end, not "stopped"
+    assert events[-1]["event"]["duration_ms"] > 1000 * settings.CHAT_ABANDON_GRACE_S  # it outlived the grace
+    await reloaded.disconnect()

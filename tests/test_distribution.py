@@ -14,6 +14,8 @@ from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
 from tests.distribution import compare, differs, samples
 
+pytestmark = pytest.mark.django_db(transaction=True)
+
 PROMPT = "def quicksort(numbers):"
 N = 300
 NEW_TOKENS = 3
@@ -70,3 +72,29 @@ def test_the_librarys_own_sampling_with_a_draft_is_still_inexact(main_alone):
     tested = samples(sampler(library_draft, num_assistant_tokens=3, **sampling), range(10_000, 10_000 + N),
                      threads=16)
     assert differs(compare(tested, reference)), "the library's sampling with a draft now matches the main alone"
+
+
+@pytest.mark.usefixtures("celery_worker")
+def test_sampled_answers_through_the_api_follow_the_main_alone(live_server_url, demo_pair, api_key, main_alone):
+    """The path a user takes: sampled completions with speculation on (the worker's exact engine)
+    against the main alone in-process; texts of 3 new tokens, whole and by their first part."""
+    import requests
+
+    main_alone_text = sampler(main_alone, temperature=0.8)
+
+    def reference(seed: int) -> tuple[str, ...]:
+        return (main_alone.tokenizer.decode(list(main_alone_text(seed))),)
+
+    def through_api(seed: int) -> tuple[str, ...]:
+        answer = requests.post(f"{live_server_url}/v1/completions", timeout=120, headers={
+            "Authorization": f"Bearer {api_key.secret}"}, json={
+            "model": "demo-code", "prompt": PROMPT, "max_tokens": NEW_TOKENS, "temperature": 0.8, "seed": seed,
+            "ignore_eos": True}).json()
+        assert answer["usage"]["speculative_mode"] == "draft-exact-sampling", answer
+        return (answer["choices"][0]["text"],)
+
+    api_key.max_concurrent = 8
+    api_key.save()
+    tested = samples(through_api, range(20_000, 20_000 + N), threads=4)
+    report = compare(tested, samples(reference, range(N), threads=16), positions=1)
+    assert not differs(report), report

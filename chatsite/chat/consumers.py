@@ -1,80 +1,114 @@
 """The chat websocket: send, follow (resume after an event id), stop, regenerate.
 
 Each answer's events are read from its Redis stream, so a browser that reconnects asks to follow
-from the last event id it rendered and gets exactly the rest.
+from the last event id it rendered and gets exactly the rest. A malformed message is answered with
+an error naming its field, and the socket stays open. Every ACCESS_RECHECK_S the connection checks
+that its user is still active (else it closes with an error) and marks the answers it follows as
+watched; once it closes, those nobody else watches are stopped after CHAT_ABANDON_GRACE_S.
 """
 
 import asyncio
 import json
+import logging
 import uuid
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
-from chatsite.chat import services
+from chatsite.chat import selectors, services
+from inference import errors, transport
 from inference.selectors import generation_for_user
-from inference import errors
 from inference.serving import web
 from inference.transport import valid_entry_id
 
+log = logging.getLogger(__name__)
+ACTIONS = ("send", "follow", "stop", "regenerate")
+_abandoned: set[asyncio.Task] = set()  # stop checks that outlive their connection
+
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.followers: dict[str, asyncio.Task] = {}  # generation id -> the task sending its events
+        self.connection_id = uuid.uuid4().hex
+        self.redis = None
+        self.watcher: asyncio.Task | None = None
+
     async def connect(self):
         if not self.scope["user"].is_authenticated:
             await self.close(code=4401)
             return
-        self.followers: dict[str, asyncio.Task] = {}
+        self.redis = transport.async_client()
         await self.accept()
+        self.watcher = asyncio.create_task(self.watch())
 
     async def disconnect(self, code):
-        for task in getattr(self, "followers", {}).values():
+        if self.watcher:
+            self.watcher.cancel()
+        for task in self.followers.values():
             task.cancel()
+        if self.redis is None:
+            return
+        try:
+            if self.followers:
+                await services.unwatch(client=self.redis, generation_ids=list(self.followers),
+                                       connection_id=self.connection_id)
+                task = asyncio.create_task(_stop_if_abandoned(list(self.followers)))
+                _abandoned.add(task)
+                task.add_done_callback(_abandoned.discard)
+        finally:
+            await self.redis.aclose()
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         try:
             content = json.loads(text_data or bytes_data or "")
         except ValueError:
-            await self.send_json({"type": "error", "message": "Messages must be JSON.", "param": None,
-                                  "code": "invalid_json"})
+            await self.send_error(errors.InvalidJson("Messages must be JSON."))
+            return
+        if not isinstance(content, dict):
+            await self.send_error(errors.InvalidJson("Messages must be JSON objects."))
             return
         await self.receive_json(content)
 
     async def receive_json(self, content, **kwargs):
-        action = content.get("action") if isinstance(content, dict) else None
-        handler = {"send": self.send_message, "follow": self.follow, "stop": self.stop,
-                   "regenerate": self.regenerate}.get(action)
+        action = content.get("action")
         try:
-            if handler is None:
-                raise errors.InvalidValue(f"Unknown action {action!r}.", param="action")
-            await handler(content)
+            if action not in ACTIONS:
+                raise errors.InvalidValue(f"Unknown action {json.dumps(action)[:40]}: use one of {', '.join(ACTIONS)}.",
+                            param="action")
+            await getattr(self, f"do_{action}")(content)
         except errors.ServiceError as exc:
-            await self.send_json({"type": "error", "message": exc.message, "param": exc.param, "code": exc.code,
-                                  "ref": content.get("ref") if isinstance(content, dict) else None})
+            await self.send_error(exc, ref=content.get("ref"))
+        except Exception:
+            log.exception("chat action %s failed", action)
+            await self.send_error(errors.InternalError("Internal error; it has been logged."),
+                                  ref=content.get("ref"))
 
-    async def send_message(self, content):
-        options = web.parse_options(content.get("settings") or {})
-        conversation = content.get("conversation")
-        if conversation is not None and (not isinstance(conversation, int) or isinstance(conversation, bool)):
-            raise errors.InvalidValue("conversation must be an id.", param="conversation")
-        text = content.get("text")
-        if not isinstance(text, str):
-            raise errors.InvalidValue("text must be a string.", param="text")
+    async def send_error(self, exc: errors.ServiceError, *, ref=None):
+        await self.send_json({"type": "error", "message": exc.message, "param": exc.param, "code": exc.code,
+                              "ref": ref})
+
+    async def do_send(self, content):
+        options = _options(content)
+        conversation = _integer(content, "conversation", required=False)
+        text = _string(content, "text", required=True)
         message = await database_sync_to_async(services.send_message)(
-            user=self.scope["user"], conversation_id=conversation, pair_slug=str(content.get("pair") or ""),
-            text=text, options=options)
+            user=self.scope["user"], conversation_id=conversation, pair_slug=_string(content, "pair"), text=text,
+            options=options)
         await self.started(message, content)
 
-    async def regenerate(self, content):
-        options = web.parse_options(content.get("settings") or {})
+    async def do_regenerate(self, content):
+        options = _options(content)
         message = await database_sync_to_async(services.regenerate)(
-            user=self.scope["user"], message_id=content.get("message"), options=options)
+            user=self.scope["user"], message_id=_integer(content, "message", required=True), options=options)
         await self.started(message, content)
 
     async def started(self, message, content):
         generation_id = str(message.generation_id)
         await self.send_json({"type": "started", "conversation": message.conversation_id, "message": message.id,
                               "generation": generation_id, "ref": content.get("ref")})
-        self.start_following(generation_id, "0-0")
+        await self.start_following(generation_id, "0-0")
 
     async def owned_generation(self, content):
         generation = await database_sync_to_async(generation_for_user)(
@@ -83,31 +117,83 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise errors.NotFound("No such answer.", param="generation")
         return generation
 
-    async def follow(self, content):
-        generation = await self.owned_generation(content)
-        after = content.get("after") or "0-0"
+    async def do_follow(self, content):
+        after = _string(content, "after") or "0-0"
         if not valid_entry_id(after):
-            raise errors.InvalidValue("after must be an event id.", param="after")
-        self.start_following(str(generation.id), after)
+            raise errors.InvalidValue("after must be an event id this socket sent.", param="after")
+        generation = await self.owned_generation(content)
+        await self.start_following(str(generation.id), after)
 
-    async def stop(self, content):
+    async def do_stop(self, content):
         generation = await self.owned_generation(content)
         await database_sync_to_async(web.request_stop)(generation=generation)
 
-    def start_following(self, generation_id: str, after: str):
+    async def start_following(self, generation_id: str, after: str):
         previous = self.followers.pop(generation_id, None)
         if previous:
             previous.cancel()
         self.followers[generation_id] = asyncio.create_task(self.pump(generation_id, after))
+        await services.watch(client=self.redis, generation_ids=[generation_id], connection_id=self.connection_id)
 
     async def pump(self, generation_id: str, after: str):
         async for entry_id, event in web.follow_generation(generation_id=generation_id, after=after):
             if entry_id is not None:
-                await self.send_json({"type": "event", "generation": generation_id, "id": entry_id, "event": event})
+                await self.send_json({"type": "event", "generation": generation_id, "id": entry_id,
+                                      "event": _for_browser(event)})
             elif event["type"] in {"ended", "error"}:  # past the end, or Redis lost: said, never silence
                 await self.send_json({"type": "event", "generation": generation_id, "id": after,
                                       "event": {"type": "error", "message": event["message"]}})
         self.followers.pop(generation_id, None)
+
+    async def watch(self):
+        """Every ACCESS_RECHECK_S: close if the user lost access, else mark the followed answers watched."""
+        while True:
+            await asyncio.sleep(settings.ACCESS_RECHECK_S)
+            user = self.scope["user"]
+            if not await database_sync_to_async(selectors.user_is_active)(user=user):
+                await self.send_error(errors.AccessRevoked("Your account was deactivated: this chat is closed."))
+                await database_sync_to_async(services.stop_all_answers)(user=user)
+                await self.close(code=4401)
+                return
+            if self.followers:
+                await services.watch(client=self.redis, generation_ids=list(self.followers),
+                                     connection_id=self.connection_id)
+
+
+async def _stop_if_abandoned(generation_ids: list[str]) -> None:
+    """After a grace period for a reconnect (a reload, a network blip), stop the answers nobody watches."""
+    await asyncio.sleep(settings.CHAT_ABANDON_GRACE_S)
+    await database_sync_to_async(services.stop_unwatched)(generation_ids=generation_ids)
+
+
+def _for_browser(event: dict) -> dict:
+    """An event as browsers see it: without the worker's host and process (kept in the database)."""
+    return {name: value for name, value in event.items() if name != "worker"}
+
+
+def _options(content) -> web.GenerationOptions:
+    value = content.get("settings")
+    if value is not None and not isinstance(value, dict):
+        raise errors.InvalidType("settings must be an object.", param="settings")
+    return web.parse_options(value or {})
+
+
+def _integer(content, name: str, *, required: bool) -> int | None:
+    value = content.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise errors.InvalidType(f"{name} must be an id (an integer).", param=name)
+    return value
+
+
+def _string(content, name: str, *, required: bool = False) -> str:
+    value = content.get(name)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise errors.InvalidType(f"{name} must be a string.", param=name)
+    return value
 
 
 def _uuid_or_none(value):

@@ -1,4 +1,11 @@
+from django.contrib.auth import get_user_model
+
 from chatsite.chat.models import Conversation, Message
+
+
+def user_is_active(*, user) -> bool:
+    """Asked again every few seconds by open chat connections, which close once it is not."""
+    return get_user_model().objects.filter(pk=user.pk, is_active=True).exists()
 
 
 def conversations_for(*, user):

@@ -1,15 +1,42 @@
-"""Chat actions: a message sent or an answer regenerated starts a generation on the shared path."""
+"""Chat actions: a message sent or an answer regenerated starts a generation on the shared path.
 
+A user has at most CHAT_MAX_CONCURRENT answers in flight. The chat connections following an answer
+mark it watched in Redis; once the last one has closed and none came back within a grace period (a
+reload, a network blip), the answer is stopped.
+"""
+
+import time
+from contextlib import contextmanager
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from chatsite.chat import selectors
 from chatsite.chat.models import Conversation, Message
-from inference import errors
+from inference import errors, transport
 from inference.serving import web
 from inference.models import Generation
+
+IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
+
+
+@contextmanager
+def answer_slot(*, user):
+    """Inside: the user has a free slot, held until the block's answer is committed (under a lock, so
+    two sends at once cannot both take the last one). In-flight answers that will never end are failed
+    first, so they free theirs."""
+    with transport.sync_client().lock(f"specchat:chat-lock:{user.pk}", timeout=30, blocking_timeout=10):
+        ids = Generation.objects.filter(user=user, source=Generation.Source.CHAT, status__in=IN_FLIGHT
+                                        ).values_list("id", flat=True)
+        in_flight = [generation_id for generation_id in ids
+                     if not web.fail_if_stalled(generation_id=generation_id)]
+        if len(in_flight) >= settings.CHAT_MAX_CONCURRENT:
+            raise errors.ConcurrencyLimit(
+                f"You already have {len(in_flight)} answers being written (at most {settings.CHAT_MAX_CONCURRENT} "
+                f"at once): wait for one to finish, or stop it.")
+        yield
 
 
 def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str,
@@ -17,7 +44,7 @@ def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str
     """Add the user's message and a streaming answer; on any error nothing is saved."""
     web.check_prompt_text(text, param="prompt")
     pair = web.find_pair(slug=pair_slug)
-    with transaction.atomic():
+    with answer_slot(user=user), transaction.atomic():
         if conversation_id:
             conversation = selectors.conversation_for(user=user, conversation_id=conversation_id)
             if conversation is None:
@@ -45,13 +72,51 @@ def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Mess
     if message.generation and not message.generation.is_done:
         raise errors.InvalidValue("This answer is still being written; stop it first.", param="message")
     pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
-    with transaction.atomic():
+    with answer_slot(user=user), transaction.atomic():
         prompt = web.chat_prompt(pair=pair, messages=selectors.history(conversation=conversation, before=message))
         message.generation = web.start_generation(pair=pair, prompt=prompt, options=options, user=user,
                                                         source=Generation.Source.CHAT, add_special_tokens=False)
         message.save(update_fields=["generation"])
         conversation.save(update_fields=["updated_at"])
     return message
+
+
+def stop_all_answers(*, user) -> None:
+    """Stop every answer of the user still in flight (their access was revoked)."""
+    for generation in Generation.objects.filter(user=user, status__in=IN_FLIGHT):
+        web.request_stop(generation=generation)
+
+
+# ------------------------------------------------------------------ who watches an answer
+def _watchers_key(generation_id) -> str:
+    return f"specchat:chat-watchers:{generation_id}"
+
+
+async def watch(*, client, generation_ids, connection_id: str) -> None:
+    """Mark the answers watched by this connection now; each connection repeats this every
+    ACCESS_RECHECK_S, so the marks of a web process that died go stale."""
+    now = time.time()
+    pipe = client.pipeline(transaction=False)
+    for generation_id in generation_ids:
+        pipe.zadd(_watchers_key(generation_id), {connection_id: now})
+        pipe.expire(_watchers_key(generation_id), settings.STREAM_TTL_S)
+    await pipe.execute()
+
+
+async def unwatch(*, client, generation_ids, connection_id: str) -> None:
+    pipe = client.pipeline(transaction=False)
+    for generation_id in generation_ids:
+        pipe.zrem(_watchers_key(generation_id), connection_id)
+    await pipe.execute()
+
+
+def stop_unwatched(*, generation_ids) -> None:
+    """Stop those of the answers (still in flight) that no chat connection watches."""
+    client = transport.sync_client()
+    fresh_since = time.time() - 3 * settings.ACCESS_RECHECK_S
+    for generation in Generation.objects.filter(id__in=list(generation_ids), status__in=IN_FLIGHT):
+        if not client.zcount(_watchers_key(generation.id), fresh_since, "+inf"):
+            web.request_stop(generation=generation)
 
 
 def purge_history(*, older_than_days: int) -> tuple[int, int]:

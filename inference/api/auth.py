@@ -11,6 +11,7 @@ import hashlib
 import secrets
 from datetime import timedelta
 
+from django.db.models import Q
 from django.utils import timezone
 
 from inference import errors, transport
@@ -34,14 +35,24 @@ def set_new_key(api_key: ApiKey) -> str:
     return key
 
 
+def usable_keys():
+    """Keys that may be used: not revoked, and owned by nobody or by an active user."""
+    return ApiKey.objects.filter(revoked=False).filter(Q(user__isnull=True) | Q(user__is_active=True))
+
+
+def key_is_usable(*, api_key_id) -> bool:
+    """Asked again every few seconds by open streams, which end once their key was revoked."""
+    return usable_keys().filter(id=api_key_id).exists()
+
+
 def authenticate(*, authorization: str) -> ApiKey:
     """The live key named by an `Authorization: Bearer <key>` header, or a 401 error."""
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise errors.InvalidKey(
             "No API key: send it as `Authorization: Bearer <key>`.")
-    api_key = ApiKey.objects.filter(key_hash=hash_key(key.strip())).first()
-    if api_key is None or api_key.revoked:
+    api_key = usable_keys().filter(key_hash=hash_key(key.strip())).first()
+    if api_key is None:
         raise errors.InvalidKey(
             "Incorrect or revoked API key.")
     now = timezone.now()
@@ -55,19 +66,13 @@ def start_for_key(*, api_key: ApiKey, **start_kwargs) -> Generation:
     In-flight generations whose worker is gone are failed first so they free their slot."""
     with transport.sync_client().lock(f"specchat:apikey-lock:{api_key.id}", timeout=30, blocking_timeout=10):
         ids = Generation.objects.filter(api_key=api_key, status__in=IN_FLIGHT).values_list("id", flat=True)
-        in_flight = [generation_id for generation_id in ids if not _failed_if_stalled(generation_id)]
+        in_flight = [generation_id for generation_id in ids
+                     if not web.fail_if_stalled(generation_id=generation_id)]
         if len(in_flight) >= api_key.max_concurrent:
             raise errors.ConcurrencyLimit(
                 f"This key already has {len(in_flight)} generations in flight (its limit is "
                 f"{api_key.max_concurrent}); retry when one has finished.")
         return web.start_generation(api_key=api_key, **start_kwargs)
-
-
-def _failed_if_stalled(generation_id) -> bool:
-    problem = web.stalled_generation_problem(generation_id=generation_id)
-    if problem:
-        web.fail_generation(generation_id=generation_id, message=problem)
-    return bool(problem)
 
 
 def owned_generation(*, api_key: ApiKey, generation_id) -> Generation:

@@ -105,10 +105,6 @@ def _check_supported(data: dict) -> None:
         raise errors.UnsupportedValue('Only response_format {"type": "text"} is supported.', param="response_format")
 
 
-def _options(data: dict) -> web.GenerationOptions:
-    return web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens"))
-
-
 def _completion_prompt(data: dict) -> str:
     prompt = data.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -172,7 +168,7 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
     if include_usage is not None and not isinstance(include_usage, bool):
         raise errors.InvalidType("stream_options.include_usage must be a boolean.", param="stream_options.include_usage")
     background = _flag(data, "background")
-    options = _options(data)
+    options = web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens"))
     messages = _chat_messages(data) if chat else None
     prompt = None if chat else _completion_prompt(data)
     pair = web.find_pair(slug=model)

@@ -14,11 +14,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import StreamingHttpResponse
 
-from inference import transport
+from inference import errors, transport
 from inference.serving import web
-from inference.api.shapes import Shape
+from inference.api import auth
+from inference.api.shapes import Shape, error_body
 from inference.models import Generation
 
 KEEPALIVE_S = 15  # a comment line this often keeps proxies from closing a quiet stream
@@ -38,14 +41,28 @@ def response(stream: AsyncIterator[bytes], *, generation: Generation) -> Streami
     return reply
 
 
+REVOKED = errors.InvalidKey("The API key was revoked (or its owner deactivated) during this stream.")
+
+
 async def events(*, generation: Generation, shape: Shape, after: str, include_usage: bool,
                  owner: bool) -> AsyncIterator[bytes]:
     """The generation's chunks after entry `after`, ending with `data: [DONE]`. `owner`: this
-    connection started the generation, so its disconnect stops it (background generations aside)."""
+    connection started the generation, so its disconnect stops it (background generations aside).
+    Every ACCESS_RECHECK_S the key is checked again: a revoked key's stream ends with an error."""
     ended, quiet_since = False, time.monotonic()
+    checked_at = time.monotonic()
     try:
         async with aclosing(web.follow_generation(generation_id=generation.id, after=after)) as follow:
             async for entry_id, event in follow:
+                if time.monotonic() - checked_at >= settings.ACCESS_RECHECK_S:
+                    checked_at = time.monotonic()
+                    if not await sync_to_async(auth.key_is_usable)(api_key_id=generation.api_key_id):
+                        if owner:
+                            await sync_to_async(web.request_stop)(generation=generation)
+                        ended = True
+                        yield frame(error_body(REVOKED))
+                        yield frame("[DONE]")
+                        return
                 if event is web.ENDED:
                     ended = True
                     yield frame("[DONE]")

@@ -16,13 +16,13 @@ from django.db.models import Max
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from inference.metrics import exposition
 from inference import errors, selectors, transport
-from inference.pairs import checks
-from inference.serving import web
 from inference.api import auth, openapi, parsing, sse
 from inference.api.shapes import Shape, error_body, usage
+from inference.metrics import exposition
 from inference.models import Generation, ModelPair
+from inference.pairs import checks
+from inference.serving import web
 
 log = logging.getLogger(__name__)
 
@@ -171,16 +171,19 @@ async def config(request):
 
 
 def _health() -> None:
-    transport.sync_client().ping()
-    ModelPair.objects.exists()
+    """Redis and the database answer, or an error naming which one (the cause goes to the log only:
+    it can hold host names, ports and credentials)."""
+    for part, check in (("Redis", lambda: transport.sync_client().ping()), ("the database", ModelPair.objects.exists)):
+        try:
+            check()
+        except Exception:
+            log.exception("health check: %s does not answer", part)
+            raise errors.Unhealthy(f"Not ready: {part} does not answer.") from None
 
 
 @api_view("GET")
 async def health(request):
-    try:
-        await sync_to_async(_health)()
-    except Exception as exc:
-        raise errors.Unhealthy(f"Not ready: {type(exc).__name__}: {exc}") from exc
+    await sync_to_async(_health)()
     return JsonResponse({"status": "ok"})
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from inference.engines.base import DecodingParams, Finished, PairSpec, SpeculationStats, TextAssembler
+from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
 
 PROMPTS_FILE = Path(__file__).resolve().parents[1] / "prompts" / "heldout.json"
@@ -72,6 +73,12 @@ def threshold_variant(threshold: float) -> Variant:
 
 def default_variants(*, ks=range(1, 9), thresholds=(0.3, 0.5)) -> list[Variant]:
     return [PLAIN] + [k_variant(k) for k in ks] + [threshold_variant(t) for t in thresholds]
+
+
+def sampled_variants(*, ks, temperature: float) -> list[Variant]:
+    """The main alone and the exact engine for each K, at one temperature, seeded so reruns repeat."""
+    return [Variant(f"T={temperature:g} plain", False, temperature=temperature, seed=7)] + [
+        Variant(f"T={temperature:g} K={k}", True, num_assistant_tokens=k, temperature=temperature, seed=7) for k in ks]
 
 
 @dataclass(frozen=True)
@@ -195,15 +202,16 @@ class Engines:
         self._get = get
         self._built: dict[PairSpec, PairEngine] = {}
 
-    def _engine(self, spec: PairSpec) -> PairEngine:
+    def _engine(self, spec: PairSpec) -> PairEngine | ExactEngine:
         if self._get:
             return self._get(spec)
         if spec not in self._built:
-            self._built[spec] = PairEngine(spec)
+            self._built[spec] = ExactEngine(spec) if spec.exact_sampling else PairEngine(spec)
         return self._built[spec]
 
-    def pair(self, *, speculative: bool) -> PairEngine:
-        return self._engine(replace(self.spec, speculative=speculative))
+    def pair(self, *, speculative: bool, exact_sampling: bool = False) -> PairEngine | ExactEngine:
+        return self._engine(replace(self.spec, speculative=speculative,
+                                    exact_sampling=exact_sampling and bool(self.spec.draft_dir)))
 
     def draft_alone(self) -> PairEngine:
         return self._engine(replace(self.spec, slug=f"{self.spec.slug}-draft-alone", main_dir=self.spec.draft_dir,
@@ -239,7 +247,9 @@ class InProcessPath:
         self.engines = engines
 
     def run(self, *, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
-        engine = self.engines.pair(speculative=variant.speculative)
+        # Sampled speculative variants run where the product runs them: on the exact engine.
+        engine = self.engines.pair(speculative=variant.speculative,
+                                   exact_sampling=variant.speculative and variant.temperature > 0)
         text, stats, started = run_once(engine, prompt=prompt.text, params=variant.params(max_new_tokens))
         decode_s = (stats.last_token_at or started) - (stats.first_token_at or started)
         speculative = engine.spec.uses_draft or engine.spec.uses_prompt_lookup
@@ -339,13 +349,18 @@ def expected_tokens_per_step(acceptance: float, k: int) -> float:
 
 # ------------------------------------------------------------------ summaries
 def summarize(results: dict[str, VariantResult], *, cost_ratio: float | None = None,
-              reference: dict[str, str] | None = None, path: str = INPROCESS, prompt_set: str = "") -> list[dict]:
+              reference: dict[str, str] | None = None, path: str = INPROCESS, prompt_set: str = "",
+              plain_name: str = PLAIN.name, greedy: bool = True) -> list[dict]:
     """One row per variant: medians over all samples and the spread of the repeats' medians,
     speedup over this path's plain (a ratio of medians), the theory (Leviathan et al.) for
     fixed K, and whether every text equals `reference` (the main alone's text per prompt; by
-    default this path's own plain run)."""
-    plain = results.get(PLAIN.name)
-    reference = reference if reference is not None else (_first_texts(plain) if plain else None)
+    default this path's own plain run). Sampled runs are not compared text by text (the
+    distribution test covers them)."""
+    plain = results.get(plain_name)
+    if not greedy:
+        reference = None
+    elif reference is None:
+        reference = _first_texts(plain) if plain else None
     base = _median(plain.tokens_per_s) if plain else None
     base_step = _median(plain.step_ms) if plain else None
     rows = []
@@ -359,6 +374,7 @@ def summarize(results: dict[str, VariantResult], *, cost_ratio: float | None = N
             "path": path,
             "set": prompt_set,
             "variant": name,
+            "temperature": r.variant.temperature,
             "speculative": r.variant.speculative,
             "k": k,
             "threshold": r.variant.assistant_confidence_threshold,

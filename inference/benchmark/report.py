@@ -36,6 +36,11 @@ PROFILE_COLUMNS: tuple[Column, ...] = (
     ("queue", "queue_ms_p50", ".1f"),
     ("engine", "engine_ms_p50", ".1f"), ("delivery", "delivery_ms_p50", ".1f"), ("TTFT", "total_ms_p50", ".1f"),
 )
+SAMPLED_COLUMNS: tuple[Column, ...] = (
+    ("variant", "variant", ""), ("tok/s", "tokens_per_s", ".1f"), ("speedup", "speedup", ".2f"),
+    ("acceptance", "acceptance_rate", ".2f"), ("tokens/step", "mean_accepted_length", ".2f"),
+    ("TTFT p50", "ttft_ms_p50", ".1f"), ("chosen", "chosen", ""),
+)
 STACK_COLUMNS: tuple[Column, ...] = (
     ("path", "path", ""), ("variant", "variant", ""), ("tok/s vs in-process", "tokens_per_s_vs_inprocess", ".2f"),
     ("TTFT added p50 (ms)", "ttft_added_ms_p50", ".1f"), ("speedup vs in-process", "speedup_vs_inprocess", ".2f"),
@@ -107,6 +112,10 @@ def print_report(results: dict, out=print) -> None:
     if any(r["path"] != INPROCESS for r in rows):
         out("\nStack overhead (same variant as in-process):")
         print_table([r for r in rows if r["path"] != INPROCESS], out=out, columns=STACK_COLUMNS)
+    if results.get("sampled"):
+        out(f"\nSampled (T={o['sampled_temperature']:g}), the exact engine vs the main alone in-process "
+            f"(product's choice for a lone request: {_chosen(results)}):")
+        print_table(results["sampled"], out=out, columns=SAMPLED_COLUMNS)
     if results["by_set"]:
         out("\nIn-process by prompt set:")
         print_table(results["by_set"], out=out, columns=SET_COLUMNS)
@@ -121,6 +130,10 @@ def print_report(results: dict, out=print) -> None:
         out("  " + bar_line(bar))
 
 
+
+
+def _chosen(results: dict) -> str:
+    return next((r["variant"] for r in results["sampled"] if r.get("chosen")), "none")
 
 
 def _fmt(value, fmt: str) -> str:
@@ -159,6 +172,11 @@ def render_markdown(results: dict, *, plots: list[str]) -> str:
                   "first token in the batch; delivery: the rest (worker setup, the stream's flush interval, Redis, "
                   "the consumer or SSE view).",
                   markdown_table(results["ttft_profile"], PROFILE_COLUMNS)]
+    if results.get("sampled"):
+        parts += [f"### Sampled (T = {o['sampled_temperature']:g}): the exact engine vs the main alone, in-process",
+                  f"Speculative sampling by the exact rule (the library's own sampling with a draft is not exact and "
+                  f"is not served). The product's choice for a lone request: {_chosen(results)}.",
+                  markdown_table(results["sampled"], SAMPLED_COLUMNS)]
     if results["by_set"]:
         parts += ["### In-process by prompt set",
                   markdown_table(results["by_set"], SET_COLUMNS)]

@@ -27,9 +27,10 @@ from django.utils import timezone
 from inference.benchmark import report
 from inference.pairs import checks
 from inference.benchmark.inprocess import (INPROCESS, PLAIN, Engines, InProcessPath, Progress, Variant, compare_to_inprocess,
-                                 default_variants, draft_cost_ratio, heldout_prompts, k_variant, measure, summarize,
-                                 threshold_variant, timestamp)
+                                 default_variants, draft_cost_ratio, heldout_prompts, k_variant, measure,
+                                 sampled_variants, summarize, threshold_variant, timestamp)
 from inference.models import BenchmarkRun, ModelPair
+from inference.serving import speculation
 
 if TYPE_CHECKING:
     from inference.benchmark.stack import StackTarget
@@ -63,6 +64,8 @@ class BenchmarkOptions:
     stack_ks: tuple[int, ...] = ()  # K values through the stack; () means the pair's default
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
     concurrency_client: str = "sse"
+    sampled_ks: tuple[int, ...] = (2, 3, 4)  # the exact engine at T = sampled_temperature; () skips sampled rows
+    sampled_temperature: float = 0.8
 
     def __post_init__(self):
         unknown = [c for c in (*self.clients, self.concurrency_client) if c not in CLIENTS]
@@ -194,9 +197,27 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
                 variants=sweep_variants, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
                 progress=phase(sweep_offset))
             measured["concurrency"] = summarize_concurrency(measured["concurrency_bursts"])
+    measured["sampled"] = measure_sampled(pair=pair, options=options, engines=engines, prompts=prompts)
     measured["finished_at"] = timestamp()
     measured["bars"] = report.evaluate_bars(measured)
     return measured
+
+
+def measure_sampled(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, prompts) -> list[dict]:
+    """Sampled rows in-process: the main alone and the exact engine per K at one temperature, and
+    which of them the product chooses for a lone request (its plan at load 1)."""
+    if not pair.draft_dir or not options.sampled_ks:
+        return []
+    chosen = speculation.plan(pair=pair, asked=speculation.Asked(sampled=True), load=1)
+    ks = sorted({*options.sampled_ks, *([chosen.k] if chosen.speculative and chosen.k else [])})
+    variants = sampled_variants(ks=ks, temperature=options.sampled_temperature)
+    results = measure(plan=[(InProcessPath(engines), variants)], prompts=prompts,
+                      max_new_tokens=options.max_new_tokens, repeats=options.repeats)[INPROCESS]
+    rows = summarize(results, plain_name=variants[0].name, greedy=False)
+    chosen_name = variants[0].name if not chosen.speculative else f"T={options.sampled_temperature:g} K={chosen.k}"
+    for row in rows:
+        row["chosen"] = row["variant"] == chosen_name
+    return rows
 
 
 # ------------------------------------------------------------------ runs kept in the database

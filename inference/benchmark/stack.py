@@ -131,7 +131,8 @@ def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
                          f"that server with --url")
     root = Path(settings.BASE_DIR)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "chatsite.settings"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
+           "SPECCHAT_CHAT_MAX_CONCURRENT": str(worker_threads)}  # the benchmark user's websocket sweep, as its key
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="specchat-bench-") as logs:
         worker_log, web_log = Path(logs, "worker.log"), Path(logs, "daphne.log")

@@ -322,6 +322,14 @@ def stalled_generation_problem(*, generation_id) -> str:
     return ""
 
 
+def fail_if_stalled(*, generation_id) -> bool:
+    """Fail the generation if it will never finish (see stalled_generation_problem); True if it was failed."""
+    problem = stalled_generation_problem(generation_id=generation_id)
+    if problem:
+        fail_generation(generation_id=generation_id, message=problem)
+    return bool(problem)
+
+
 async def wait_for(*, generation_id) -> Generation:
     """The generation once it has ended (used by non-streaming API calls and tests)."""
     async for _, event in follow_generation(generation_id=generation_id):

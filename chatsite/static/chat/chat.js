@@ -10,8 +10,27 @@ let socket = null;
 let retryMs = 250;
 let refCounter = 0;
 
+// Model output is attacker-influenced (prompt injection): only plain formatting survives. No style,
+// no forms or inputs, no id/name/class that could stand in for the page's own elements, nothing that
+// loads from elsewhere (images, frames, svg), links only to http(s) and mailto, opened apart from the chat.
+const ANSWER_HTML = {
+  ALLOWED_TAGS: ["p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "b", "i", "del", "s", "sup",
+                 "sub", "kbd", "code", "pre", "blockquote", "ul", "ol", "li", "a", "table", "thead", "tbody", "tr",
+                 "th", "td"],
+  ALLOWED_ATTR: ["href", "title", "start", "align"],
+  ALLOWED_URI_REGEXP: /^(?:https?|mailto):/i,
+  ALLOW_DATA_ATTR: false,
+  ALLOW_ARIA_ATTR: false,
+};
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A" && node.hasAttribute("href")) {
+    node.setAttribute("rel", "noopener noreferrer nofollow");
+    node.setAttribute("target", "_blank");
+  }
+});
+
 function renderMarkdown(text) {
-  return DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: false }));
+  return DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: false }), ANSWER_HTML);
 }
 
 function escapeHtml(text) {

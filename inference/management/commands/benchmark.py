@@ -41,6 +41,10 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=runs.int_list, default=defaults.concurrency,
                             help="simultaneous streams, e.g. 1,2,4,8,16 (empty: no sweep)")
         parser.add_argument("--concurrency-client", default=defaults.concurrency_client, choices=("sse", "websocket"))
+        parser.add_argument("--sampled-ks", type=runs.int_list, default=defaults.sampled_ks,
+                            help="K values of the exact engine for the sampled rows (empty: none)")
+        parser.add_argument("--temperature", type=float, default=defaults.sampled_temperature,
+                            help="temperature of the sampled rows")
         parser.add_argument("--no-stack", action="store_true", help="in-process only")
         parser.add_argument("--url", help="benchmark this running server instead of starting daphne and a worker")
         parser.add_argument("--out", type=Path, default=Path(settings.BASE_DIR) / "docs" / "benchmark",
@@ -55,7 +59,8 @@ class Command(BaseCommand):
                 max_new_tokens=o["max_new_tokens"], repeats=o["repeats"], ks=o["ks"], thresholds=o["thresholds"],
                 prompt_sets=o["prompts"], prompts_per_set=o["prompts_per_set"],
                 clients=() if o["no_stack"] else o["clients"], stack_ks=o["stack_ks"],
-                concurrency=o["concurrency"], concurrency_client=o["concurrency_client"])
+                concurrency=o["concurrency"], concurrency_client=o["concurrency_client"],
+                sampled_ks=o["sampled_ks"], sampled_temperature=o["temperature"])
             engines = Engines(pair_spec(pair=pair))
             with tqdm(total=1, unit="run", dynamic_ncols=True) as bar, closing(engines):
                 def progress(done: int, total: int, label: str) -> None:

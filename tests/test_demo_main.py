@@ -1,0 +1,55 @@
+"""The demo main `make run` serves: built from the committed main, deterministic, verified by its
+checksum, the same function as the committed main, and a pair whose greedy answers through the
+product are the main alone's."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.django_db(transaction=True)
+import requests
+
+from inference.engines.base import DecodingParams, Finished, PairSpec
+from inference.engines.library import PairEngine
+from inference.pairs import demo_main
+
+PROMPTS = ("def quicksort(numbers):", "class Stack:\n    def __init__(self):", "def parse_args(argv):")
+
+
+def greedy(engine: PairEngine, prompt: str, n: int = 32) -> list[int]:
+    request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=n, ignore_eos=True))
+    tokens: list[int] = []
+    while not isinstance(event := request.events.get(timeout=120), Finished):
+        tokens += event.token_ids
+    return tokens
+
+
+def test_the_build_is_deterministic_and_checked_by_pair_json():
+    manifest = demo_main.build()
+    assert manifest["sha256"] == demo_main.expected_sha256() == demo_main.sha256(demo_main.TARGET / "openvino_model.bin")
+    assert 200e6 < manifest["params"] < 400e6 and demo_main.is_built()
+    (demo_main.TARGET / "openvino_model.bin").write_bytes(b"corrupted")  # a damaged copy is rebuilt
+    assert not demo_main.is_built()
+    assert demo_main.build()["sha256"] == manifest["sha256"] and demo_main.is_built()
+    config = json.loads((demo_main.TARGET / "config.json").read_text())
+    assert config["intermediate_size"] == 4 * json.loads((demo_main.SOURCE / "config.json").read_text())[
+        "intermediate_size"]
+
+
+def test_the_grown_main_computes_what_the_committed_main_computes():
+    demo_main.build()
+    small = PairEngine(PairSpec(slug="small", main_dir=str(demo_main.SOURCE), speculative=False))
+    large = PairEngine(PairSpec(slug="large", main_dir=str(demo_main.TARGET), speculative=False))
+    for prompt in PROMPTS:
+        assert greedy(large, prompt) == greedy(small, prompt)
+
+
+@pytest.mark.usefixtures("celery_worker")
+def test_the_served_demo_pair_answers_the_main_alones_greedy_output(live_server_url, large_demo_pair, api_key):
+    large = PairEngine(PairSpec(slug="large", main_dir=str(demo_main.TARGET), speculative=False))
+    expected = large.tokenizer.decode(greedy(large, PROMPTS[0], 24))
+    answer = requests.post(f"{live_server_url}/v1/completions", timeout=300, headers={
+        "Authorization": f"Bearer {api_key.secret}"}, json={
+        "model": "demo-code", "prompt": PROMPTS[0], "max_tokens": 24, "ignore_eos": True}).json()
+    assert answer["choices"][0]["text"] == expected
+    assert answer["usage"]["speculative_mode"] == "draft" and answer["usage"]["accepted_tokens"] > 0
