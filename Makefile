@@ -45,7 +45,12 @@ chromium:
 
 # The whole suite twice: on SQLite, then on PostgreSQL (pytest-django creates and drops test_specchat).
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/specchat
-test: install-train redis chromium demo-main
+# ruff (a broad rule set, complexity included) and mypy with the Django plugin; `make test` runs it first.
+lint: install
+	$(VENV)/bin/ruff check inference chatsite tests
+	$(VENV)/bin/mypy inference chatsite
+
+test: install-train lint redis chromium demo-main
 	$(PY) -m pytest
 	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest
 

@@ -7,8 +7,8 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 site_app = get_asgi_application()
 
-from django.conf import settings  # noqa: E402  (needs Django set up)
-from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler
 
 
 class ApiHandler(ASGIHandler):
@@ -35,11 +35,11 @@ async def http_app(scope, receive, send):
     return await app(scope, receive, send)
 
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack
+from channels.routing import ProtocolTypeRouter, URLRouter
 
-from chatsite.chat.origin import SameOriginValidator  # noqa: E402
-from chatsite.chat.routing import websocket_urlpatterns  # noqa: E402
+from chatsite.chat.origin import SameOriginValidator
+from chatsite.chat.routing import websocket_urlpatterns
 
 application = ProtocolTypeRouter(
     {

@@ -46,14 +46,14 @@ def _is_admin(request) -> bool:
 
 @sync_and_async_middleware
 def content_security_policy(get_response):
-    if iscoroutinefunction(get_response):
-        async def middleware(request):
-            response = await get_response(request)
-            response.headers.setdefault("Content-Security-Policy", policy(request))
-            return response
-    else:
-        def middleware(request):
-            response = get_response(request)
-            response.headers.setdefault("Content-Security-Policy", policy(request))
-            return response
-    return middleware
+    async def async_middleware(request):
+        response = await get_response(request)
+        response.headers.setdefault("Content-Security-Policy", policy(request))
+        return response
+
+    def sync_middleware(request):
+        response = get_response(request)
+        response.headers.setdefault("Content-Security-Policy", policy(request))
+        return response
+
+    return async_middleware if iscoroutinefunction(get_response) else sync_middleware

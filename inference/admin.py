@@ -13,12 +13,12 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from inference import selectors, transport
-from inference.celery_worker import worker_command_line
-from inference.benchmark import report, runs
-from inference.pairs import importer
 from inference.api.auth import set_new_key
+from inference.benchmark import report, runs
 from inference.benchmark.inprocess import table
+from inference.celery_worker import worker_command_line
 from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, ModelPair
+from inference.pairs import importer
 
 
 class ExtraStyle:
@@ -270,8 +270,9 @@ class BenchmarkRunAdmin(admin.ModelAdmin):
         return benchmark_html(run if run.status == BenchmarkRun.Status.FINISHED else None)
 
     def get_urls(self):
-        return [path("<int:run_id>/plot/<str:name>", self.admin_site.admin_view(self.plot),
-                     name="inference_benchmarkrun_plot")] + super().get_urls()
+        plot = path("<int:run_id>/plot/<str:name>", self.admin_site.admin_view(self.plot),
+                    name="inference_benchmarkrun_plot")
+        return [plot, *super().get_urls()]
 
     def plot(self, request, run_id: int, name: str):
         run = get_object_or_404(BenchmarkRun, id=run_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from django.db.models import Count
@@ -122,7 +123,7 @@ def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, pro
 def _queue_gauges() -> dict[str, float]:
     rows = (Generation.objects.filter(status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING])
             .values("pair__slug", "status").annotate(n=Count("id")))
-    names = {Generation.Status.QUEUED: "vllm:num_requests_waiting",
+    names: dict[str, str] = {Generation.Status.QUEUED: "vllm:num_requests_waiting",
              Generation.Status.RUNNING: "vllm:num_requests_running"}
     return {_sample(names[row["status"]], {"model_name": row["pair__slug"]}): row["n"] for row in rows}
 
@@ -136,7 +137,8 @@ def _order(sample: str, names: tuple[str, ...]) -> tuple:
 
 def exposition(*, client: redis.Redis) -> str:
     """Everything recorded so far, in the Prometheus text format (version 0.0.4)."""
-    samples = {**{field: float(value) for field, value in client.hgetall(METRICS_KEY).items()}, **_queue_gauges()}
+    recorded: Any = client.hgetall(METRICS_KEY)  # str keys, with decode_responses
+    samples: dict[str, float] = {**{field: float(value) for field, value in recorded.items()}, **_queue_gauges()}
     lines = []
     for family in FAMILIES:
         names = tuple(family.name + suffix for suffix in SUFFIXES[family.kind])

@@ -27,12 +27,16 @@ class ModelPair(models.Model):
         F32 = "f32"
 
     name = models.CharField(max_length=100, unique=True)
-    slug = models.SlugField(max_length=60, unique=True, help_text="The `model` name API clients use; also names the Celery queue.")
-    main_dir = models.CharField(max_length=500, help_text="Folder of the main model's OpenVINO IR, relative to the models root.")
+    slug = models.SlugField(max_length=60, unique=True,
+                            help_text="The `model` name API clients use; also names the Celery queue.")
+    main_dir = models.CharField(max_length=500,
+                                help_text="Folder of the main model's OpenVINO IR, relative to the models root.")
     draft_dir = models.CharField(
-        max_length=500, blank=True, help_text="Folder of the draft model; empty means no draft (plain or prompt-lookup decoding)."
+        max_length=500, blank=True,
+        help_text="Folder of the draft model; empty means no draft (plain or prompt-lookup decoding)."
     )
-    prompt_lookup = models.BooleanField(default=False, help_text="Without a draft: speculate from n-grams of the prompt.")
+    prompt_lookup = models.BooleanField(default=False,
+                                        help_text="Without a draft: speculate from n-grams of the prompt.")
     max_ngram_size = models.PositiveSmallIntegerField(default=3, help_text="Prompt lookup only.")
     device = models.CharField(max_length=8, choices=Device.choices, default=Device.CPU)
     num_assistant_tokens = models.PositiveSmallIntegerField(
@@ -116,7 +120,8 @@ class Generation(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     worker = models.CharField(max_length=200, blank=True)
     text = models.TextField(blank=True)
-    steps = models.JSONField(default=list, blank=True, help_text="Per main step: [accepted draft text, main's token text].")
+    steps = models.JSONField(default=list, blank=True,
+                             help_text="Per main step: [accepted draft text, main's token text].")
     finish_reason = models.CharField(max_length=20, blank=True)
     speculative_mode = models.CharField(max_length=30, blank=True, help_text="How the answer was served: draft, "
                                         "draft-exact-sampling, draft-inexact-sampling, prompt-lookup or off.")
@@ -192,6 +197,9 @@ class BenchmarkRun(models.Model):
     class Meta:
         ordering = ["-created_at"]
 
+    def __str__(self) -> str:
+        return f"benchmark of {self.pair_id} ({self.status})"
+
 
 class ImportJob(models.Model):
     """Export of a Hugging Face main/draft pair to OpenVINO IR and its registration, run by a worker."""
@@ -215,3 +223,6 @@ class ImportJob(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"import of {self.slug} ({self.status})"

@@ -30,7 +30,8 @@ def main(url: str) -> int:
                 print(f"started redis-server on port {port}")
                 return 0
             time.sleep(0.1)
-    print(f"Redis does not answer at {url}: install it (apt-get install redis-server) or set REDIS_URL.", file=sys.stderr)
+    print(f"Redis does not answer at {url}: install it (apt-get install redis-server) or set REDIS_URL.",
+          file=sys.stderr)
     return 1
 
 

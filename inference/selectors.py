@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -19,7 +20,7 @@ WORKER_INDEX = "specchat:workers"
 
 def live_workers(*, client: redis.Redis) -> list[dict]:
     """Heartbeats that have not expired: {name, queues, pairs: {slug: {state, error}}, active, slots}."""
-    names = client.zrangebyscore(WORKER_INDEX, time.time(), "+inf")
+    names: Any = client.zrangebyscore(WORKER_INDEX, time.time(), "+inf")  # str, with decode_responses
     if not names:
         return []
     return [json.loads(raw) for raw in client.mget([WORKER_KEY_PREFIX + name for name in names]) if raw]

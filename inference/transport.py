@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -92,7 +93,7 @@ async def follow(
     key = stream_key(generation_id)
     last = after or "0-0"
     while True:
-        batches = await client.xread({key: last}, block=block_ms, count=200)
+        batches: Any = await client.xread({key: last}, block=block_ms, count=200)  # str, with decode_responses
         if not batches:
             yield None, {"type": "idle"}
             continue

@@ -3,6 +3,7 @@ on the test database, and the shipped demo pair."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -82,7 +83,7 @@ def stack_env(django_db_setup, redis_client) -> dict[str, str]:
 class Worker:
     def __init__(self, env: dict[str, str], queues: str, log_path: Path):
         self.log_path = log_path
-        self.log = open(log_path, "w")
+        self.log = open(log_path, "w")  # noqa: SIM115 - closed by stop(), the worker writes to it meanwhile
         self.proc = subprocess.Popen(
             worker_command(queues=queues.split(","), concurrency=8, name=f"test-{os.getpid()}-{time.time_ns()}@%h",
                            standalone=True),
@@ -147,7 +148,7 @@ def demo_pair(transactional_db):
 
     from inference.models import ModelPair
 
-    call_command("register_demo_pair", "--main", "small", stdout=open(os.devnull, "w"))
+    call_command("register_demo_pair", "--main", "small", stdout=io.StringIO())
     return ModelPair.objects.get(slug="demo-code")
 
 
@@ -158,7 +159,7 @@ def large_demo_pair(transactional_db):
 
     from inference.models import ModelPair
 
-    call_command("register_demo_pair", stdout=open(os.devnull, "w"))
+    call_command("register_demo_pair", stdout=io.StringIO())
     return ModelPair.objects.get(slug="demo-code")
 
 

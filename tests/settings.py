@@ -13,8 +13,8 @@ os.environ.setdefault("SPECCHAT_CHAT_ABANDON_GRACE_S", "1")
 os.environ["REDIS_URL"] = os.environ.get(
     "SPECCHAT_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{os.environ.get('SPECCHAT_TEST_REDIS_DB', '15')}")
 
-from chatsite.settings import *  # noqa: E402,F403
-from chatsite.settings import DATABASES, VAR_DIR  # noqa: E402
+from chatsite.settings import *
+from chatsite.settings import DATABASES, VAR_DIR
 
 # A file, not an in-memory database: the Celery worker and daphne run as separate processes.
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):

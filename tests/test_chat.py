@@ -88,7 +88,7 @@ async def test_two_answers_on_one_worker_are_batched(demo_pair, user, other_user
     second = await send_message(bob, text="class Stack:\n    def __init__(self):", max_tokens=96)
     results = await asyncio.gather(events_until_end(alice, first["generation"]),
                                    events_until_end(bob, second["generation"]))
-    for started, events in zip((first, second), results):
+    for started, events in zip((first, second), results, strict=False):
         assert events[-1]["event"]["type"] == "done"
         generation = await Generation.objects.aget(id=started["generation"])
         assert generation.text == main_alone_greedy(generation.prompt, 96, add_special_tokens=False)

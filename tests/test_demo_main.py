@@ -5,13 +5,13 @@ product are the main alone's."""
 import json
 
 import pytest
-
-pytestmark = pytest.mark.django_db(transaction=True)
 import requests
 
 from inference.engines.base import DecodingParams, Finished, PairSpec
 from inference.engines.library import PairEngine
 from inference.pairs import demo_main
+
+pytestmark = pytest.mark.django_db(transaction=True)
 
 PROMPTS = ("def quicksort(numbers):", "class Stack:\n    def __init__(self):", "def parse_args(argv):")
 

@@ -116,7 +116,7 @@ def assert_unharmed(page, *, background: str, leak: Listener) -> None:
 
 def assert_send_sends_the_users_own_text(page) -> None:
     sent = []
-    page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(payload)))
+    page.on("websocket", lambda ws: ws.on("framesent", sent.append))
     page.reload()  # so the frames of this page's socket are seen
     page.wait_for_selector("body[data-connected='1']")
     page.locator("#composer textarea").fill("my own question")

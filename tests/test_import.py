@@ -1,9 +1,10 @@
+
 """`manage.py import_pair` and the admin's import form, on small Hugging Face-format Llama models built
 here (random weights, a tokenizer trained on a few KB of text), exported offline with optimum-intel."""
 
 from __future__ import annotations
 
-import os
+import io
 import shutil
 import time
 from pathlib import Path
@@ -11,13 +12,13 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference.pairs import importer
 from inference.models import ImportJob, ModelPair
+from inference.pairs import importer
 
 pytestmark = pytest.mark.skipif(not importer.can_export(), reason="import_pair needs the train extra (optimum-intel): "
                                 "pip install torch==2.13.0 -e '.[dev,train]' (make test installs it)")
 
-TEXT = ["def scale(x):\n    return x * %d  # the quick brown fox jumps over the lazy dog\n" % i for i in range(300)]
+TEXT = [f"def scale(x):\n    return x * {i}  # the quick brown fox jumps over the lazy dog\n" for i in range(300)]
 
 
 def _tokenizer(vocab_size: int):
@@ -79,7 +80,7 @@ def models_root(settings, tmp_path) -> Path:
 
 def import_pair(main, draft, *, slug="tiny", weight_format="fp16"):
     call_command("import_pair", name=f"Tiny {slug}", slug=slug, main=str(main), draft=str(draft),
-                 weight_format=weight_format, stdout=open(os.devnull, "w"))
+                 weight_format=weight_format, stdout=io.StringIO())
 
 
 def assert_nothing_left(models_root: Path, *, error: str) -> ImportJob:
@@ -125,13 +126,13 @@ def test_import_of_a_main_alone(db, hf, models_root):
 
 
 def test_missing_folder(db, hf, models_root, tmp_path):
-    with pytest.raises(CommandError, match="main folder .* does not exist"):
+    with pytest.raises(CommandError, match=r"main folder .* does not exist"):
         import_pair(tmp_path / "no-such-model", hf["draft"])
     assert_nothing_left(models_root, error="does not exist")
 
 
 def test_not_a_causal_lm(db, hf, models_root):
-    with pytest.raises(CommandError, match="not a causal language model.*BertForMaskedLM"):
+    with pytest.raises(CommandError, match=r"not a causal language model.*BertForMaskedLM"):
         import_pair(hf["masked_lm"], hf["draft"])
     assert_nothing_left(models_root, error="not a causal language model")
 
@@ -151,7 +152,7 @@ def test_disk_full(db, hf, models_root, settings):
 
 
 def test_export_failure_removes_the_partial_export(db, hf, models_root):
-    with pytest.raises(CommandError, match="Export of the draft .* failed"):
+    with pytest.raises(CommandError, match=r"Export of the draft .* failed"):
         import_pair(hf["main"], hf["corrupt_draft"])
     job = assert_nothing_left(models_root, error="optimum-cli exited")  # the main's finished export is gone too
     assert "exporting the main" in job.log and "exporting the draft" in job.log

@@ -29,8 +29,8 @@ def models_root(tmp_path) -> Path:
 
 
 def fields(**overrides) -> dict:
-    base = dict(main_dir="main", draft_dir="draft", prompt_lookup=False, num_assistant_tokens=4,
-                assistant_confidence_threshold=None, max_new_tokens_cap=512)
+    base = {"main_dir": "main", "draft_dir": "draft", "prompt_lookup": False, "num_assistant_tokens": 4,
+                "assistant_confidence_threshold": None, "max_new_tokens_cap": 512}
     return {**base, **overrides}
 
 

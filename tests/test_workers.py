@@ -7,13 +7,12 @@ import time
 from dataclasses import asdict
 
 import pytest
-
 from django.utils import timezone
 
 from inference import selectors, transport
-from inference.serving import web
 from inference.engines.base import DecodingParams
 from inference.models import Generation, ModelPair
+from inference.serving import web
 from inference.tasks import generate
 from tests.conftest import wait_until_done
 

@@ -26,11 +26,15 @@ class Message(models.Model):
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(max_length=10, choices=Role.choices)
     content = models.TextField(blank=True, help_text="The user's text; an answer's text lives in its generation.")
-    generation = models.OneToOneField(Generation, null=True, blank=True, on_delete=models.SET_NULL, related_name="message")
+    generation = models.OneToOneField(Generation, null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="message")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.role} message {self.id}"
 
     @property
     def text(self) -> str:

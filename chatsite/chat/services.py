@@ -16,8 +16,8 @@ from django.utils import timezone
 from chatsite.chat import selectors
 from chatsite.chat.models import Conversation, Message
 from inference import errors, transport
-from inference.serving import web
 from inference.models import Generation
+from inference.serving import web
 
 IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
 

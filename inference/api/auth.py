@@ -15,8 +15,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from inference import errors, transport
-from inference.serving import web
 from inference.models import ApiKey, Generation
+from inference.serving import web
 
 KEY_PREFIX = "sk-spec-"
 IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)

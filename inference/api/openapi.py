@@ -6,6 +6,8 @@ The fuzz test in tests/test_api_fuzz.py generates requests from this document.
 
 from __future__ import annotations
 
+from typing import Any
+
 from inference import limits
 
 DESCRIPTION = """\
@@ -55,7 +57,7 @@ def _errors(*statuses: int) -> dict:
 
 
 def _sampling(*, models: list[str], max_tokens: int) -> dict:
-    model = {"type": "string", "description": "A registered pair (GET /v1/models)."}
+    model: dict[str, Any] = {"type": "string", "description": "A registered pair (GET /v1/models)."}
     if models:
         model["enum"] = models
     tokens = {"type": "integer", "minimum": 1, "maximum": max_tokens, "nullable": True,

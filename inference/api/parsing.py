@@ -15,8 +15,8 @@ from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
 from inference import errors
-from inference.serving import web
 from inference.models import ModelPair
+from inference.serving import web
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -166,13 +166,16 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
             raise errors.InvalidValue("stream_options is only allowed with stream: true.", param="stream_options")
     include_usage = (stream_options or {}).get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
-        raise errors.InvalidType("stream_options.include_usage must be a boolean.", param="stream_options.include_usage")
+        raise errors.InvalidType("stream_options.include_usage must be a boolean.",
+                                 param="stream_options.include_usage")
     background = _flag(data, "background")
     options = web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens"))
-    messages = _chat_messages(data) if chat else None
-    prompt = None if chat else _completion_prompt(data)
-    pair = web.find_pair(slug=model)
     if chat:
+        messages = _chat_messages(data)
+        pair = web.find_pair(slug=model)
         prompt = web.chat_prompt(pair=pair, messages=messages)
+    else:
+        prompt = _completion_prompt(data)
+        pair = web.find_pair(slug=model)
     return ApiRequest(pair=pair, prompt=prompt, options=options, chat=chat, stream=stream,
                       include_usage=bool(include_usage), background=background)

@@ -54,7 +54,7 @@ class Shape:
     def chunk(self, *, delta: dict | None = None, text: str = "", finish_reason: str | None = None,
               with_usage: bool = False) -> dict:
         choice = {"index": 0, "delta": delta or {}} if self.chat else {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=FINISH_REASONS.get(finish_reason, finish_reason))
+        choice.update(logprobs=None, finish_reason=FINISH_REASONS.get(finish_reason or "", finish_reason))
         chunk = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
         if with_usage:
             chunk["usage"] = None  # OpenAI sends null on every chunk but the last when usage is asked for
@@ -70,9 +70,10 @@ class Shape:
             text = "".join(draft + main for draft, main in event["steps"])
             return [self.chunk(delta={"content": text}, text=text, with_usage=include_usage)]
         if kind == "done":
-            out: list[dict | str] = [self.chunk(finish_reason=event["finish_reason"], with_usage=include_usage)]
+            last = self.chunk(finish_reason=event["finish_reason"], with_usage=include_usage)
+            out: list[dict | str] = [last]
             if include_usage:
-                out.append({**self._head(out[0]["object"]), "choices": [], "usage": usage(event)})
+                out.append({**self._head(last["object"]), "choices": [], "usage": usage(event)})
             return [*out, "[DONE]"]
         if kind == "error":
             return [error_body(errors.GenerationFailed(

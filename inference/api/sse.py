@@ -19,10 +19,10 @@ from django.conf import settings
 from django.http import StreamingHttpResponse
 
 from inference import errors, transport
-from inference.serving import web
 from inference.api import auth
 from inference.api.shapes import Shape, error_body
 from inference.models import Generation
+from inference.serving import web
 
 KEEPALIVE_S = 15  # a comment line this often keeps proxies from closing a quiet stream
 

@@ -44,7 +44,8 @@ def api_view(*methods: str, authenticated: bool = False):
         async def view(request, **kwargs):
             try:
                 if request.method not in methods:
-                    reply = error_response(errors.MethodNotAllowed(f"{request.method} is not allowed here; use {', '.join(methods)}."))
+                    reply = error_response(errors.MethodNotAllowed(
+                        f"{request.method} is not allowed here; use {', '.join(methods)}."))
                     reply["Allow"] = ", ".join(methods)
                     return reply
                 if authenticated:

@@ -468,7 +468,7 @@ def print_table(rows: list[dict], out=print, columns: tuple[Column, ...] = TABLE
     lines = table(rows, columns)
     widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
     for line in lines:
-        out("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        out("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=False)))
 
 
 def timestamp() -> str:

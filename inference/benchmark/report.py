@@ -30,7 +30,7 @@ CONCURRENCY_COLUMNS: tuple[Column, ...] = (
     ("TTFT p95", "ttft_ms_p95", ".1f"), ("lat p50", "token_latency_ms_p50", ".2f"),
     ("lat p95", "token_latency_ms_p95", ".2f"), ("lost", "lost", ""), ("failed", "failed", ""),
 )
-SET_COLUMNS: tuple[Column, ...] = (("set", "set", ""),) + tuple(c for c in TABLE_COLUMNS if c[1] != "path")
+SET_COLUMNS: tuple[Column, ...] = (("set", "set", ""), *tuple(c for c in TABLE_COLUMNS if c[1] != "path"))
 PROFILE_COLUMNS: tuple[Column, ...] = (
     ("path", "path", ""), ("generations", "samples", ""), ("web", "web_ms_p50", ".1f"),
     ("queue", "queue_ms_p50", ".1f"),
@@ -89,7 +89,8 @@ def evaluate_bars(results: dict) -> list[dict]:
         bars.append(_bar(f"best K ({best['variant']}): draft acceptance on held-out code", acceptance, ">=",
                          DEMO_ACCEPTANCE, ""))
         identical = sum(1 for r in rows if r["path"] == INPROCESS and r["speculative"] and not r["identical_to_plain"])
-        bars.append(_bar("speculative variants whose greedy text differs from the main alone's", identical, "<=", 0, ""))
+        bars.append(_bar("speculative variants whose greedy text differs from the main alone's", identical, "<=", 0,
+                         ""))
     return bars
 
 
@@ -152,14 +153,15 @@ def render_markdown(results: dict, *, plots: list[str]) -> str:
     rows = [r for r in results["rows"] if not r["set"]]
     parts = [
         f"## Benchmark of `{results['pair']}`",
-        f"{results['started_at']} to {results['finished_at']}; {m['cpus']} CPU(s) ({m.get('cpu', 'CPU not recorded')}), "
+        (f"{results['started_at']} to {results['finished_at']}; {m['cpus']} CPU(s) "
+         f"({m.get('cpu', 'CPU not recorded')}), "
         f"{m['platform']}, openvino-genai "
         f"{m['openvino_genai']}. {o['max_new_tokens']} new tokens per generation (greedy, EOS ignored), "
         f"{o['repeats']} repeat(s) over {results['prompts']} held-out prompt(s) ({', '.join(o['prompt_sets'])}), "
         f"variants interleaved. Draft/main cost ratio c = {_fmt(results['cost_ratio'], '.3f')}. "
         "tok/s is the median over generations (spread: the repeats' medians); speedup is over plain on the same path; "
         "theory is Leviathan et al.'s (1 - a^(K+1)) / ((1 - a)(1 + Kc)); step cost is a decoding step's time over a "
-        "plain step's (theory: 1 + Kc); same = every text equals the main alone's.",
+        "plain step's (theory: 1 + Kc); same = every text equals the main alone's."),
         markdown_table(rows, TABLE_COLUMNS),
     ]
     stack_rows = [r for r in rows if r["path"] != INPROCESS]
@@ -168,14 +170,14 @@ def render_markdown(results: dict, *, plots: list[str]) -> str:
                   markdown_table(stack_rows, STACK_COLUMNS)]
     if results["ttft_profile"]:
         parts += ["### Where the stack's time to first token goes (p50, ms)",
-                  "web: from sending until the generation is recorded; queue: until a worker claims it; engine: the "
+                  ("web: from sending until the generation is recorded; queue: until a worker claims it; engine: the "
                   "first token in the batch; delivery: the rest (worker setup, the stream's flush interval, Redis, "
-                  "the consumer or SSE view).",
+                  "the consumer or SSE view)."),
                   markdown_table(results["ttft_profile"], PROFILE_COLUMNS)]
     if results.get("sampled"):
         parts += [f"### Sampled (T = {o['sampled_temperature']:g}): the exact engine vs the main alone, in-process",
-                  f"Speculative sampling by the exact rule (the library's own sampling with a draft is not exact and "
-                  f"is not served). The product's choice for a lone request: {_chosen(results)}.",
+                  (f"Speculative sampling by the exact rule (the library's own sampling with a draft is not exact and "
+                  f"is not served). The product's choice for a lone request: {_chosen(results)}."),
                   markdown_table(results["sampled"], SAMPLED_COLUMNS)]
     if results["by_set"]:
         parts += ["### In-process by prompt set",

@@ -25,11 +25,26 @@ from django.db import transaction
 from django.utils import timezone
 
 from inference.benchmark import report
-from inference.pairs import checks
-from inference.benchmark.inprocess import (INPROCESS, PLAIN, Engines, InProcessPath, Progress, Variant, compare_to_inprocess,
-                                 default_variants, draft_cost_ratio, heldout_prompts, k_variant, measure,
-                                 sampled_variants, summarize, threshold_variant, timestamp)
+from inference.benchmark.inprocess import (
+    INPROCESS,
+    PLAIN,
+    Engines,
+    InProcessPath,
+    Progress,
+    Variant,
+    compare_to_inprocess,
+    default_variants,
+    draft_cost_ratio,
+    heldout_prompts,
+    k_variant,
+    measure,
+    sampled_variants,
+    summarize,
+    threshold_variant,
+    timestamp,
+)
 from inference.models import BenchmarkRun, ModelPair
+from inference.pairs import checks
 from inference.serving import speculation
 
 if TYPE_CHECKING:

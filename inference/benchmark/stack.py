@@ -29,10 +29,10 @@ from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
 
 from inference import selectors, transport
-from inference.celery_worker import worker_command
-from inference.limits import ServingState
 from inference.api.auth import set_new_key
 from inference.benchmark.inprocess import Progress, Prompt, Sample, Variant, percentile
+from inference.celery_worker import worker_command
+from inference.limits import ServingState
 from inference.models import ApiKey, Generation, ModelPair
 
 BENCHMARK_USERNAME = "specchat-benchmark"  # has no password: only the benchmark logs in as it

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import openvino_genai as og
 
+
 @dataclass(frozen=True)
 class PairSpec:
     """Everything needed to build a pair's pipeline. `speculative=False` builds the main alone,

@@ -140,7 +140,7 @@ class ExactEngine:
         return len(self._active)
 
     def submit(self, *, prompt: str, params: DecodingParams, add_special_tokens: bool = True,
-               before_batch: Callable[[int], None] | None = None) -> ActiveRequest:
+               before_batch: Callable[[int], object] | None = None) -> ActiveRequest:
         prompt_ids = [int(t) for t in self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
                       .input_ids.data[0]]
         if before_batch:

@@ -52,7 +52,7 @@ class PairEngine:
         return len(self._active)
 
     def submit(self, *, prompt: str, params: DecodingParams, add_special_tokens: bool = True,
-               before_batch: Callable[[int], None] | None = None) -> ActiveRequest:
+               before_batch: Callable[[int], object] | None = None) -> ActiveRequest:
         """Add a request to the batch. `before_batch(prompt_tokens)` runs first: once the request is
         in, step() holds the GIL and I/O from other threads (a Redis write) waits tens of ms."""
         input_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids

@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 
 from inference.engines.base import PairSpec
-from inference.limits import LoadState
 from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
+from inference.limits import LoadState
 
 
 class EngineRegistry:

@@ -116,9 +116,11 @@ def validate_pair_fields(
     speculative = bool(draft_dir) or prompt_lookup
     k, threshold = num_assistant_tokens, assistant_confidence_threshold
     if k is not None and threshold is not None:
-        errors["assistant_confidence_threshold"] = "Set either num_assistant_tokens or the confidence threshold, not both."
+        errors["assistant_confidence_threshold"] = (
+            "Set either num_assistant_tokens or the confidence threshold, not both.")
     elif speculative and k is None and threshold is None:
-        errors["num_assistant_tokens"] = "A speculative pair needs a default: num_assistant_tokens or the confidence threshold."
+        errors["num_assistant_tokens"] = (
+            "A speculative pair needs a default: num_assistant_tokens or the confidence threshold.")
     elif prompt_lookup and k is None:
         errors["num_assistant_tokens"] = "Prompt lookup needs num_assistant_tokens."
     if k is not None and not limits.K_MIN <= k <= limits.K_MAX:

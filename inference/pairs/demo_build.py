@@ -289,9 +289,11 @@ def stage_draft(work: Path, a) -> None:
     main = LlamaForCausalLM.from_pretrained(work / "main_trained").eval()
     for p in main.parameters():
         p.requires_grad_(False)
-    draft = llama(tok, hidden=a.draft_hidden, layers=a.draft_layers, heads=a.draft_heads, intermediate=a.draft_intermediate)
+    draft = llama(tok, hidden=a.draft_hidden, layers=a.draft_layers, heads=a.draft_heads,
+                  intermediate=a.draft_intermediate)
     log(f"draft: {n_params(draft) / 1e6:.2f} M parameters")
-    pre = train_loop(draft, a.draft_pretrain_steps, a.draft_lr, random_batches(blocks, a.batch, a.seed + 3), lm_loss, "pretrain draft")
+    pre = train_loop(draft, a.draft_pretrain_steps, a.draft_lr, random_batches(blocks, a.batch, a.seed + 3), lm_loss,
+                     "pretrain draft")
 
     synth = json.loads((work / "synth.json").read_text())
     by_len: dict[int, list[list[int]]] = {}
@@ -388,7 +390,8 @@ def stage_measure(work: Path, a) -> None:
             export(work / f"main_x{factor}", work / f"main_x{factor}_ir", a.main_weights)
             row = next(r for r in measure_pair(work / f"main_x{factor}_ir", out / "draft", prompts[:6], [best_k],
                                                repeats=1)["rows"] if r["variant"] == f"K={best_k}")
-        curve.append({"main_params": params, "mlp_growth": factor, "k": best_k, "acceptance_rate": row["acceptance_rate"],
+        curve.append({"main_params": params, "mlp_growth": factor, "k": best_k,
+                      "acceptance_rate": row["acceptance_rate"],
                       "speedup": row["speedup"]})
         log(f"main x{factor} ({params / 1e6:.0f} M): speedup {row['speedup']:.2f} at K={best_k}")
     measured = {
@@ -429,7 +432,8 @@ def stage_pair_json(work: Path, a) -> None:
         "description": "Python code-completion pair trained offline on CPython's standard library.",
         "corpus": f"CPython {sys.version.split()[0]} standard library (tests excluded), one function per document",
         "seed": a.seed,
-        "main": {**{k: cfg["main_hf"][k] for k in keep}, **info.get("main_hf", {}), "trained": info.get("main_trained", {}),
+        "main": {**{k: cfg["main_hf"][k] for k in keep}, **info.get("main_hf", {}),
+                 "trained": info.get("main_trained", {}),
                  "weights": info.get("export", {}).get("main_weights"),
                  "growth": "Net2Net MLP widening after training (function-preserving): the main computes what the "
                            "trained model computes, at the cost of a model this size"},

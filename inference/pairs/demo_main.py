@@ -18,6 +18,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -70,7 +71,8 @@ def grow(model: ov.Model, growth: int) -> int:
         else:  # hidden units are rows: repeat them
             grown_weight = np.tile(dequantized, (growth, 1))
         to_f32 = op.input_value(1).get_node()  # Convert(f16 -> f32) of the decompressed weight
-        to_f32.input(0).replace_source_output(ops.constant(grown_weight.astype(np.float16), dtype=ov.Type.f16).output(0))
+        as_f16 = ops.constant(grown_weight.astype(np.float16), dtype=ov.Type.f16)
+        to_f32.input(0).replace_source_output(as_f16.output(0))
         grown += 1
     model.validate_nodes_and_infer_types()
     return grown
@@ -114,8 +116,8 @@ def build(*, growth: int = GROWTH, out=print) -> dict:
     config["intermediate_size"] = config["intermediate_size"] * growth
     (staging / "config.json").write_text(json.dumps(config, indent=2))
     bin_path = staging / "openvino_model.bin"
-    manifest = {"growth": growth, "projections": grown, "sha256": sha256(bin_path), "bytes": bin_path.stat().st_size,
-                "params": _parameters(model)}
+    manifest: dict[str, Any] = {"growth": growth, "projections": grown, "sha256": sha256(bin_path),
+                                "bytes": bin_path.stat().st_size, "params": _parameters(model)}
     expected = expected_sha256()
     if expected and manifest["sha256"] != expected:
         raise RuntimeError(f"the grown main's checksum {manifest['sha256']} is not pair.json's {expected}")

@@ -24,15 +24,15 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
+from io import BufferedReader
 from pathlib import Path
-from typing import IO
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from inference.pairs import checks
 from inference.models import ImportJob, ModelPair
+from inference.pairs import checks
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class _Progress:
             self._saved_at = time.monotonic()
 
 
-def _output_lines(stream: IO[bytes]) -> Iterator[str]:
+def _output_lines(stream: BufferedReader) -> Iterator[str]:
     """Lines of a subprocess's output as they come, progress bars' carriage returns included."""
     pending = b""
     while chunk := stream.read1(65536):
@@ -216,7 +216,7 @@ def export(*, source: Path, target: Path, weight_format: str, role: str, progres
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     tail: deque[str] = deque(maxlen=30)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as proc:
-        for line in _output_lines(proc.stdout):
+        for line in _output_lines(proc.stdout):  # type: ignore[arg-type]  # a PIPE, so not None
             tail.append(line)
             progress.line(line)
             for marker, done in EXPORT_MILESTONES:

@@ -24,8 +24,13 @@ from django.db import close_old_connections
 from inference import transport
 from inference.models import ModelPair
 from inference.selectors import WORKER_INDEX, WORKER_KEY_PREFIX
-from inference.serving.worker import (ENGINES, fail_orphaned_generations, load_engine, resend_lost_generations,
-                                      stop_running)
+from inference.serving.worker import (
+    ENGINES,
+    fail_orphaned_generations,
+    load_engine,
+    resend_lost_generations,
+    stop_running,
+)
 
 log = logging.getLogger(__name__)
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"

@@ -12,6 +12,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from celery import current_app
@@ -65,7 +66,8 @@ def parse_options(data: dict, *, max_tokens_names: tuple[str, ...] = ("max_token
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= limits.MAX_STOP_STRINGS:
         stop = tuple(stop)
     else:
-        raise errors.InvalidType(f"stop must be a string or a list of at most {limits.MAX_STOP_STRINGS} strings.", param="stop")
+        raise errors.InvalidType(f"stop must be a string or a list of at most {limits.MAX_STOP_STRINGS} strings.",
+                                 param="stop")
     if any(not s or "\x00" in s for s in stop):
         raise errors.InvalidValue("stop strings must not be empty or contain NUL.", param="stop")
     return GenerationOptions(
@@ -118,7 +120,9 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
     _check_range(options.top_p, 0, 1, "top_p", low_open=True)
     _check_range(options.top_k, 0, limits.TOP_K_MAX, "top_k")
     _check_range(options.seed, 0, limits.MAX_SEED, "seed")
-    max_new = options.max_new_tokens if options.max_new_tokens is not None else min(pair.max_new_tokens_cap, limits.DEFAULT_MAX_NEW_TOKENS)
+    max_new = options.max_new_tokens
+    if max_new is None:
+        max_new = min(pair.max_new_tokens_cap, limits.DEFAULT_MAX_NEW_TOKENS)
     if max_new < 1:
         raise errors.InvalidValue(f"max_tokens must be at least 1; got {max_new}.", param="max_tokens")
     if max_new > pair.max_new_tokens_cap:
@@ -156,7 +160,8 @@ def asked(options: GenerationOptions) -> speculation.Asked:
 def _check_float32_floor(value: float | None, param: str, *, zero_means: str = "") -> None:
     if value and 0 < value < limits.FLOAT32_TINY:
         hint = f"; use 0 for {zero_means}" if zero_means else ""
-        raise errors.InvalidValue(f"{param} {value} is too small for the pipeline (at least {limits.FLOAT32_TINY}{hint}).",
+        raise errors.InvalidValue(
+            f"{param} {value} is too small for the pipeline (at least {limits.FLOAT32_TINY}{hint}).",
                                      param=param)
 
 
@@ -262,10 +267,10 @@ async def follow_generation(*, generation_id, after: str = "0-0"):
             if time.monotonic() - quiet_since >= 2:
                 problem = await sync_to_async(stalled_generation_problem)(generation_id=generation_id)
                 if problem:
-                    entry_id = await sync_to_async(fail_generation)(generation_id=generation_id, message=problem)
-                    if entry_id is None:
+                    error_id = await sync_to_async(fail_generation)(generation_id=generation_id, message=problem)
+                    if error_id is None:
                         continue  # it finished meanwhile: its last events are on the stream
-                    yield entry_id, {"type": "error", "message": problem}
+                    yield error_id, {"type": "error", "message": problem}
                     return
                 quiet_since = time.monotonic()
     except transport.REDIS_ERRORS as exc:
@@ -293,7 +298,7 @@ def nothing_after(*, generation_id, seen: str) -> bool:
         "finished_at", flat=True).first()
     if finished_at is None:
         return False
-    last = transport.sync_client().xrevrange(transport.stream_key(generation_id), count=1)
+    last: Any = transport.sync_client().xrevrange(transport.stream_key(generation_id), count=1)
     if last and _entry_key(last[0][0]) > _entry_key(seen):
         return False  # more to read
     if last and json.loads(last[0][1]["data"]).get("type") in transport.TERMINAL:

@@ -10,7 +10,6 @@ import time
 from datetime import timedelta
 
 from celery import current_app
-
 from django.conf import settings
 from django.utils import timezone
 

@@ -7,8 +7,7 @@ from tqdm import tqdm
 
 from inference.benchmark import report, runs
 from inference.benchmark.inprocess import Engines
-from inference.benchmark.stack import (StackError, StackTarget, StreamError, check_served, local_stack,
-                                       stack_credentials)
+from inference.benchmark.stack import StackError, StackTarget, StreamError, check_served, local_stack, stack_credentials
 from inference.models import ModelPair
 from inference.serving.records import pair_spec
 

@@ -2,8 +2,8 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from inference.celery_worker import worker_command_line
-from inference.pairs import importer
 from inference.models import ImportJob, ModelPair
+from inference.pairs import importer
 
 
 class Command(BaseCommand):
@@ -21,8 +21,9 @@ class Command(BaseCommand):
         parser.add_argument("--device", choices=ModelPair.Device.values, default=ModelPair.Device.CPU)
 
     def handle(self, *args, name, slug, main, draft, weight_format, kv_cache_precision, device, **options):
-        fields = dict(name=name, slug=slug, main_source=main, draft_source=draft, weight_format=weight_format,
-                      kv_cache_precision=kv_cache_precision, device=device)
+        fields = {"name": name, "slug": slug, "main_source": main, "draft_source": draft,
+                  "weight_format": weight_format,
+                      "kv_cache_precision": kv_cache_precision, "device": device}
         errors = importer.request_errors(**fields)
         if errors:
             raise CommandError(" ".join(errors.values()))

@@ -35,4 +35,5 @@ class Command(BaseCommand):
         except ValidationError as exc:
             raise CommandError(f"The demo pair cannot be registered: {exc.message_dict}") from exc
         pair.save()
-        self.stdout.write(f"registered pair '{pair.slug}' ({pair.main_dir} + {pair.draft_dir}, K={pair.num_assistant_tokens})")
+        self.stdout.write(f"registered pair '{pair.slug}' ({pair.main_dir} + {pair.draft_dir}, "
+                          f"K={pair.num_assistant_tokens})")

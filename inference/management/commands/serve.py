@@ -6,8 +6,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from inference.celery_worker import worker_command
-from inference.pairs import importer
 from inference.models import ModelPair
+from inference.pairs import importer
 
 
 class Command(BaseCommand):
@@ -22,7 +22,8 @@ class Command(BaseCommand):
         if importer.can_export():
             queues.append(settings.CONTROL_QUEUE)  # the train extra is here: take the admin's imports too
         worker = subprocess.Popen(worker_command(queues=queues, concurrency=settings.WORKER_SLOTS))
-        web = subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "chatsite.asgi:application"])
+        web = subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port),
+                                "chatsite.asgi:application"])
         self.stdout.write(self.style.SUCCESS(
             f"\nSpecChat is up at http://{host}:{port}/  (admin: http://{host}:{port}/admin/)\n"
             f"Worker queues: {', '.join(queues)}. Ctrl-C stops both.\n"))
