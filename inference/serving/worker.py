@@ -54,7 +54,7 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     if not claimed:
         return
     planned = speculation.plan(pair=generation.pair, asked=speculation.Asked(**generation.params.get("asked", {})),
-                               load=ENGINES.active_requests(slug=generation.pair.slug) + 1)
+                               load=current_load(pair=generation.pair))
     Generation.objects.filter(id=generation.id).update(
         speculative_mode=planned.mode, speculative_reason=planned.reason, speculative_k=planned.k)
     generation.speculative_mode, generation.speculative_reason = planned.mode, planned.reason
@@ -84,6 +84,17 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         fail_generation(generation_id=generation.id, message=f"The worker failed: {type(exc).__name__}: {exc}")
     finally:
         RUNNING.pop(str(generation.id), None)
+
+
+def current_load(*, pair: ModelPair) -> int:
+    """Streams a request joining now shares this worker with: those it runs, or, when a burst arrives,
+    the pair's generations in flight (queued ones included) spread over the workers serving it; a
+    burst's first requests would otherwise plan for a load that is about to come."""
+    running_here = ENGINES.active_requests(slug=pair.slug) + 1
+    in_flight = Generation.objects.filter(pair=pair, status__in=[Generation.Status.QUEUED,
+                                                               Generation.Status.RUNNING]).count()
+    serving = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
+    return max(running_here, -(-in_flight // max(len(serving), 1)))
 
 
 def stop_running(*, generation_id: str) -> None:
