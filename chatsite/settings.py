@@ -125,6 +125,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True  # results travel through the token stream and the database
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A running answer goes on through a broker outage (its tokens reach Redis by retries; the task is acked at the end).
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # --- Models and generation
 MODELS_ROOT = Path(os.environ.get("SPECCHAT_MODELS_ROOT", BASE_DIR / "inference" / "models")).resolve()
@@ -143,6 +145,8 @@ STALL_TIMEOUT_S = env_int("SPECCHAT_STALL_TIMEOUT_S", 15)  # a queued answer nob
 REQUEUE_AFTER_S = env_int("SPECCHAT_REQUEUE_AFTER_S", 10)
 RETENTION_DAYS = env_int("SPECCHAT_RETENTION_DAYS", 90)  # `manage.py purge_history` deletes older history; 0 keeps all
 QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if still queued after this
+# A worker replaces a pipeline after this many requests (openvino-genai keeps memory per request served); 0: never.
+ENGINE_RENEW_AFTER_REQUESTS = env_int("SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS", 200)
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin
 CONTROL_QUEUE = "control"  # Celery queue of jobs tied to no pair (imports): consumed by a worker with the train extra
 IMPORT_DISK_RESERVE_GB = env_int("SPECCHAT_IMPORT_DISK_RESERVE_GB", 1)  # an import must leave this much free

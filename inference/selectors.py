@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from django.conf import settings
 
 from inference.limits import LoadState, ServingState
 from inference.models import Generation, ModelPair
@@ -60,6 +61,13 @@ def pair_states(*, client: redis.Redis) -> dict[str, PairState]:
 
 def enabled_pair(*, slug: str) -> ModelPair | None:
     return ModelPair.objects.filter(slug=slug, enabled=True).first()
+
+
+def heartbeats_settled(*, client: redis.Redis) -> bool:
+    """False for a heartbeat TTL after Redis (re)started: a Redis without persistence forgot every
+    heartbeat, and a worker missing from it then is not known to be dead."""
+    info: Any = client.info("server")
+    return int(info["uptime_in_seconds"]) >= settings.WORKER_HEARTBEAT_TTL_S
 
 
 def worker_is_alive(*, client: redis.Redis, name: str) -> bool:

@@ -6,8 +6,9 @@ reconnecting websocket or an SSE client with Last-Event-ID resumes from its id: 
 nothing is read twice. The stream expires some time after the generation ends; the finished
 answer lives on in the database.
 
-Event types: start {prompt_tokens, worker}, delta {steps: [[draft_text, main_text], ...]},
-done {finish_reason, text, metrics...}, error {message}.
+Event types: start {prompt_tokens, worker}, delta {at, steps: [[draft_text, main_text], ...]},
+done {finish_reason, text, metrics...}, error {message}. A Redis restart loses the stream: the worker
+then writes its history again (see StreamWriter) and readers align on the deltas' `at`.
 """
 
 from __future__ import annotations
@@ -50,20 +51,57 @@ def async_client() -> aioredis.Redis:
                                    retry=AsyncRetry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES))
 
 
+# XADD only if the stream still holds the events this writer sent (a Redis restart without persistence
+# loses it): otherwise nothing is written and the writer sends its history again first.
+_GUARDED_XADD = """
+if redis.call('XLEN', KEYS[1]) ~= tonumber(ARGV[1]) then return false end
+local id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return id
+"""
+
+
 class StreamWriter:
-    """The worker's side: one XADD per event (the caller batches steps into one delta)."""
+    """The worker's side: one XADD per event (the caller batches steps into one delta). Each delta
+    carries `at`, the index of its first step, so a reader can align what it reads. If the stream was
+    lost (Redis restarted), the writer sends a `start` and one delta of every step so far (at 0)
+    before the next event: a reader that kept its place skips what it has, nothing is lost."""
 
     def __init__(self, client: redis.Redis, generation_id):
         self.client = client
         self.key = stream_key(generation_id)
         self.cancel = cancel_key(generation_id)
+        self.start: dict | None = None
+        self.steps: list = []
+        self.written = 0  # events in the stream as this writer left it
+        self.replays = 0
+        self._xadd = client.register_script(_GUARDED_XADD)
 
     def send(self, event: dict) -> str:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(self.key, {"data": json.dumps(event)})
-        pipe.expire(self.key, settings.STREAM_TTL_S)
-        entry_id, _ = pipe.execute()
+        if event.get("type") == "delta":
+            event = {**event, "at": len(self.steps)}
+        entry_id = self._xadd(keys=[self.key], args=[self.written, json.dumps(event), settings.STREAM_TTL_S])
+        if entry_id:
+            self.written += 1
+        else:
+            entry_id = self._replay_then(event)
+        if event["type"] == "start":
+            self.start = event
+        elif event["type"] == "delta":
+            self.steps += event["steps"]
         return entry_id
+
+    def _replay_then(self, event: dict) -> str:
+        self.replays += 1
+        history = ([self.start] if self.start else []) + (
+            [{"type": "delta", "at": 0, "steps": self.steps, "replay": True}] if self.steps else [])
+        pipe = self.client.pipeline(transaction=True)
+        for past in [*history, event]:
+            pipe.xadd(self.key, {"data": json.dumps(past)})
+        pipe.expire(self.key, settings.STREAM_TTL_S)
+        pipe.xlen(self.key)
+        *ids, _, self.written = pipe.execute()
+        return ids[-1]
 
     def cancel_requested(self) -> bool:
         return bool(self.client.exists(self.cancel))
@@ -82,7 +120,11 @@ def request_cancel(client: redis.Redis, generation_id) -> None:
 
 def append_event(client: redis.Redis, generation_id, event: dict) -> str:
     """Write one event from outside the worker (a stalled generation's error)."""
-    return StreamWriter(client, generation_id).send(event)
+    pipe = client.pipeline(transaction=False)
+    pipe.xadd(stream_key(generation_id), {"data": json.dumps(event)})
+    pipe.expire(stream_key(generation_id), settings.STREAM_TTL_S)
+    entry_id, _ = pipe.execute()
+    return entry_id
 
 
 async def follow(

@@ -121,22 +121,27 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         after = _string(content, "after") or "0-0"
         if not valid_entry_id(after):
             raise errors.InvalidValue("after must be an event id this socket sent.", param="after")
+        known_steps = _integer(content, "steps", required=False)
+        if known_steps is not None and known_steps < 0:
+            raise errors.InvalidValue("steps must be the number of steps this answer shows (0 or more).",
+                                      param="steps")
         generation = await self.owned_generation(content)
-        await self.start_following(str(generation.id), after)
+        await self.start_following(str(generation.id), after, known_steps)
 
     async def do_stop(self, content):
         generation = await self.owned_generation(content)
         await database_sync_to_async(web.request_stop)(generation=generation)
 
-    async def start_following(self, generation_id: str, after: str):
+    async def start_following(self, generation_id: str, after: str, known_steps: int | None = None):
         previous = self.followers.pop(generation_id, None)
         if previous:
             previous.cancel()
-        self.followers[generation_id] = asyncio.create_task(self.pump(generation_id, after))
+        self.followers[generation_id] = asyncio.create_task(self.pump(generation_id, after, known_steps))
         await services.watch(client=self.redis, generation_ids=[generation_id], connection_id=self.connection_id)
 
-    async def pump(self, generation_id: str, after: str):
-        async for entry_id, event in web.follow_generation(generation_id=generation_id, after=after):
+    async def pump(self, generation_id: str, after: str, known_steps: int | None):
+        async for entry_id, event in web.follow_generation(generation_id=generation_id, after=after,
+                                                           known_steps=known_steps):
             if entry_id is not None:
                 await self.send_json({"type": "event", "generation": generation_id, "id": entry_id,
                                       "event": _for_browser(event)})

@@ -6,7 +6,6 @@ reload, a network blip), the answer is stopped.
 """
 
 import time
-from contextlib import contextmanager
 from datetime import timedelta
 
 from django.conf import settings
@@ -19,24 +18,14 @@ from inference import errors, transport
 from inference.models import Generation
 from inference.serving import web
 
-IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
 
-
-@contextmanager
 def answer_slot(*, user):
-    """Inside: the user has a free slot, held until the block's answer is committed (under a lock, so
-    two sends at once cannot both take the last one). In-flight answers that will never end are failed
-    first, so they free theirs."""
-    with transport.sync_client().lock(f"specchat:chat-lock:{user.pk}", timeout=30, blocking_timeout=10):
-        ids = Generation.objects.filter(user=user, source=Generation.Source.CHAT, status__in=IN_FLIGHT
-                                        ).values_list("id", flat=True)
-        in_flight = [generation_id for generation_id in ids
-                     if not web.fail_if_stalled(generation_id=generation_id)]
-        if len(in_flight) >= settings.CHAT_MAX_CONCURRENT:
-            raise errors.ConcurrencyLimit(
-                f"You already have {len(in_flight)} answers being written (at most {settings.CHAT_MAX_CONCURRENT} "
-                f"at once): wait for one to finish, or stop it.")
-        yield
+    """Inside: the user has a free slot for one more answer (see web.in_flight_slot)."""
+    return web.in_flight_slot(
+        lock=f"specchat:chat-lock:{user.pk}", limit=settings.CHAT_MAX_CONCURRENT,
+        generations=Generation.objects.filter(user=user, source=Generation.Source.CHAT),
+        refusal="You already have {count} answers being written (at most {limit} at once): wait for one to "
+                "finish, or stop it.")
 
 
 def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str,
@@ -83,7 +72,7 @@ def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Mess
 
 def stop_all_answers(*, user) -> None:
     """Stop every answer of the user still in flight (their access was revoked)."""
-    for generation in Generation.objects.filter(user=user, status__in=IN_FLIGHT):
+    for generation in Generation.objects.filter(user=user, status__in=web.IN_FLIGHT):
         web.request_stop(generation=generation)
 
 
@@ -114,7 +103,7 @@ def stop_unwatched(*, generation_ids) -> None:
     """Stop those of the answers (still in flight) that no chat connection watches."""
     client = transport.sync_client()
     fresh_since = time.time() - 3 * settings.ACCESS_RECHECK_S
-    for generation in Generation.objects.filter(id__in=list(generation_ids), status__in=IN_FLIGHT):
+    for generation in Generation.objects.filter(id__in=list(generation_ids), status__in=web.IN_FLIGHT):
         if not client.zcount(_watchers_key(generation.id), fresh_since, "+inf"):
             web.request_stop(generation=generation)
 

@@ -14,12 +14,11 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from inference import errors, transport
+from inference import errors
 from inference.models import ApiKey, Generation
 from inference.serving import web
 
 KEY_PREFIX = "sk-spec-"
-IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
@@ -64,14 +63,10 @@ def authenticate(*, authorization: str) -> ApiKey:
 def start_for_key(*, api_key: ApiKey, **start_kwargs) -> Generation:
     """web.start_generation for this key, or a 429 when it already has max_concurrent in flight.
     In-flight generations whose worker is gone are failed first so they free their slot."""
-    with transport.sync_client().lock(f"specchat:apikey-lock:{api_key.id}", timeout=30, blocking_timeout=10):
-        ids = Generation.objects.filter(api_key=api_key, status__in=IN_FLIGHT).values_list("id", flat=True)
-        in_flight = [generation_id for generation_id in ids
-                     if not web.fail_if_stalled(generation_id=generation_id)]
-        if len(in_flight) >= api_key.max_concurrent:
-            raise errors.ConcurrencyLimit(
-                f"This key already has {len(in_flight)} generations in flight (its limit is "
-                f"{api_key.max_concurrent}); retry when one has finished.")
+    with web.in_flight_slot(lock=f"specchat:apikey-lock:{api_key.id}",
+                            generations=Generation.objects.filter(api_key=api_key), limit=api_key.max_concurrent,
+                            refusal="This key already has {count} generations in flight (its limit is {limit}); "
+                                    "retry when one has finished."):
         return web.start_generation(api_key=api_key, **start_kwargs)
 
 

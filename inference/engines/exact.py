@@ -132,6 +132,7 @@ class ExactEngine:
         self.load_seconds = time.perf_counter() - started
         self._active: dict[int, ActiveRequest] = {}
         self._ids = itertools.count()
+        self.submitted = 0  # requests taken: the registry renews an engine after many (see EngineRegistry)
         self._lock = threading.Lock()
         log.info("loaded %s (exact sampling) in %.1f s", spec.slug, self.load_seconds)
 
@@ -146,6 +147,7 @@ class ExactEngine:
         if before_batch:
             before_batch(len(prompt_ids))
         request = ActiveRequest(next(self._ids), None, len(prompt_ids), time.perf_counter())
+        self.submitted += 1
         with self._lock:
             self._active[request.request_id] = request
         threading.Thread(target=self._run, args=(request, prompt_ids, params), name=f"exact-{request.request_id}",

@@ -42,9 +42,9 @@ class PairEngine:
         self._cv = threading.Condition()
         self._active: dict[int, ActiveRequest] = {}
         self._ids = itertools.count()
+        self.submitted = 0  # requests taken: the registry renews an engine after many (see EngineRegistry)
         self._closed = False
-        self._thread = threading.Thread(target=self._step_forever, name=f"step-{spec.slug}", daemon=True)
-        self._thread.start()
+        self._thread = self._start_stepping()
         log.info("loaded %s (speculative=%s) in %.1f s", spec.slug, spec.speculative, self.load_seconds)
 
     @property
@@ -59,13 +59,21 @@ class PairEngine:
         if before_batch:
             before_batch(int(input_ids.shape[1]))
         request_id = next(self._ids)
+        self.submitted += 1
         config = params.generation_config(self.spec)
         with self._cv:
             handle = self.pipe.add_request(request_id, input_ids, config)
             request = ActiveRequest(request_id, handle, int(input_ids.shape[1]), time.perf_counter())
             self._active[request_id] = request
+            if not self._thread.is_alive():  # closed and drained just before this request came: step it too
+                self._thread = self._start_stepping()
             self._cv.notify()
         return request
+
+    def _start_stepping(self) -> threading.Thread:
+        thread = threading.Thread(target=self._step_forever, name=f"step-{self.spec.slug}", daemon=True)
+        thread.start()
+        return thread
 
     def close(self) -> None:
         """End the step thread once no request is left, so the pipeline can be freed."""

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
 from asgiref.sync import sync_to_async
 from celery import current_app
 from django.conf import settings
@@ -242,23 +245,92 @@ def request_stop(*, generation: Generation) -> None:
     transport.request_cancel(transport.sync_client(), generation.id)
 
 
+IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
+
+
+@contextmanager
+def in_flight_slot(*, lock: str, generations, limit: int, refusal: str) -> Iterator[None]:
+    """Inside: `generations` (a key's, a chat user's) have a free slot, held until the block's new one
+    is committed. Under a Redis lock, so two requests at once cannot both take the last slot; in-flight
+    generations that will never end are failed first, so they free theirs. `refusal` is formatted
+    with the count and the limit. A Redis restart inside the block drops the lock: not an error."""
+    held = transport.sync_client().lock(lock, timeout=30, blocking_timeout=10)
+    if not held.acquire():
+        raise errors.ConcurrencyLimit("Too many requests at once for the same slots: retry in a moment.")
+    try:
+        ids = generations.filter(status__in=IN_FLIGHT).values_list("id", flat=True)
+        in_flight = [generation_id for generation_id in ids if not fail_if_stalled(generation_id=generation_id)]
+        if len(in_flight) >= limit:
+            raise errors.ConcurrencyLimit(refusal.format(count=len(in_flight), limit=limit))
+        yield
+    finally:
+        with suppress(redis.exceptions.LockNotOwnedError):
+            held.release()
+
+
 # ------------------------------------------------------------------ readers
 ENDED = {"type": "ended", "message": "This answer has ended: nothing follows the event asked for."}
 
 
-async def follow_generation(*, generation_id, after: str = "0-0"):
+INTERRUPTED = ("The stream of this answer was interrupted (Redis restarted) and cannot be resumed from "
+               "where it was: reload to see the answer as saved.")
+
+
+class StepAligner:
+    """Keeps a reader's place in a generation's steps across a stream the worker wrote again (a Redis
+    restart): deltas it already has are dropped or trimmed, a gap waits for the replay that fills it.
+    `known`: steps the reader has, None if it resumes without saying (then a replay cannot be aligned)."""
+
+    def __init__(self, *, known: int | None, resumed: bool):
+        self.position = known
+        self.started = resumed
+
+    def align(self, event: dict) -> dict | None:
+        """The event to pass on, None to skip it; ValueError when a replay cannot be aligned."""
+        if event["type"] == "start":
+            skip = self.started
+            self.started = True
+            return None if skip else event
+        if event["type"] != "delta" or "at" not in event:
+            return event
+        at, steps = event["at"], event["steps"]
+        if self.position is None:
+            if event.get("replay"):
+                raise ValueError(INTERRUPTED)
+            self.position = at
+        if at > self.position:
+            return None  # a gap: the stream was lost; the worker's replay (at 0) follows
+        fresh = steps[self.position - at:]
+        if not fresh:
+            return None
+        event = {**event, "at": self.position, "steps": fresh}
+        event.pop("replay", None)
+        self.position += len(fresh)
+        return event
+
+
+async def follow_generation(*, generation_id, after: str = "0-0", known_steps: int | None = None):
     """The generation's events after `after`, then a terminal one. A queued generation that no
     live worker serves, or a running one whose worker stopped beating, ends with an error event;
     a follower past the end of an ended generation gets (None, ENDED), never silence; Redis lost
-    for longer than the transport's retries ends with (None, error)."""
+    for longer than the transport's retries ends with (None, error). `known_steps`: how many steps a
+    resuming reader has, so that a stream written again after a Redis restart continues exactly."""
     client = transport.async_client()
     quiet_since = time.monotonic()
     last = after or "0-0"
+    resumed = last != "0-0"
+    aligner = StepAligner(known=known_steps if resumed else 0, resumed=resumed)
     try:
         async for entry_id, event in transport.follow(client, generation_id, after=after):
             if entry_id is not None:
                 quiet_since, last = time.monotonic(), entry_id
-                yield entry_id, event
+                try:
+                    aligned = aligner.align(event)
+                except ValueError as exc:
+                    yield None, {"type": "error", "message": str(exc)}
+                    return
+                if aligned is not None:
+                    yield entry_id, aligned
                 continue
             yield None, event  # idle: lets the caller keep its connection alive
             if await sync_to_async(nothing_after)(generation_id=generation_id, seen=last):
@@ -312,6 +384,8 @@ def stalled_generation_problem(*, generation_id) -> str:
     if generation is None or generation.is_done:
         return ""
     client = transport.sync_client()
+    if not selectors.heartbeats_settled(client=client):
+        return ""  # Redis just restarted: the workers have not announced themselves again yet
     if generation.status == Generation.Status.RUNNING:
         if generation.worker and not selectors.worker_is_alive(client=client, name=generation.worker):
             return worker_died(generation.worker)

@@ -25,7 +25,7 @@ from inference.serving.records import fail_generation, pair_spec, planned_decodi
 
 log = logging.getLogger(__name__)
 
-ENGINES = EngineRegistry()
+ENGINES = EngineRegistry(renew_after=settings.ENGINE_RENEW_AFTER_REQUESTS)
 RUNNING: dict[str, ActiveRequest] = {}  # generation id -> its request in this worker's engine
 
 
@@ -192,6 +192,8 @@ def resend_lost_generations(*, client, queues: list[str]) -> None:
 def fail_orphaned_generations(*, client) -> None:
     """Fail the running generations of workers whose heartbeat expired, read or not (a background
     API request nobody follows must not stay 'running' forever). Live workers call this as they beat."""
+    if not selectors.heartbeats_settled(client=client):
+        return  # Redis just restarted: the other workers' heartbeats are not back yet
     running = list(Generation.objects.filter(status=Generation.Status.RUNNING).exclude(worker="")
                    .values_list("id", "worker"))
     dead = {worker for worker in {w for _, w in running} if not selectors.worker_is_alive(client=client, name=worker)}

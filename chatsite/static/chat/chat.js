@@ -209,7 +209,7 @@ function send(payload) {
 }
 
 function follow(answer) {
-  send({ action: "follow", generation: answer.generationId, after: answer.lastId });
+  send({ action: "follow", generation: answer.generationId, after: answer.lastId, steps: answer.steps.length });
 }
 
 function onMessage(msg) {
