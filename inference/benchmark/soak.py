@@ -380,9 +380,10 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
     plan = plan_requests(options=options)
     client = SoakClient(base_url=stack.base_url, credentials=credentials, pair=stack.pair.slug)
     started_wall = time.time()
+    top = max(options.concurrency)
     warm: list[Outcome] = []  # a burst at the top level first: the engines' caches grow to their working size
-    asyncio.run(_phase(client=client, concurrency=max(options.concurrency), done=warm, progress=lambda n: None,
-                       requests=[{**r, "kind": "sse", "behaviour": "plain"} for r in plan[:2 * max(options.concurrency)]]))
+    asyncio.run(_phase(client=client, concurrency=top, done=warm, progress=lambda n: None,
+                       requests=[{**r, "kind": "sse", "behaviour": "plain"} for r in plan[:2 * top]]))
     if any(o.ended != "done" for o in warm):
         raise StackError(f"the stack does not answer: {next(o.error for o in warm if o.ended != 'done')}")
     baseline = {"worker_rss_mb": stack.rss_mb(1), "redis_used_mb": _redis_mb(stack)}
