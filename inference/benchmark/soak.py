@@ -149,6 +149,7 @@ def private_stack(*, pair: ModelPair, base_env: dict[str, str], workers: int = 2
         logs = Path(tmp)
         private_redis = PrivateRedis(logs)
         env = {**base_env, "REDIS_URL": private_redis.url, "CELERY_BROKER_URL": private_redis.url,
+               "SPECCHAT_TEST_REDIS_URL": private_redis.url,  # where tests.settings takes Redis from
                "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3",
                "SPECCHAT_REQUEUE_AFTER_S": "3", "SPECCHAT_STREAM_TTL_S": str(stream_ttl_s),
                "SPECCHAT_CHAT_MAX_CONCURRENT": str(chat_max_concurrent), "SPECCHAT_CHAT_ABANDON_GRACE_S": "5",
