@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -105,6 +106,18 @@ class PrivateStack:
     logs: Path
     workers: list[subprocess.Popen] = field(default_factory=list)
     threads: int = 8
+    # Workers that exited without being killed by the soak (Celery's Redis transport can give up when
+    # Redis restarts) are started again, as compose's restart policy does; each is counted and reported.
+    unplanned_exits: list[str] = field(default_factory=list)
+    _killing: set[int] = field(default_factory=set)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+
+    def supervise(self) -> None:
+        while not self._stopping.wait(0.5):
+            for index, proc in enumerate(list(self.workers)):
+                if proc.poll() is not None and index not in self._killing:
+                    self.unplanned_exits.append(f"worker {index} (pid {proc.pid}) exited with {proc.returncode}")
+                    self.start_worker(index)
 
     def start_worker(self, index: int) -> subprocess.Popen:
         log = open(self.logs / f"worker{index}.log", "a")  # noqa: SIM115 - the worker writes to it until it ends
@@ -132,12 +145,22 @@ class PrivateStack:
         raise StackError(f"worker {proc.pid} did not serve '{self.pair.slug}' within {timeout:.0f} s")
 
     def kill_worker(self, index: int) -> None:
+        self._killing.add(index)
         self.workers[index].send_signal(signal.SIGKILL)
         self.workers[index].wait(10)
 
-    def rss_mb(self, index: int) -> float:
-        status = Path(f"/proc/{self.workers[index].pid}/status").read_text()
-        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024
+    def restart_killed_worker(self, index: int) -> None:
+        self.wait_served(self.start_worker(index))
+        self._killing.discard(index)
+
+    def rss_mb(self, index: int) -> tuple[int, float]:
+        """(pid, resident MB) of a worker; 0 MB if it is gone."""
+        pid = self.workers[index].pid
+        with suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS"):
+                    return pid, int(line.split()[1]) / 1024
+        return pid, 0.0
 
 
 @contextmanager
@@ -167,11 +190,13 @@ def private_stack(*, pair: ModelPair, base_env: dict[str, str], workers: int = 2
             wait_for_port(port, daphne)
             for proc in stack.workers:
                 stack.wait_served(proc)
+            threading.Thread(target=stack.supervise, name="soak-supervisor", daemon=True).start()
             yield stack
         except StackError as exc:
             tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in logs.glob("*.log"))
             raise StackError(f"{exc}\n{tails}") from exc
         finally:
+            stack._stopping.set()
             for proc in [*stack.workers, daphne]:
                 proc.terminate()
             for proc in [*stack.workers, daphne]:
@@ -387,7 +412,8 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
                        requests=[{**r, "kind": "sse", "behaviour": "plain"} for r in plan[:2 * top]]))
     if any(o.ended != "done" for o in warm):
         raise StackError(f"the stack does not answer: {next(o.error for o in warm if o.ended != 'done')}")
-    baseline = {"worker_rss_mb": stack.rss_mb(1), "redis_used_mb": _redis_mb(stack)}
+    measured_pid, worker_mb = stack.rss_mb(1)  # the worker the soak does not kill
+    baseline = {"worker_rss_mb": worker_mb, "redis_used_mb": _redis_mb(stack)}
     outcomes: list[Outcome] = []
     faults: list[dict] = []
     # Mid-phase (not between phases, when nothing runs): answers are being written when it happens.
@@ -406,20 +432,21 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
         chunks = _split(plan, len(options.concurrency))
         for level, chunk in zip(options.concurrency, chunks, strict=True):
             await _phase(client=client, requests=chunk, concurrency=level, done=outcomes, progress=on_progress)
-            rss_by_phase.append(stack.rss_mb(1))
+            rss_by_phase.append(stack.rss_mb(1)[1])
 
     began = time.monotonic()
     asyncio.run(run_all())
     elapsed = time.monotonic() - began
     settled = _wait_settled(stack=stack, since_wall=started_wall, timeout=60 + options.stream_ttl_s)
     figures = check(outcomes=outcomes, stack=stack, since_wall=started_wall, credentials=credentials)
-    end = {"worker_rss_mb": stack.rss_mb(1), "redis_used_mb": _redis_mb(stack)}
+    end_pid, worker_mb = stack.rss_mb(1)
+    end = {"worker_rss_mb": worker_mb, "redis_used_mb": _redis_mb(stack)}
     memory = {**{f"baseline_{k}": v for k, v in baseline.items()}, **{f"end_{k}": v for k, v in end.items()},
-              "worker_rss_mb_after_each_phase": rss_by_phase,
+              "worker_rss_mb_after_each_phase": rss_by_phase, "same_worker": end_pid == measured_pid,
               "worker_growth_mb": end["worker_rss_mb"] - baseline["worker_rss_mb"],
               "redis_growth_mb": end["redis_used_mb"] - baseline["redis_used_mb"]}
-    figures.update(elapsed_s=elapsed, faults=[{k: v for k, v in f.items() if k != "at"} for f in faults],
-                   settled=settled, memory=memory)
+    figures.update(elapsed_s=elapsed, unplanned_worker_exits=stack.unplanned_exits, settled=settled, memory=memory,
+                   faults=[{k: v for k, v in f.items() if k != "at"} for f in faults])
     return figures
 
 
@@ -432,7 +459,7 @@ def _inject(stack: PrivateStack, fault: str) -> None:
     if fault == "kill_worker":
         stack.kill_worker(0)
         time.sleep(2)
-        stack.wait_served(stack.start_worker(0))
+        stack.restart_killed_worker(0)
     else:
         stack.redis.restart()
 
@@ -514,7 +541,7 @@ def verdicts(figures: dict) -> list[tuple[str, bool, str]]:
         ("failures surfaced within 15 s", figures["failure_surfaced_max_s"] <= 15,
          f"max {figures['failure_surfaced_max_s']:.1f} s"),
         ("0 phantom in-flight slots", figures["phantom_in_flight"] == 0, f"{figures['phantom_in_flight']}"),
-        ("worker memory back to baseline (+10% or +64 MB)",
+        ("worker memory back to baseline (+10% or +64 MB)", memory["same_worker"] and
          memory["worker_growth_mb"] <= max(64, 0.1 * memory["baseline_worker_rss_mb"]),
          f"{memory['baseline_worker_rss_mb']:.0f} -> {memory['end_worker_rss_mb']:.0f} MB"),
         ("Redis memory back to baseline (+2 MB)", memory["redis_growth_mb"] <= 2,

@@ -1,6 +1,7 @@
 import signal
 import subprocess
 import sys
+import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -21,7 +22,8 @@ class Command(BaseCommand):
         queues = [pair.queue for pair in ModelPair.objects.filter(enabled=True)] or ["pair.none"]
         if importer.can_export():
             queues.append(settings.CONTROL_QUEUE)  # the train extra is here: take the admin's imports too
-        worker = subprocess.Popen(worker_command(queues=queues, concurrency=settings.WORKER_SLOTS))
+        command = worker_command(queues=queues, concurrency=settings.WORKER_SLOTS)
+        worker = subprocess.Popen(command)
         web = subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port),
                                 "chatsite.asgi:application"])
         self.stdout.write(self.style.SUCCESS(
@@ -29,7 +31,13 @@ class Command(BaseCommand):
             f"Worker queues: {', '.join(queues)}. Ctrl-C stops both.\n"))
         signal.signal(signal.SIGTERM, lambda *_: web.terminate())
         try:
-            web.wait()
+            # A worker can exit on its own (Celery's Redis transport may give up when Redis restarts):
+            # started again, as compose's restart policy does; its answers in flight were failed meanwhile.
+            while web.poll() is None:
+                if worker.poll() is not None:
+                    self.stderr.write(f"the worker exited ({worker.returncode}): starting it again")
+                    worker = subprocess.Popen(command)
+                time.sleep(1)
         except KeyboardInterrupt:
             pass
         finally:
