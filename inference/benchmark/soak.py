@@ -343,6 +343,8 @@ class SoakClient:
             data = json.loads(raw.data)
             outcome.seen()
             if data.get("type") == "error":
+                if data.get("code") == "internal_error":
+                    outcome.http_status = 500  # what the API would have answered
                 outcome.end("error", data.get("message", ""))
                 return False
             outcome.generation_id = outcome.generation_id or data.get("generation") or ""

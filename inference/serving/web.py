@@ -9,6 +9,7 @@ number of readers and turns a dead or missing worker into an error event.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -22,6 +23,7 @@ from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from inference import errors, limits, selectors, transport
 from inference.celery_worker import worker_command_line
@@ -30,6 +32,8 @@ from inference.models import Generation, ModelPair
 from inference.pairs import checks
 from inference.serving import speculation
 from inference.serving.records import fail_generation, pair_spec, planned_decoding, queue_timeout, worker_died
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,8 +222,10 @@ def start_generation(
     check_prompt_text(prompt, param="prompt")
     prompt_tokens = count_prompt_tokens(pair=pair, prompt=prompt, add_special_tokens=add_special_tokens)
     params = decoding_params(pair=pair, options=options, prompt_tokens=prompt_tokens)
-    state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client()))
-    if not state.served:
+    client = transport.sync_client()
+    state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=client))
+    # Just after a Redis restart the heartbeats are not back yet: queue it; the stall checks judge it later.
+    if not state.served and selectors.heartbeats_settled(client=client):
         raise errors.ModelUnavailable(
             f"Nobody can serve '{pair.slug}' now: {state.error}. Start one with "
             f"`{worker_command_line(queues=[pair.queue])}`.",
@@ -235,9 +241,19 @@ def start_generation(
         params={"decoding": asdict(params), "asked": asdict(asked(options)),
                 "add_special_tokens": add_special_tokens},
     )
-    transaction.on_commit(lambda: current_app.send_task("inference.generate", args=[str(generation.id)],
-                                                        queue=pair.queue))
+    transaction.on_commit(lambda: _enqueue(generation_id=generation.id, queue=pair.queue))
     return generation
+
+
+def _enqueue(*, generation_id, queue: str) -> None:
+    """Send the generation's task. With the broker unreachable (a Redis restart), the request is not
+    refused: its record is queued, and a worker sends the task again once Redis is back
+    (worker.resend_lost_generations)."""
+    try:
+        current_app.send_task("inference.generate", args=[str(generation_id)], queue=queue)
+    except OperationalError as exc:
+        log.warning("generation %s recorded but its task not sent (%s): a worker will send it again",
+                    generation_id, exc)
 
 
 def request_stop(*, generation: Generation) -> None:
@@ -334,7 +350,10 @@ async def follow_generation(*, generation_id, after: str = "0-0", known_steps: i
                 continue
             yield None, event  # idle: lets the caller keep its connection alive
             if await sync_to_async(nothing_after)(generation_id=generation_id, seen=last):
-                yield None, ENDED
+                record = await sync_to_async(ending_from_record)(generation_id=generation_id, seen=last,
+                                                                 aligner=aligner)
+                for item in record or [(None, ENDED)]:
+                    yield item
                 return
             if time.monotonic() - quiet_since >= 2:
                 problem = await sync_to_async(stalled_generation_problem)(generation_id=generation_id)
@@ -376,6 +395,27 @@ def nothing_after(*, generation_id, seen: str) -> bool:
     if last and json.loads(last[0][1]["data"]).get("type") in transport.TERMINAL:
         return True
     return (timezone.now() - finished_at).total_seconds() >= END_GRACE_S
+
+
+DONE_FIELDS = ("finish_reason", "text", "prompt_tokens", "completion_tokens", "main_steps", "ttft_ms", "duration_ms",
+               "tokens_per_s", "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length",
+               "accepted_by_position", "speculative_mode", "speculative_reason", "speculative_k")
+
+
+def ending_from_record(*, generation_id, seen: str, aligner: StepAligner) -> list[tuple[str | None, dict]]:
+    """When an ended generation's stream is gone (expired, or lost with a Redis restart) before the
+    reader saw its end: the rest from the database (its steps after the reader's place, and the end),
+    under the id the reader last saw. [] when the stream is there (the reader saw the end)."""
+    if transport.sync_client().exists(transport.stream_key(generation_id)):
+        return []
+    generation = Generation.objects.get(id=generation_id)
+    if generation.status == Generation.Status.FAILED:
+        return [(seen, {"type": "error", "message": generation.error})]
+    if aligner.position is None:
+        return [(None, {"type": "error", "message": INTERRUPTED})]
+    rest = [(seen, {"type": "delta", "at": aligner.position, "steps": generation.steps[aligner.position:]})]
+    done = {"type": "done", **{name: getattr(generation, name) for name in DONE_FIELDS}}
+    return [*rest[:1 if len(generation.steps) > aligner.position else 0], (seen, done)]
 
 
 def stalled_generation_problem(*, generation_id) -> str:
