@@ -10,6 +10,7 @@ import time
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import Client
 
 from inference.benchmark import report
@@ -168,3 +169,31 @@ def test_profile_stores_the_best_k_per_load_and_checks_the_adaptive_line(demo_pa
     adaptive = Generation.objects.filter(params__asked__k=None, params__asked__speculative=True)
     assert adaptive.exists() and all("measured" in g.speculative_reason or g.speculative_mode == "off"
                                      for g in adaptive)
+
+
+def test_own_prompts_from_a_file_and_from_the_pairs_history(demo_pair, tmp_path):
+    """--prompts-file (JSON Lines: plain and chat items) and --from-history (the prompts recorded for
+    the pair, as its worker got them) replace the repository's sets; a bad file is a clear error."""
+    own = tmp_path / "mine.jsonl"
+    own.write_text('"def area(radius):"\n{"messages": [{"role": "user", "content": "def mean(values):"}]}\n')
+    run_command(*TINY, "--no-stack", "--sampled-ks", "", "--out", str(tmp_path / "file"), "--prompts-file", str(own))
+    results = json.loads((tmp_path / "file" / "results.json").read_text())
+    assert results["prompts"] == 2 and results["prompt_sets"] == ["mine"]
+    assert {s["prompt"] for s in results["samples"]["inprocess"]["plain"]} >= {"def area(radius):"}
+    assert all("repeated_4gram_share" in row for row in results["rows"])
+
+    for text in ("class Queue:", "def area(radius):", "class Queue:"):
+        Generation.objects.create(pair=demo_pair, prompt=text, status=Generation.Status.FINISHED)
+    run_command(*TINY, "--no-stack", "--sampled-ks", "", "--out", str(tmp_path / "history"), "--from-history", "5")
+    replayed = json.loads((tmp_path / "history" / "results.json").read_text())
+    assert replayed["prompt_sets"] == ["history"] and replayed["prompts"] == 2  # distinct prompts, newest first
+    assert [s["prompt"] for s in replayed["samples"]["inprocess"]["plain"]] == ["class Queue:", "def area(radius):"]
+
+    bad = tmp_path / "bad.json"
+    for content, message in (("[]", "no prompts"), ('[{"text": "x"}]', "item 1"), ("{oops", "not JSON")):
+        bad.write_text(content)
+        with pytest.raises(CommandError, match=message):
+            run_command(*TINY, "--no-stack", "--prompts-file", str(bad))
+    with pytest.raises(CommandError, match="no recorded prompts"):
+        Generation.objects.all().delete()
+        run_command(*TINY, "--no-stack", "--from-history", "3")

@@ -14,6 +14,7 @@ measured and the theoretical speedup can be traced to acceptance or to step cost
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -85,6 +86,50 @@ def sampled_variants(*, ks, temperature: float) -> list[Variant]:
 class Prompt:
     text: str
     set: str = ""
+
+
+WORDS = re.compile(r"\w+|[^\w\s]")  # words and single punctuation marks: code and prose alike, no tokenizer needed
+
+
+def repeated_ngram_share(text: str, n: int = 4) -> float:
+    """The share of the text's n-grams (of words and punctuation marks) already seen earlier in it:
+    about 0 for ordinary prose or code, towards 1 for an answer stuck in a loop, which any draft
+    predicts and whose acceptance says nothing about real answers."""
+    words = WORDS.findall(text)
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0
+    seen: set[tuple[str, ...]] = set()
+    repeated = 0
+    for gram in grams:
+        repeated += gram in seen
+        seen.add(gram)
+    return repeated / len(grams)
+
+
+def prompts_from_file(path: Path, *, render_chat: Callable[[list[dict]], str]) -> list[Prompt]:
+    """A user's prompts: a JSON list or JSON Lines, each item a string, {"prompt": text} or {"messages":
+    [{"role", "content"}, ...]} (rendered with `render_chat`, the pair's chat template). The set is
+    named after the file. ValueError naming the item for anything else."""
+    raw = path.read_text(encoding="utf-8")
+    try:
+        items = json.loads(raw) if raw.lstrip().startswith("[") else [
+            json.loads(line) for line in raw.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path.name}: not JSON or JSON Lines ({exc})") from exc
+    if not items:
+        raise ValueError(f"{path.name}: no prompts")
+    prompts = []
+    for index, item in enumerate(items, 1):
+        if isinstance(item, dict) and isinstance(item.get("messages"), list):
+            text = render_chat(item["messages"])
+        else:
+            text = item.get("prompt") if isinstance(item, dict) else item
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{path.name}, item {index}: expected a non-empty string, {{\"prompt\": text}} or "
+                             f"{{\"messages\": [...]}}")
+        prompts.append(Prompt(text, path.stem))
+    return prompts
 
 
 def heldout_prompts(*, sets: tuple[str, ...] = ("code", "prose"), per_set: int | None = None) -> list[Prompt]:
@@ -386,6 +431,7 @@ def summarize(results: dict[str, VariantResult], *, cost_ratio: float | None = N
             "token_latency_ms_p50": percentile(r.token_latency_ms, 50),
             "token_latency_ms_p95": percentile(r.token_latency_ms, 95),
             "acceptance_rate": r.acceptance_rate,
+            "repeated_4gram_share": statistics.median(repeated_ngram_share(x.text) for x in r.samples),
             "mean_accepted_length": r.mean_accepted_length,
             "speedup": tps / base if base else None,
             "step_ms": step,
@@ -401,6 +447,29 @@ def summarize(results: dict[str, VariantResult], *, cost_ratio: float | None = N
             row["of_theoretical"] = row["speedup"] / row["theoretical_speedup"] if row["speedup"] else None
         rows.append(row)
     return rows
+
+
+LOOPING = 0.3  # a median repeated 4-gram share above this: answers loop
+
+
+def loop_warning(results: dict[str, VariantResult], *, plain_name: str = PLAIN.name) -> str | None:
+    """A warning when the main alone's answers loop (acceptance is then carried by the loops), with
+    each speculative variant's acceptance on the least repetitive half of the prompts beside all."""
+    plain = results.get(plain_name)
+    shares: dict[str, float] = {}
+    for sample in plain.samples if plain else []:
+        shares.setdefault(sample.prompt.text, repeated_ngram_share(sample.text))
+    if not shares or statistics.median(shares.values()) <= LOOPING:
+        return None
+    calm = set(sorted(shares, key=shares.__getitem__)[:max(1, len(shares) // 2)])
+    figures = []
+    for name, result in results.items():
+        subset = VariantResult(result.variant, [x for x in result.samples if x.prompt.text in calm])
+        if result.acceptance_rate is not None and subset.acceptance_rate is not None:
+            figures.append(f"{name} {subset.acceptance_rate:.2f} (all prompts {result.acceptance_rate:.2f})")
+    return (f"Outputs loop: the main alone's median repeated 4-gram share is {statistics.median(shares.values()):.2f} "
+            f"(above {LOOPING}), and loops are easy to predict. Acceptance on the {len(calm)} least repetitive "
+            f"prompts: {', '.join(figures) or 'no speculative variant'}.")
 
 
 def _first_texts(result: VariantResult) -> dict[str, str]:
@@ -442,7 +511,8 @@ Column = tuple[str, str, str]  # (header, key, format)
 TABLE_COLUMNS: tuple[Column, ...] = (
     ("path", "path", ""), ("variant", "variant", ""), ("tok/s (spread)", "tokens_per_s", ".1f"),
     ("speedup", "speedup", ".2f"), ("theory", "theoretical_speedup", ".2f"), ("of theory", "of_theoretical", ".0%"),
-    ("accept", "acceptance_rate", ".2f"), ("len", "mean_accepted_length", ".2f"), ("step cost", "step_cost", ".2f"),
+    ("accept", "acceptance_rate", ".2f"), ("loops", "repeated_4gram_share", ".2f"),
+    ("len", "mean_accepted_length", ".2f"), ("step cost", "step_cost", ".2f"),
     ("theory cost", "theoretical_step_cost", ".2f"), ("TTFT p50", "ttft_ms_p50", ".1f"),
     ("TTFT p95", "ttft_ms_p95", ".1f"), ("lat p50", "token_latency_ms_p50", ".2f"),
     ("lat p95", "token_latency_ms_p95", ".2f"), ("same", "identical_to_plain", ""),

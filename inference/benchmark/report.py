@@ -38,7 +38,8 @@ PROFILE_COLUMNS: tuple[Column, ...] = (
 )
 SAMPLED_COLUMNS: tuple[Column, ...] = (
     ("variant", "variant", ""), ("tok/s", "tokens_per_s", ".1f"), ("speedup", "speedup", ".2f"),
-    ("acceptance", "acceptance_rate", ".2f"), ("tokens/step", "mean_accepted_length", ".2f"),
+    ("acceptance", "acceptance_rate", ".2f"), ("loops", "repeated_4gram_share", ".2f"),
+    ("tokens/step", "mean_accepted_length", ".2f"),
     ("TTFT p50", "ttft_ms_p50", ".1f"), ("chosen", "chosen", ""),
 )
 STACK_COLUMNS: tuple[Column, ...] = (

@@ -31,12 +31,14 @@ from inference.benchmark.inprocess import (
     Engines,
     InProcessPath,
     Progress,
+    Prompt,
     Variant,
     compare_to_inprocess,
     default_variants,
     draft_cost_ratio,
     heldout_prompts,
     k_variant,
+    loop_warning,
     measure,
     sampled_variants,
     summarize,
@@ -138,9 +140,11 @@ def same_prompt_through_chat(*, pair: ModelPair, prompts) -> bool:
 
 
 def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, stack: StackTarget | None = None,
-                  progress: Progress | None = None, notes: tuple[str, ...] = ()) -> dict:
+                  progress: Progress | None = None, notes: tuple[str, ...] = (),
+                  prompts: list[Prompt] | None = None) -> dict:
+    """`prompts`: a user's own (a file, the pair's history) instead of the repository's held-out sets."""
     started_at = timestamp()
-    prompts = heldout_prompts(sets=options.prompt_sets, per_set=options.prompts_per_set)
+    prompts = prompts or heldout_prompts(sets=options.prompt_sets, per_set=options.prompts_per_set)
     variants = inprocess_variants(pair=pair, options=options)
     through_stack = stack_variants(pair=pair, options=options) if stack and options.clients else []
     variants = sorted(set(variants) | set(through_stack), key=variant_order)  # each stack variant has its twin
@@ -162,6 +166,9 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
                       prompts=prompts, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
                       progress=phase(0))
     notes = list(notes)
+    looping = loop_warning(results[INPROCESS])
+    if looping:
+        notes.append(looping)
     cost_ratio = None
     if pair.draft_dir:
         cost_ratio = draft_cost_ratio(engines=engines, prompt=prompts[0].text,
@@ -188,10 +195,11 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
                     "openvino_genai": openvino_genai.__version__},
         "options": options.as_json(),
         "prompts": len(prompts),
+        "prompt_sets": sorted({p.set for p in prompts}),
         "cost_ratio": cost_ratio,
         "stack_url": stack.base_url if through_stack else None,
         "rows": compare_to_inprocess(rows),
-        "by_set": [row for name in options.prompt_sets
+        "by_set": [row for name in dict.fromkeys(p.set for p in prompts)
                    for row in summarize({v: r.of_set(name) for v, r in results[INPROCESS].items()},
                                         cost_ratio=cost_ratio, reference=reference, prompt_set=name)],
         "ttft_profile": [],
@@ -233,6 +241,20 @@ def measure_sampled(*, pair: ModelPair, options: BenchmarkOptions, engines: Engi
     for row in rows:
         row["chosen"] = row["variant"] == chosen_name
     return rows
+
+
+def history_prompts(*, pair: ModelPair, count: int) -> list[Prompt]:
+    """The last `count` distinct prompts the pair was sent (chat and API), as its worker got them (chat
+    template applied): the workload its users really send."""
+    texts: list[str] = []
+    for text in pair.generations.order_by("-created_at").values_list("prompt", flat=True).iterator():
+        if text not in texts:
+            texts.append(text)
+        if len(texts) == count:
+            break
+    if not texts:
+        raise ValueError(f"'{pair.slug}' has no recorded prompts yet")
+    return [Prompt(text, "history") for text in texts]
 
 
 # ------------------------------------------------------------------ runs kept in the database

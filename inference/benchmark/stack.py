@@ -336,8 +336,13 @@ def concurrency_sweep(
     *, stream: StreamFn, prompts: list[Prompt], levels: list[int], variants: list[Variant], max_new_tokens: int,
     repeats: int, progress: Progress | None = None,
 ) -> list[dict]:
-    """Bursts of N simultaneous streams, interleaved repeat -> level -> variant; one record per burst."""
+    """Bursts of N simultaneous streams, interleaved repeat -> level -> variant; one record per burst.
+    Each variant first runs once unrecorded: a worker loads an engine on its first use (the main alone,
+    the exact engine), and that load must not count as the first level's throughput."""
     records, total = [], repeats * len(levels) * len(variants)
+    for variant in variants:
+        asyncio.run(_burst(stream=stream, prompts=prompts, level=1, variant=variant,
+                           max_new_tokens=min(8, max_new_tokens)))
     for repeat in range(repeats):
         for level in levels:
             for variant in variants:

@@ -5,11 +5,13 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
+from inference import errors
 from inference.benchmark import report, runs
-from inference.benchmark.inprocess import Engines
+from inference.benchmark.inprocess import Engines, Prompt, prompts_from_file
 from inference.benchmark.stack import StackError, StackTarget, StreamError, check_served, local_stack, stack_credentials
 from inference.models import ModelPair
 from inference.serving.records import pair_spec
+from inference.serving.web import chat_prompt
 
 
 def name_list(text: str) -> tuple[str, ...]:
@@ -33,6 +35,11 @@ class Command(BaseCommand):
         parser.add_argument("--prompts", type=name_list, default=defaults.prompt_sets,
                             help="held-out prompt sets (inference/prompts/heldout.json)")
         parser.add_argument("--prompts-per-set", type=int, default=defaults.prompts_per_set)
+        parser.add_argument("--prompts-file", type=Path,
+                            help="your own prompts instead: a JSON list or JSON Lines of strings, {\"prompt\": ...} "
+                                 "or {\"messages\": [...]} (rendered with the pair's chat template)")
+        parser.add_argument("--from-history", type=int, metavar="N",
+                            help="replay the last N distinct prompts recorded for the pair (chat and API) instead")
         parser.add_argument("--clients", type=name_list, default=defaults.clients,
                             help="stack clients: websocket,sse")
         parser.add_argument("--stack-ks", type=runs.int_list, default=defaults.stack_ks,
@@ -60,6 +67,7 @@ class Command(BaseCommand):
                 clients=() if o["no_stack"] else o["clients"], stack_ks=o["stack_ks"],
                 concurrency=o["concurrency"], concurrency_client=o["concurrency_client"],
                 sampled_ks=o["sampled_ks"], sampled_temperature=o["temperature"])
+            prompts = self.prompts(pair=pair, path=o["prompts_file"], history=o["from_history"])
             engines = Engines(pair_spec(pair=pair))
             with tqdm(total=1, unit="run", dynamic_ncols=True) as bar, closing(engines):
                 def progress(done: int, total: int, label: str) -> None:
@@ -67,17 +75,31 @@ class Command(BaseCommand):
                     bar.set_postfix_str(label, refresh=False)
                     bar.update(done - bar.n)
 
-                results = self.run(pair=pair, options=options, engines=engines, url=o["url"], progress=progress)
-        except (ValueError, StackError, StreamError) as exc:
+                results = self.run(pair=pair, options=options, engines=engines, url=o["url"], progress=progress,
+                                   prompts=prompts)
+        except (ValueError, OSError, errors.ServiceError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
         files = report.write_report(results, o["out"])
         runs.record_run(pair=pair, options=options, results=results, report_dir=o["out"])
         report.print_report(results, out=self.stdout.write)
         self.stdout.write("\nWrote " + ", ".join(str(f) for f in files))
 
-    def run(self, *, pair, options, engines, url, progress) -> dict:
+    @staticmethod
+    def prompts(*, pair: ModelPair, path: Path | None, history: int | None) -> list[Prompt] | None:
+        if path and history:
+            raise ValueError("give --prompts-file or --from-history, not both")
+        if history is not None:
+            if history < 1:
+                raise ValueError("--from-history takes a number of prompts (1 or more)")
+            return runs.history_prompts(pair=pair, count=history)
+        if path:
+            return prompts_from_file(path, render_chat=lambda messages: chat_prompt(pair=pair, messages=messages))
+        return None
+
+    def run(self, *, pair, options, engines, url, progress, prompts) -> dict:
         if not options.clients:
-            return runs.run_benchmark(pair=pair, options=options, engines=engines, progress=progress)
+            return runs.run_benchmark(pair=pair, options=options, engines=engines, progress=progress,
+                                      prompts=prompts)
         threads = max(options.concurrency or (1,)) + 2  # a worker thread per stream, and some to spare
         stack = nullcontext(url) if url else local_stack(pair=pair, worker_threads=threads)
         with stack_credentials(max_concurrent=threads) as credentials, stack as base_url:
@@ -85,4 +107,4 @@ class Command(BaseCommand):
                 check_served(pair=pair)
             target = StackTarget(base_url=base_url, credentials=credentials, pair=pair.slug)
             return runs.run_benchmark(pair=pair, options=options, engines=engines, stack=target,
-                                                progress=progress)
+                                      progress=progress, prompts=prompts)
