@@ -51,7 +51,8 @@ def log(msg: str) -> None:
 def stdlib_functions(max_chars: int = 4000) -> list[str]:
     """Every function and method of the stdlib (tests excluded), dedented, as one document each."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    heldout_heads = {p.splitlines()[0].strip() for p in json.loads(HELDOUT.read_text())["code"]}
+    heldout = json.loads(HELDOUT.read_text())
+    heldout_heads = {p.splitlines()[0].strip() for name in ("code", "code-loopy") for p in heldout[name]}
     docs: list[str] = []
     files = sorted(p for p in root.rglob("*.py") if not {"test", "tests", "site-packages", "idlelib"} & set(p.parts))
     for path in tqdm(files, desc="corpus", unit="file"):
