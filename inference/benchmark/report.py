@@ -130,6 +130,8 @@ def print_report(results: dict, out=print) -> None:
     out("\nBars:")
     for bar in results["bars"]:
         out("  " + bar_line(bar))
+    for note in results.get("notes", []):
+        out(f"\nNote: {note}")
 
 
 
