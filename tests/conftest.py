@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import redis
@@ -81,7 +82,10 @@ def stack_env(django_db_setup, redis_client) -> dict[str, str]:
 
 
 class Worker:
+    started: ClassVar[list[Worker]] = []  # those still running, for tests that must pause them
+
     def __init__(self, env: dict[str, str], queues: str, log_path: Path):
+        Worker.started.append(self)
         self.log_path = log_path
         self.log = open(log_path, "w")  # noqa: SIM115 - closed by stop(), the worker writes to it meanwhile
         self.proc = subprocess.Popen(
@@ -103,6 +107,8 @@ class Worker:
         raise RuntimeError(f"worker not ready: {self.log_path.read_text()[-3000:]}")
 
     def stop(self) -> None:
+        if self in Worker.started:
+            Worker.started.remove(self)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

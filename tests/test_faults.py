@@ -3,27 +3,49 @@ a worker killed mid-answer beside another, and the soak that mixes them with eve
 
 import asyncio
 import json
+import os
+import signal
 import time
+from contextlib import contextmanager
 
 import aiohttp
 import pytest
 
 from inference.benchmark import soak
 from inference.benchmark.stack import stack_credentials
-from inference.models import Generation
-from tests.conftest import wait_until_done
+from inference.models import Generation, ModelPair
+from tests.conftest import Worker, wait_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def private(demo_pair, stack_env):
-    """The demo pair served by a stack of the test's own; engines renewed every 20 requests, so the
-    soak also runs across pipeline renewals."""
+    """The demo pair's models as a pair of its own (the session's worker, on another Redis, serves
+    demo-code), served by a stack of the test's own; engines renewed every 20 requests, so the soak
+    also runs across pipeline renewals."""
+    pair = ModelPair.objects.create(name="Faults", slug="faults", main_dir=demo_pair.main_dir,
+                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=demo_pair.num_assistant_tokens)
     env = {**stack_env, "SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS": "20"}
-    with stack_credentials(max_concurrent=10) as credentials, soak.private_stack(
-            pair=demo_pair, base_env=env, chat_max_concurrent=10) as stack:
+    with session_workers_paused(), stack_credentials(max_concurrent=10) as credentials, soak.private_stack(
+            pair=pair, base_env=env, chat_max_concurrent=10) as stack:
         yield stack, credentials
+
+
+@contextmanager
+def session_workers_paused():
+    """The suite's own workers share the test database but beat on another Redis: they would take the
+    private stack's workers for dead and fail their answers. They are frozen meanwhile."""
+    paused = [w.proc.pid for w in Worker.started if w.proc.poll() is None]
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
+        if paused:
+            time.sleep(3)  # a heartbeat: they are seen alive again before the next test
 
 
 async def _stream(stack, credentials, *, max_tokens: int, during=None) -> tuple[str, str, list[str]]:
