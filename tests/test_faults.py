@@ -152,5 +152,6 @@ def test_soak_mixed_clients_through_a_worker_kill_and_a_redis_restart(private):
         missed = [(name, measured) for name, measured in missed if not name.startswith("worker memory")]
     assert not missed, json.dumps([missed, figures], default=str)
     assert [f["fault"] for f in figures["faults"]] == ["kill_worker", "restart_redis"]
-    assert figures["compared_texts"] >= 80 and set(figures["by_kind"]) >= {
+    # Most texts are compared: not those of clients that left, nor of answers the faults failed.
+    assert figures["compared_texts"] >= 60 and set(figures["by_kind"]) >= {
         "websocket/reconnect", "websocket/stop", "sse/plain", "background/plain", "blocking/plain"}
