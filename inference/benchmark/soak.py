@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -218,6 +219,7 @@ class Outcome:
     http_status: int = 200
     error: str = ""
     last_event_at: float = field(default_factory=time.monotonic)  # the request's start, then each event's arrival
+    previous_event_at: float = field(default_factory=time.monotonic)  # the event before the last one
     ended_at: float = 0.0
     surfaced_s: float | None = None  # for a failure: how long its client waited for the error since the last event
 
@@ -227,7 +229,7 @@ class Outcome:
     def end(self, how: str, error: str = "") -> Outcome:
         self.ended, self.error, self.ended_at = how, error, time.monotonic()
         if how in {"error", "broken"}:
-            self.surfaced_s = self.ended_at - getattr(self, "previous_event_at", self.last_event_at)
+            self.surfaced_s = self.ended_at - self.previous_event_at
         return self
 
 
@@ -486,8 +488,6 @@ def _wait_settled(*, stack: PrivateStack, since_wall: float, timeout: float) -> 
 
 
 def _soak_rows(pair: ModelPair, since_wall: float):
-    from datetime import UTC, datetime
-
     return Generation.objects.filter(pair=pair, created_at__gte=datetime.fromtimestamp(since_wall, UTC))
 
 
