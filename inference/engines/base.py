@@ -7,7 +7,9 @@ ActiveRequest whose `events` queue the caller drains. Nothing here knows Django,
 
 from __future__ import annotations
 
+import contextlib
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
@@ -127,19 +129,23 @@ class Finished(NamedTuple):
 class ActiveRequest:
     """A request inside the batch. The step thread feeds `events`; its owner reads them."""
 
-    def __init__(self, request_id: int, handle, prompt_tokens: int, added_at: float):
+    def __init__(self, request_id: int, prompt_tokens: int, added_at: float,
+                 on_stop: Callable[[], object] | None = None):
         self.request_id = request_id
-        self.handle = handle  # the handle's destructor would cancel the request: keep it
+        self.on_stop = on_stop
         self.prompt_tokens = prompt_tokens
         self.added_at = added_at
         self.events: queue.Queue[StepTokens | Finished] = queue.Queue()
         self.stop_requested = False
-        self.stop_sent = False
-        self.finish_reason = ""
 
     def stop(self) -> None:
-        """Ask the step thread to stop this request before its next step (keeps what was produced)."""
+        """Ask the engine to stop this request before its next step (keeps what was produced)."""
+        if self.stop_requested:
+            return
         self.stop_requested = True
+        if self.on_stop:
+            with contextlib.suppress(OSError, EOFError):  # the engine is gone: its reader ends the request
+                self.on_stop()
 
 
 class TextAssembler:

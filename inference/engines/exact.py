@@ -140,13 +140,17 @@ class ExactEngine:
     def active_count(self) -> int:
         return len(self._active)
 
+    @property
+    def alive(self) -> bool:
+        return True  # it runs in this process
+
     def submit(self, *, prompt: str, params: DecodingParams, add_special_tokens: bool = True,
                before_batch: Callable[[int], object] | None = None) -> ActiveRequest:
         prompt_ids = [int(t) for t in self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
                       .input_ids.data[0]]
         if before_batch:
             before_batch(len(prompt_ids))
-        request = ActiveRequest(next(self._ids), None, len(prompt_ids), time.perf_counter())
+        request = ActiveRequest(next(self._ids), len(prompt_ids), time.perf_counter())
         self.submitted += 1
         with self._lock:
             self._active[request.request_id] = request

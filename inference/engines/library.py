@@ -1,24 +1,39 @@
-"""The library engine: one openvino-genai ContinuousBatchingPipeline per pair, stepped by one thread.
+"""The library engine: one openvino-genai ContinuousBatchingPipeline per pair, in a step process of its own.
 
-openvino-genai's `step()` must be driven by a single thread and holds the GIL while it runs, so a
-worker process keeps one pipeline per pair and one thread that steps it; concurrent generations
-join the same batch through `add_request` (thread-safe). Each step hands every request the tokens
-it accepted in that step: with a draft, the accepted draft run plus the main model's own token.
+openvino-genai's `step()` must be driven by a single thread and its Python binding holds the GIL for
+the whole step (tens of ms on a large main). In the worker's process that stalls every other thread
+for a step at a time: the thread that writes a generation's tokens to Redis waits a step for each
+round trip, and the stack's time to first token grew by a step or two. So the pipeline lives in a
+child process (the step process) that does nothing but step it; the worker keeps a `PairEngine` proxy
+with the same interface. Concurrent generations join the same batch through `add` messages; after
+each step the step process sends every request the tokens it accepted in that step (with a draft:
+the accepted draft run plus the main model's own token) in one message.
+
+The step process ends with its pipeline: when it is closed and drained, or when the worker exits or
+is killed (its end of the socket closes; the step process checks it before every step).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 
+import numpy as np
+import openvino as ov
 import openvino_genai as og
 
 from inference.engines.base import ActiveRequest, DecodingParams, Finished, PairSpec, StepTokens
 
 log = logging.getLogger(__name__)
+LOAD_TIMEOUT_S = 600
 
 
 def build_pipeline(spec: PairSpec) -> og.ContinuousBatchingPipeline:
@@ -32,103 +47,199 @@ def build_pipeline(spec: PairSpec) -> og.ContinuousBatchingPipeline:
     return og.ContinuousBatchingPipeline(spec.main_dir, scheduler, spec.device, props)
 
 
+class EngineProcessError(RuntimeError):
+    """The step process could not load the pipeline, or exited."""
+
+
 class PairEngine:
+    """The worker's handle on a step process: submit() returns an ActiveRequest fed one StepTokens per
+    main step, then Finished, by a reader thread that takes the step process's messages."""
+
     def __init__(self, spec: PairSpec):
         self.spec = spec
         started = time.perf_counter()
-        self.pipe = build_pipeline(spec)
+        # A new interpreter, not fork (the worker runs threads) nor multiprocessing's spawn (it re-runs the
+        # caller's __main__, which breaks unguarded scripts): `python -m inference.engines.library FD`.
+        ours, theirs = socket.socketpair()
+        self._process = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
+                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._conn.send(spec)
+        try:
+            if not self._conn.poll(LOAD_TIMEOUT_S):
+                raise EngineProcessError(f"loading took more than {LOAD_TIMEOUT_S} s")
+            kind, detail = self._conn.recv()
+        except EOFError:
+            kind, detail = "failed", f"the step process exited while loading (exit code {self._process.poll()})"
+        if kind != "ready":
+            self._process.kill()
+            self._conn.close()
+            raise EngineProcessError(detail)
         self.load_seconds = time.perf_counter() - started
-        self.tokenizer = self.pipe.get_tokenizer()
-        self._cv = threading.Condition()
+        self.tokenizer = og.Tokenizer(spec.main_dir)
+        self._send_lock = threading.Lock()
         self._active: dict[int, ActiveRequest] = {}
         self._ids = itertools.count()
         self.submitted = 0  # requests taken: the registry renews an engine after many (see EngineRegistry)
         self._closed = False
-        self._thread = self._start_stepping()
-        log.info("loaded %s (speculative=%s) in %.1f s", spec.slug, spec.speculative, self.load_seconds)
+        self._reader = threading.Thread(target=self._read_steps, name=f"steps-{spec.slug}", daemon=True)
+        self._reader.start()
+        log.info("loaded %s (speculative=%s) in %.1f s, step process %s", spec.slug, spec.speculative,
+                 self.load_seconds, self._process.pid)
 
     @property
     def active_count(self) -> int:
         return len(self._active)
 
+    @property
+    def alive(self) -> bool:
+        return self._reader.is_alive()
+
     def submit(self, *, prompt: str, params: DecodingParams, add_special_tokens: bool = True,
                before_batch: Callable[[int], object] | None = None) -> ActiveRequest:
-        """Add a request to the batch. `before_batch(prompt_tokens)` runs first: once the request is
-        in, step() holds the GIL and I/O from other threads (a Redis write) waits tens of ms."""
+        """Add a request to the batch; `before_batch(prompt_tokens)` runs first (the stream's start event
+        is written before any of its tokens can be)."""
         input_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids
+        prompt_ids = [int(t) for t in input_ids.data[0]]
         if before_batch:
-            before_batch(int(input_ids.shape[1]))
+            before_batch(len(prompt_ids))
         request_id = next(self._ids)
+        request = ActiveRequest(request_id, len(prompt_ids), time.perf_counter(),
+                                on_stop=lambda: self._send(("stop", request_id)))
         self.submitted += 1
-        config = params.generation_config(self.spec)
-        with self._cv:
-            handle = self.pipe.add_request(request_id, input_ids, config)
-            request = ActiveRequest(request_id, handle, int(input_ids.shape[1]), time.perf_counter())
-            self._active[request_id] = request
-            if not self._thread.is_alive():  # closed and drained just before this request came: step it too
-                self._thread = self._start_stepping()
-            self._cv.notify()
+        self._active[request_id] = request
+        try:
+            self._send(("add", request_id, prompt_ids, params))
+        except (OSError, EOFError) as exc:
+            self._active.pop(request_id, None)
+            raise EngineProcessError(f"the step process of {self.spec.slug} is gone") from exc
         return request
 
-    def _start_stepping(self) -> threading.Thread:
-        thread = threading.Thread(target=self._step_forever, name=f"step-{self.spec.slug}", daemon=True)
-        thread.start()
-        return thread
-
     def close(self) -> None:
-        """End the step thread once no request is left, so the pipeline can be freed."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
+        """End the step process once no request is left in it (frees the pipeline and all its memory)."""
+        self._closed = True
+        with contextlib.suppress(OSError, EOFError):  # already gone
+            self._send(("close",))
 
-    def _step_forever(self) -> None:
+    def _send(self, message: tuple) -> None:
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _read_steps(self) -> None:
         while True:
-            with self._cv:
-                while not self._active and not self._closed:
-                    self._cv.wait()
-                if not self._active:
-                    return
-                batch = list(self._active.values())
-            for request in batch:
-                if request.stop_requested and not request.stop_sent:
-                    request.handle.stop()
-                    request.stop_sent = True
+            try:
+                _, at, outputs = self._conn.recv()  # ("step", when, [(request id, tokens, finished)])
+            except (EOFError, OSError):
+                break
+            for request_id, token_ids, finished in outputs:
+                request = self._active.get(request_id)
+                if request is None:
+                    continue
+                if token_ids:
+                    request.events.put(StepTokens(token_ids, at))
+                if finished:
+                    self._active.pop(request_id, None)
+                    request.events.put(Finished(*finished))
+        try:
+            code = self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            code = self._process.wait()
+        self._conn.close()
+        if not self._closed or self._active:
+            log.error("the step process of %s exited (code %s)", self.spec.slug, code)
+        for request in list(self._active.values()):
+            request.events.put(Finished("error", f"the engine process exited (code {code})"))
+        self._active.clear()
+
+
+def _step_process(conn: Connection) -> None:
+    spec: PairSpec = conn.recv()
+    try:
+        pipe = build_pipeline(spec)
+    except Exception as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", ""))
+    Stepper(pipe, spec, conn).run()
+
+
+class Stepper:
+    """The step process's loop: take the worker's messages, step, send each request what it got."""
+
+    def __init__(self, pipe: og.ContinuousBatchingPipeline, spec: PairSpec, conn: Connection):
+        self.pipe, self.spec, self.conn = pipe, spec, conn
+        self.handles: dict[int, og.GenerationHandle] = {}  # a handle's destructor cancels its request: keep it
+        self.finish_reasons: dict[int, str] = {}
+        self.stopping: set[int] = set()
+        self.closing = False
+
+    def run(self) -> None:
+        while True:
+            if self.closing and not self.handles:
+                return
+            try:
+                wait = None if not self.handles else 0  # idle: sleep until the worker sends something
+                while self.conn.poll(wait):
+                    self._take(self.conn.recv())
+                    wait = 0
+            except (EOFError, OSError):
+                return  # the worker is gone
+            if not self.handles:
+                continue
             try:
                 self.pipe.step()
-            except Exception as exc:  # a failed step fails the requests in it, not the worker
+            except Exception as exc:  # a failed step fails the requests in it, not the engine
                 log.exception("step failed for %s", self.spec.slug)
-                for request in batch:
-                    self._finish(request, Finished("error", f"{type(exc).__name__}: {exc}"))
+                error = ("error", f"{type(exc).__name__}: {exc}")
+                self.conn.send(("step", time.perf_counter(), [(rid, [], error) for rid in self.handles]))
+                self.handles.clear()
                 continue
             now = time.perf_counter()
-            for request in batch:
-                self._collect(request, now)
-            # step() keeps the GIL for its whole run: hand it over so the threads that stream the
-            # tokens just delivered run now, not after the next step.
-            time.sleep(0)
+            self.conn.send(("step", now, [self._collect(rid) for rid in list(self.handles)]))
 
-    def _collect(self, request: ActiveRequest, now: float) -> None:
-        if request.handle.can_read():
-            for output in request.handle.read().values():
-                if output.generated_ids:
-                    request.events.put(StepTokens(list(output.generated_ids), now))
+    def _take(self, message: tuple) -> None:
+        kind, *args = message
+        if kind == "add":
+            request_id, prompt_ids, params = args
+            input_ids = ov.Tensor(np.array([prompt_ids], dtype=np.int64), shared_memory=False)
+            try:
+                self.handles[request_id] = self.pipe.add_request(request_id, input_ids,
+                                                                 params.generation_config(self.spec))
+            except Exception as exc:  # the request's settings, not the engine: fail this request only
+                error = ("error", f"{type(exc).__name__}: {exc}")
+                self.conn.send(("step", time.perf_counter(), [(request_id, [], error)]))
+        elif kind == "stop" and args[0] in self.handles and args[0] not in self.stopping:
+            self.handles[args[0]].stop()
+            self.stopping.add(args[0])
+        elif kind == "close":
+            self.closing = True
+
+    def _collect(self, request_id: int) -> tuple[int, list[int], tuple[str, str] | None]:
+        handle = self.handles[request_id]
+        token_ids: list[int] = []
+        if handle.can_read():
+            for output in handle.read().values():
+                token_ids += list(output.generated_ids)
                 if output.finish_reason == og.GenerationFinishReason.LENGTH:
-                    request.finish_reason = "length"
+                    self.finish_reasons[request_id] = "length"
                 elif output.finish_reason == og.GenerationFinishReason.STOP:
-                    request.finish_reason = "stop"
-        status = request.handle.get_status()
+                    self.finish_reasons[request_id] = "stop"
+        status = handle.get_status()
         if status == og.GenerationStatus.RUNNING:
-            return
-        if status in (og.GenerationStatus.STOP, og.GenerationStatus.CANCEL) or request.stop_sent:
-            self._finish(request, Finished("stopped"))
+            return request_id, token_ids, None
+        del self.handles[request_id]
+        reason = self.finish_reasons.pop(request_id, "stop")
+        if status in (og.GenerationStatus.STOP, og.GenerationStatus.CANCEL) or request_id in self.stopping:
+            finished = ("stopped", "")
         elif status == og.GenerationStatus.FINISHED:
-            self._finish(request, Finished(request.finish_reason or "stop"))
+            finished = (reason, "")
         else:
-            self._finish(request, Finished("error", f"the pipeline dropped the request ({status.name})"))
+            finished = ("error", f"the pipeline dropped the request ({status.name})")
+        self.stopping.discard(request_id)
+        return request_id, token_ids, finished
 
-    def _finish(self, request: ActiveRequest, finished: Finished) -> None:
-        with self._cv:
-            if self._active.pop(request.request_id, None) is None:
-                return
-        request.events.put(finished)
-        request.handle = None
+
+if __name__ == "__main__":
+    _step_process(Connection(int(sys.argv[1])))

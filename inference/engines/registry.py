@@ -3,7 +3,7 @@
 openvino-genai's pipelines keep memory per request they served (about 1 MB with a draft on the demo
 pair, measured in a loop of add_request/step; it is all freed with the pipeline): an engine that has
 taken `renew_after` requests is replaced by a fresh one, built in the background, and freed once
-its own requests have ended."""
+its own requests have ended. A library engine whose step process exited is loaded again on next use."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ class EngineRegistry:
 
     def get(self, spec: PairSpec) -> PairEngine | ExactEngine:
         engine = self._engines.get(spec)
+        if engine and not engine.alive:  # its step process exited: load it again
+            self._engines.pop(spec, None)
+            engine = None
         if engine:
             if self.renew_after and engine.submitted >= self.renew_after and spec not in self._renewing:
                 self._renewing.add(spec)
