@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import random
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -242,89 +243,177 @@ def stage_grow(work: Path, a) -> None:
 
 
 # ---------------------------------------------------------------- draft (FastDraft-style)
-@torch.no_grad()
-def greedy_continuations(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy continuation of equal-length prompts (no padding needed), end-of-sequence ignored,
-    exactly as the speculative benchmark runs the main."""
-    out = model(input_ids=prompts, use_cache=True)
-    past, seq = out.past_key_values, prompts
-    for _ in range(new_tokens):
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        seq = torch.cat([seq, nxt], 1)
-        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-        past = out.past_key_values
-    return seq
+SYSTEM_PROMPTS = ("You are a helpful coding assistant.", "Answer with Python code only.",
+                  "You write clear, short code.")
+REQUESTS = ("Write a Python function that {}", "Write a function to {}", "How do I {}?", "{}", "Python: {}",
+            "Can you write code that {}?", "Implement this: {}")
+
+
+def function_parts(doc: str) -> tuple[str, str, list[str]] | None:
+    """(signature with decorators, first docstring line, all lines) of one corpus function."""
+    try:
+        fn = ast.parse(doc).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    lines = doc.splitlines()
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.body[0].lineno - 1 <= fn.lineno - 1:
+        return None  # a one-line function has no signature of its own
+    signature = "\n".join(lines[: fn.body[0].lineno - 1])
+    docline = (ast.get_docstring(fn) or "").strip().splitlines()[0:1]
+    return signature, (docline[0] if docline else ""), lines
+
+
+def synth_prompt(rng: random.Random, doc: str, docs: list[str]) -> tuple[str, str] | None:
+    """One prompt like those users send, and its kind: code to complete (a signature, with a docstring
+    as in the held-out set, or a partial body) or a chat request through the pair's chat template."""
+    parts = function_parts(doc)
+    if parts is None:
+        return None
+    signature, docline, lines = parts
+    kind = rng.choices(["docstring", "signature", "partial", "request", "follow-up"], [35, 10, 15, 30, 10])[0]
+    if kind in ("docstring", "request", "follow-up") and not docline:
+        kind = "partial"
+    if kind == "docstring" and docline:
+        return f'{signature}\n    """{docline}"""\n', kind
+    if kind == "partial" and len(lines) > 3:
+        return "\n".join(lines[: rng.randint(2, min(8, len(lines) - 1))]) + "\n", kind
+    if kind in ("request", "follow-up"):
+        ask = rng.choice(REQUESTS).format(docline[0].lower() + docline[1:].rstrip("."))
+        turns = f"# {rng.choice(SYSTEM_PROMPTS)}\n" if rng.random() < 0.3 else ""
+        if kind == "follow-up":  # an earlier turn: its request and an answer, as the chat template renders them
+            earlier = function_parts(rng.choice(docs))
+            if earlier and earlier[1]:
+                turns += rng.choice(REQUESTS).format(earlier[1]) + "\n".join(earlier[2]) + EOS + "\n"
+        return turns + ask, kind
+    return signature + "\n", "signature"
 
 
 def stage_synth(work: Path, a) -> None:
-    """The main's own greedy outputs for prompts drawn from function openings of the corpus."""
-    from transformers import LlamaForCausalLM
+    """The main's own greedy answers to many varied prompts: the draft learns what the main says.
 
-    tok = load_tokenizer(work)
-    main = LlamaForCausalLM.from_pretrained(work / "main_trained").eval()  # same function as main_hf, cheaper
+    Generated with openvino-genai on the committed main shrunk back to its trained width
+    (demo_main.shrink: the same function as the served main, 8x cheaper), in the served precision."""
+    import openvino as ov
+    import openvino_genai as og
+
+    from inference.pairs import demo_main
+
+    compact = work / "main_compact"
+    model = ov.Core().read_model(demo_main.SOURCE / "openvino_model.xml")
+    demo_main.shrink(model, json.loads((Path(a.out) / "pair.json").read_text())["main"]["grow_mlp"])
+    shutil.copytree(demo_main.SOURCE, compact, dirs_exist_ok=True, ignore=shutil.ignore_patterns("openvino_model.*"))
+    ov.save_model(model, compact / "openvino_model.xml", compress_to_fp16=False)
+    scheduler = og.SchedulerConfig()
+    scheduler.cache_size = 2
+    pipe = og.ContinuousBatchingPipeline(str(compact), scheduler, "CPU", {
+        "INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
+    tok = pipe.get_tokenizer()
     rng = random.Random(a.seed + 1)
     docs = load_corpus(work)
-    seqs = []
-    bar = tqdm(total=a.synth_sequences, desc="main generates", unit="seq")
-    while len(seqs) < a.synth_sequences:
-        plen = rng.choice([4, 8, 16, 32])
-        batch = []
-        while len(batch) < 32:
-            ids = tok.encode(rng.choice(docs))
-            if len(ids) > plen:
-                batch.append(ids[:plen])
-        out = greedy_continuations(main, torch.tensor(batch), a.synth_new_tokens)
-        seqs.extend(out.tolist())
-        bar.update(32)
+    records: list[dict] = []
+    bar = tqdm(total=a.synth_sequences, desc="main answers", unit="seq")
+    while len(records) < a.synth_sequences:
+        batch = [made for made in (synth_prompt(rng, rng.choice(docs), docs) for _ in range(64)) if made]
+        ids = [tok.encode(prompt, add_special_tokens=False).input_ids for prompt, _ in batch]
+        configs = []
+        for _ in batch:
+            cfg = og.GenerationConfig()
+            cfg.max_new_tokens = a.synth_new_tokens
+            cfg.ignore_eos = rng.random() < 0.5  # the benchmark ignores EOS; the chat stops at it
+            configs.append(cfg)
+        for (_, kind), prompt_ids, result in zip(batch, ids, pipe.generate(ids, configs), strict=True):
+            prompt_list = [int(t) for t in prompt_ids.data[0]]
+            records.append({"kind": kind, "prompt": len(prompt_list),
+                            "ids": prompt_list + [int(t) for t in result.m_generation_ids[0]]})
+        bar.update(len(batch))
     bar.close()
-    (work / "synth.json").write_text(json.dumps(seqs))
-    log(f"synthetic set: {len(seqs)} main-generated sequences")
+    (work / "synth.json").write_text(json.dumps(records))
+    kinds = {k: sum(r["kind"] == k for r in records) for k in sorted({r["kind"] for r in records})}
+    log(f"synthetic set: {len(records)} answers of the main, {sum(len(r['ids']) - r['prompt'] for r in records)} "
+        f"tokens; prompts by kind {kinds}")
+
+
+def distill_batches(records: list[dict], batch: int, seed: int, pad_id: int):
+    """Batches of (ids, labels): labels are the main's own tokens, -100 over the prompt and the padding."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def make(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen = [records[i] for i in torch.randint(len(records), (batch,), generator=gen).tolist()]
+        width = max(len(r["ids"]) for r in chosen)
+        ids = torch.full((batch, width), pad_id, dtype=torch.long)
+        labels = torch.full((batch, width), -100, dtype=torch.long)
+        for row, r in enumerate(chosen):
+            ids[row, : len(r["ids"])] = torch.tensor(r["ids"])
+            labels[row, r["prompt"]: len(r["ids"])] = torch.tensor(r["ids"][r["prompt"]:])
+        return ids, labels
+    return make
+
+
+def answer_loss(model, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Sequence-level distillation (Kim & Rush 2016): cross-entropy on the main's greedy answer tokens."""
+    ids, labels = batch
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+def draft_from_ir(ir_dir: Path, tok):
+    """The committed draft as a torch model (its IR keeps float16 weights: nothing is lost), to go on
+    training it. Norm weights are unnamed in the IR: each is placed by the projections it feeds."""
+    import openvino as ov
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = ov.Core().read_model(ir_dir / "openvino_model.xml")
+    weights: dict[str, torch.Tensor] = {}
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "Constant" or op.get_output_element_type(0) != ov.Type.f16:
+            continue
+        name = op.get_friendly_name().removeprefix("self.").removesuffix("_compressed")
+        value = torch.from_numpy(op.get_data().astype("float32"))
+        if name.endswith(".weight"):
+            weights[name] = value
+            continue
+        multiply = next(iter(op.output(0).get_target_inputs())).get_node()
+        multiply = next(iter(multiply.output(0).get_target_inputs())).get_node()  # Convert -> Multiply
+        fed = " ".join(t.get_node().get_friendly_name() for t in multiply.output(0).get_target_inputs())
+        layer = fed.split("model.layers.")[1].split(".")[0] if "model.layers." in fed else ""
+        if "lm_head" in fed:
+            weights["model.norm.weight"] = value.flatten()
+        elif "q_proj" in fed:
+            weights[f"model.layers.{layer}.input_layernorm.weight"] = value.flatten()
+        elif "gate_proj" in fed:
+            weights[f"model.layers.{layer}.post_attention_layernorm.weight"] = value.flatten()
+    config = LlamaConfig.from_pretrained(ir_dir)
+    draft = LlamaForCausalLM(config)
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    missing, unexpected = draft.load_state_dict(weights, strict=False)
+    if [m for m in missing if "rotary" not in m] or unexpected:
+        raise ValueError(f"the draft IR does not map onto {ir_dir}/config.json: missing {missing}, unexpected {unexpected}")
+    return draft
 
 
 def stage_draft(work: Path, a) -> None:
-    from transformers import LlamaForCausalLM
-
     torch.manual_seed(a.seed + 2)
     tok = load_tokenizer(work)
     blocks = token_blocks(work, a.seq_len)
-    main = LlamaForCausalLM.from_pretrained(work / "main_trained").eval()
-    for p in main.parameters():
-        p.requires_grad_(False)
-    draft = llama(tok, hidden=a.draft_hidden, layers=a.draft_layers, heads=a.draft_heads,
-                  intermediate=a.draft_intermediate)
+    if a.draft_from_ir:  # go on from the shipped draft: its pretraining and first distillation are kept
+        draft = draft_from_ir(Path(a.out) / "draft", tok)
+        shipped = json.loads((Path(a.out) / "pair.json").read_text())["draft"]
+        pre = [shipped["pretrain_loss"]] * 50
+        a.draft_pretrain_steps = shipped["pretrain_steps"]
+    else:
+        draft = llama(tok, hidden=a.draft_hidden, layers=a.draft_layers, heads=a.draft_heads,
+                      intermediate=a.draft_intermediate)
+        pre = train_loop(draft, a.draft_pretrain_steps, a.draft_lr, random_batches(blocks, a.batch, a.seed + 3),
+                         lm_loss, "pretrain draft")
     log(f"draft: {n_params(draft) / 1e6:.2f} M parameters")
-    pre = train_loop(draft, a.draft_pretrain_steps, a.draft_lr, random_batches(blocks, a.batch, a.seed + 3), lm_loss,
-                     "pretrain draft")
-
-    synth = json.loads((work / "synth.json").read_text())
-    by_len: dict[int, list[list[int]]] = {}
-    for s in synth:
-        by_len.setdefault(len(s), []).append(s)
-    groups = [torch.tensor(v) for v in by_len.values()]
-    gen = torch.Generator().manual_seed(a.seed + 4)
-    corpus_batch = random_batches(blocks, a.batch // 2, a.seed + 5)
-
-    def distill_batch(step: int) -> torch.Tensor:
-        if step % 3 == 2:  # one batch in three from natural code, labelled by the main
-            return corpus_batch(step)
-        g = groups[torch.randint(len(groups), (1,), generator=gen).item()]
-        return g[torch.randint(len(g), (a.batch // 2,), generator=gen)]
-
-    def distill_loss(model, ids: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            teacher = main(input_ids=ids).logits.float()
-        student = model(input_ids=ids).logits.float()
-        vocab = student.size(-1)
-        kl = F.kl_div(F.log_softmax(student, -1).view(-1, vocab), F.log_softmax(teacher, -1).view(-1, vocab),
-                      log_target=True, reduction="batchmean")
-        hard = F.cross_entropy(student.view(-1, vocab), teacher.argmax(-1).view(-1))
-        return kl + hard
-
-    dist = train_loop(draft, a.draft_distill_steps, a.draft_lr / 2, distill_batch, distill_loss, "distill draft")
+    records = json.loads((work / "synth.json").read_text())
+    dist = train_loop(draft, a.draft_distill_steps, a.draft_lr / 2,
+                      distill_batches(records, a.batch, a.seed + 4, tok.pad_token_id), answer_loss, "distill draft")
     draft.save_pretrained(work / "draft_hf")
     tok.save_pretrained(work / "draft_hf")
     record(work, "draft_hf", params=n_params(draft), pretrain_steps=a.draft_pretrain_steps,
-           distill_steps=a.draft_distill_steps, pretrain_loss=sum(pre[-50:]) / 50, distill_loss=sum(dist[-50:]) / 50)
+           distill_steps=a.draft_distill_steps, distill_answers=len(records),
+           pretrain_loss=sum(pre[-50:]) / 50, distill_loss=sum(dist[-50:]) / 50)
 
 
 # ---------------------------------------------------------------- export
@@ -486,8 +575,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--main-steps", type=int, default=900)
     p.add_argument("--main-lr", type=float, default=1.5e-3)
     p.add_argument("--grow-mlp", type=int, default=8)
-    p.add_argument("--synth-sequences", type=int, default=2048)
-    p.add_argument("--synth-new-tokens", type=int, default=160)
+    p.add_argument("--synth-sequences", type=int, default=8000)
+    p.add_argument("--synth-new-tokens", type=int, default=128)
     p.add_argument("--draft-hidden", type=int, default=256)
     p.add_argument("--draft-layers", type=int, default=2)
     p.add_argument("--draft-heads", type=int, default=4)
@@ -495,6 +584,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draft-pretrain-steps", type=int, default=300)
     p.add_argument("--draft-distill-steps", type=int, default=900)
     p.add_argument("--draft-lr", type=float, default=2e-3)
+    p.add_argument("--draft-from-ir", action="store_true",
+                   help="go on training the committed draft (out/draft) instead of a new one")
     p.add_argument("--main-weights", default="int8", choices=["fp16", "int8", "int4"])
     p.add_argument("--draft-weights", default="fp16", choices=["fp16", "int8", "int4"])
     a = p.parse_args(argv)

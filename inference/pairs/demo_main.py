@@ -57,7 +57,24 @@ def grow(model: ov.Model, growth: int) -> int:
     were grown. float16, not the committed int8: on this AVX2 CPU the int8 kernels decompress per
     token, so 4 tokens cost 1.6 single-token steps (compute-bound again); float16 weights stream
     twice the bytes and keep verification cheap (the regime of real LLMs on a CPU)."""
-    grown = 0
+    return _resize_mlps(model, lambda projection, w: np.tile(w, (1, growth)) / growth if projection == "down_proj"
+                        else np.tile(w, (growth, 1)))
+
+
+def shrink(model: ov.Model, growth: int) -> int:
+    """Undo a Net2Net widening of `growth` in place (the committed main was widened 8x after training):
+    the same function at the trained model's cost, for generating the draft's training data quickly."""
+    def first_copy(projection: str, w: np.ndarray) -> np.ndarray:
+        if projection == "down_proj":
+            return w[:, : w.shape[1] // growth] * growth
+        return w[: w.shape[0] // growth]
+    return _resize_mlps(model, first_copy)
+
+
+def _resize_mlps(model: ov.Model, resize) -> int:
+    """Replace every MLP projection's compressed weight by `resize(projection, dequantized)` in float16.
+    Hidden units are rows of gate/up and columns of down."""
+    resized = 0
     for op in model.get_ordered_ops():
         name = op.get_friendly_name()
         projection = next((p for p in PROJECTIONS if f".mlp.{p}/" in name), None)
@@ -65,17 +82,12 @@ def grow(model: ov.Model, growth: int) -> int:
             continue
         weight, zero_point, scale = _decompression(op)
         w, zp, s = (n.get_data().astype(np.float32) for n in (weight, zero_point, scale))
-        dequantized = (w - zp) * s
-        if projection == "down_proj":  # hidden units are columns: repeat them, each counts 1/growth
-            grown_weight = np.tile(dequantized, (1, growth)) / growth
-        else:  # hidden units are rows: repeat them
-            grown_weight = np.tile(dequantized, (growth, 1))
         to_f32 = op.input_value(1).get_node()  # Convert(f16 -> f32) of the decompressed weight
-        as_f16 = ops.constant(grown_weight.astype(np.float16), dtype=ov.Type.f16)
+        as_f16 = ops.constant(resize(projection, (w - zp) * s).astype(np.float16), dtype=ov.Type.f16)
         to_f32.input(0).replace_source_output(as_f16.output(0))
-        grown += 1
+        resized += 1
     model.validate_nodes_and_infer_types()
-    return grown
+    return resized
 
 
 def sha256(path: Path) -> str:
