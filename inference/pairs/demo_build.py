@@ -300,7 +300,7 @@ def stage_synth(work: Path, a) -> None:
 
     compact = work / "main_compact"
     model = ov.Core().read_model(demo_main.SOURCE / "openvino_model.xml")
-    demo_main.shrink(model, json.loads((Path(a.out) / "pair.json").read_text())["main"]["grow_mlp"])
+    demo_main.shrink(model, a.grow_mlp)
     shutil.copytree(demo_main.SOURCE, compact, dirs_exist_ok=True, ignore=shutil.ignore_patterns("openvino_model.*"))
     ov.save_model(model, compact / "openvino_model.xml", compress_to_fp16=False)
     scheduler = og.SchedulerConfig()
@@ -387,7 +387,8 @@ def draft_from_ir(ir_dir: Path, tok):
     weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     missing, unexpected = draft.load_state_dict(weights, strict=False)
     if [m for m in missing if "rotary" not in m] or unexpected:
-        raise ValueError(f"the draft IR does not map onto {ir_dir}/config.json: missing {missing}, unexpected {unexpected}")
+        raise ValueError(f"the draft IR does not map onto {ir_dir}/config.json: "
+                         f"missing {missing}, unexpected {unexpected}")
     return draft
 
 
@@ -400,7 +401,10 @@ def stage_draft(work: Path, a) -> None:
         shipped = json.loads((Path(a.out) / "pair.json").read_text())["draft"]
         pre = [shipped["pretrain_loss"]] * 50
         a.draft_pretrain_steps = shipped["pretrain_steps"]
+        earlier = {"earlier_distillation": {k: shipped[k] for k in ("distill_steps", "distill_loss", "alignment")
+                                            if k in shipped}}
     else:
+        earlier = {}
         draft = llama(tok, hidden=a.draft_hidden, layers=a.draft_layers, heads=a.draft_heads,
                       intermediate=a.draft_intermediate)
         pre = train_loop(draft, a.draft_pretrain_steps, a.draft_lr, random_batches(blocks, a.batch, a.seed + 3),
@@ -413,7 +417,7 @@ def stage_draft(work: Path, a) -> None:
     tok.save_pretrained(work / "draft_hf")
     record(work, "draft_hf", params=n_params(draft), pretrain_steps=a.draft_pretrain_steps,
            distill_steps=a.draft_distill_steps, distill_answers=len(records),
-           pretrain_loss=sum(pre[-50:]) / 50, distill_loss=sum(dist[-50:]) / 50)
+           pretrain_loss=sum(pre[-50:]) / 50, distill_loss=sum(dist[-50:]) / 50, **earlier)
 
 
 # ---------------------------------------------------------------- export
@@ -427,11 +431,14 @@ def export(src: Path, dst: Path, weight_format: str) -> None:
         (dst / leftover).unlink(missing_ok=True)  # the IR tokenizer is what the app loads
 
 
-def stage_export(work: Path, a) -> None:
-    out = Path(a.out)
-    export(work / "main_hf", out / "main", a.main_weights)
-    export(work / "draft_hf", out / "draft", a.draft_weights)
-    record(work, "export", main_weights=a.main_weights, draft_weights=a.draft_weights)
+def stage_export_main(work: Path, a) -> None:
+    export(work / "main_hf", Path(a.out) / "main", a.main_weights)
+    record(work, "export_main", weights=a.main_weights)
+
+
+def stage_export_draft(work: Path, a) -> None:
+    export(work / "draft_hf", Path(a.out) / "draft", a.draft_weights)
+    record(work, "export_draft", weights=a.draft_weights)
 
 
 def measure_pair(main_dir: Path, draft_dir: Path, prompts: list[str], ks, repeats: int, thresholds=()) -> dict:
@@ -508,32 +515,39 @@ def stage_measure(work: Path, a) -> None:
 
 
 def stage_pair_json(work: Path, a) -> None:
-    """pair.json: how the pair was made and what it measured (the measure stage adds the numbers)."""
+    """pair.json: how the pair was made (the measure stage adds the numbers). Only what this build
+    made is rewritten: a draft trained further keeps the main's section as it was."""
     from transformers import AutoConfig
 
     info = json.loads((work / "record.json").read_text())
     out = Path(a.out)
     pair_path = out / "pair.json"
-    previous = json.loads(pair_path.read_text()) if pair_path.exists() else {}
-    cfg = {k: AutoConfig.from_pretrained(work / k).to_dict() for k in ("main_hf", "draft_hf")}
+    pair = json.loads(pair_path.read_text()) if pair_path.exists() else {}
     keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    pair = {
+    pair.update({
         "name": "demo-code",
         "description": "Python code-completion pair trained offline on CPython's standard library.",
         "corpus": f"CPython {sys.version.split()[0]} standard library (tests excluded), one function per document",
         "seed": a.seed,
-        "main": {**{k: cfg["main_hf"][k] for k in keep}, **info.get("main_hf", {}),
-                 "trained": info.get("main_trained", {}),
-                 "weights": info.get("export", {}).get("main_weights"),
-                 "growth": "Net2Net MLP widening after training (function-preserving): the main computes what the "
-                           "trained model computes, at the cost of a model this size"},
-        "draft": {**{k: cfg["draft_hf"][k] for k in keep}, **info.get("draft_hf", {}),
-                  "weights": info.get("export", {}).get("draft_weights"),
-                  "alignment": "FastDraft-style: pretrained on the corpus, then distilled (KL + argmax CE) on "
-                               "the main's own greedy outputs and the main's predictions on the corpus"},
         "recommended": {"inference_precision": "f32", "kv_cache_precision": "f32"},
-        "measured": previous.get("measured", {}),
-    }
+    })
+    if "main_hf" in info:
+        cfg = AutoConfig.from_pretrained(work / "main_hf").to_dict()
+        pair["main"] = {**pair.get("main", {}), **{k: cfg[k] for k in keep}, **info["main_hf"],
+                        "trained": info.get("main_trained", {}),
+                        "weights": info.get("export_main", {}).get("weights"),
+                        "growth": "Net2Net MLP widening after training (function-preserving): the main computes "
+                                  "what the trained model computes, at the cost of a model this size"}
+    if "draft_hf" in info:
+        cfg = AutoConfig.from_pretrained(work / "draft_hf").to_dict()
+        pair["draft"] = {**{k: cfg[k] for k in keep}, **info["draft_hf"],
+                         "weights": info.get("export_draft", {}).get("weights"),
+                         "alignment": "FastDraft-style: pretrained on the corpus, then distilled (after "
+                                      "earlier_distillation, where listed) on the main's own "
+                                      "greedy answers (sequence-level: cross-entropy on the answer tokens) to "
+                                      f"{info['draft_hf'].get('distill_answers', 0)} prompts drawn from the corpus: "
+                                      "signatures with docstrings, partial bodies, and chat requests through the "
+                                      "chat template (inference/pairs/demo_build.py, synth_prompt)"}
     pair_path.write_text(json.dumps(pair, indent=1) + "\n")
     log(f"wrote {pair_path}")
 
@@ -550,9 +564,10 @@ STAGES = {
     "tokenizer": lambda w, a: stage_tokenizer(w, a.vocab_size),
     "main": stage_main,
     "grow": stage_grow,
+    "export-main": stage_export_main,
     "synth": stage_synth,
     "draft": stage_draft,
-    "export": stage_export,
+    "export-draft": stage_export_draft,
     "pairjson": stage_pair_json,
     "measure": stage_measure,
 }
