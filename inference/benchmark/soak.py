@@ -155,13 +155,26 @@ class PrivateStack:
         self._killing.discard(index)
 
     def rss_mb(self, index: int) -> tuple[int, float]:
-        """(pid, resident MB) of a worker; 0 MB if it is gone."""
+        """(pid, resident MB) of a worker with its step processes (the pipelines live there); 0 MB if gone."""
         pid = self.workers[index].pid
-        with suppress(OSError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS"):
-                    return pid, int(line.split()[1]) / 1024
-        return pid, 0.0
+        return pid, sum(_rss_kb(p) for p in (pid, *_children(pid))) / 1024
+
+
+def _rss_kb(pid: int) -> int:
+    with suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS"):
+                return int(line.split()[1])
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state: ppid
+                found.append(int(stat.parent.name))
+    return found
 
 
 @contextmanager
