@@ -401,10 +401,10 @@ def stage_draft(work: Path, a) -> None:
         shipped = json.loads((Path(a.out) / "pair.json").read_text())["draft"]
         pre = [shipped["pretrain_loss"]] * 50
         a.draft_pretrain_steps = shipped["pretrain_steps"]
-        earlier = {"earlier_distillation": {k: shipped[k] for k in ("distill_steps", "distill_loss", "alignment")
-                                            if k in shipped}}
+        rounds = shipped.get("distillation_rounds") or [{"steps": shipped["distill_steps"],
+                                                          "loss": shipped["distill_loss"]}]
     else:
-        earlier = {}
+        rounds = []
         draft = llama(tok, hidden=a.draft_hidden, layers=a.draft_layers, heads=a.draft_heads,
                       intermediate=a.draft_intermediate)
         pre = train_loop(draft, a.draft_pretrain_steps, a.draft_lr, random_batches(blocks, a.batch, a.seed + 3),
@@ -415,9 +415,12 @@ def stage_draft(work: Path, a) -> None:
                       distill_batches(records, a.batch, a.seed + 4, tok.pad_token_id), answer_loss, "distill draft")
     draft.save_pretrained(work / "draft_hf")
     tok.save_pretrained(work / "draft_hf")
+    loss = sum(dist[-50:]) / 50
+    rounds.append({"steps": a.draft_distill_steps, "peak_lr": a.draft_lr / 2, "loss": loss,
+                   "data": f"CE on the main's greedy answers to {len(records)} prompts"})
     record(work, "draft_hf", params=n_params(draft), pretrain_steps=a.draft_pretrain_steps,
-           distill_steps=a.draft_distill_steps, distill_answers=len(records),
-           pretrain_loss=sum(pre[-50:]) / 50, distill_loss=sum(dist[-50:]) / 50, **earlier)
+           pretrain_loss=sum(pre[-50:]) / 50, distill_steps=sum(r["steps"] for r in rounds),
+           distill_answers=len(records), distill_loss=loss, distillation_rounds=rounds)
 
 
 # ---------------------------------------------------------------- export
@@ -542,8 +545,8 @@ def stage_pair_json(work: Path, a) -> None:
         cfg = AutoConfig.from_pretrained(work / "draft_hf").to_dict()
         pair["draft"] = {**{k: cfg[k] for k in keep}, **info["draft_hf"],
                          "weights": info.get("export_draft", {}).get("weights"),
-                         "alignment": "FastDraft-style: pretrained on the corpus, then distilled (after "
-                                      "earlier_distillation, where listed) on the main's own "
+                         "alignment": "FastDraft-style: pretrained on the corpus, then distilled (in the rounds "
+                                      "listed, where listed) on the main's own "
                                       "greedy answers (sequence-level: cross-entropy on the answer tokens) to "
                                       f"{info['draft_hf'].get('distill_answers', 0)} prompts drawn from the corpus: "
                                       "signatures with docstrings, partial bodies, and chat requests through the "
