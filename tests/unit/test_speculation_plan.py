@@ -59,3 +59,13 @@ def test_sampling_never_takes_the_inexact_library_path_unless_the_pair_allows_it
 ])
 def test_modes_without_a_draft_or_speculation(fields, asked, mode):
     assert plan(pair=pair(**fields), asked=asked, load=1).mode == mode
+
+
+def test_the_profile_takes_a_k_only_where_it_clearly_beats_the_main_alone():
+    from inference.benchmark.profile import best_k_by_level
+
+    rows = [{"variant": v, "concurrency": c, "throughput": t} for v, c, t in [
+        ("plain", 1, 25.0), ("K=3", 1, 66.0), ("K=5", 1, 84.0),
+        ("plain", 16, 114.0), ("K=3", 16, 120.0), ("K=5", 16, 115.0),  # 5% faster: within one burst's noise
+        ("plain", 4, 73.0), ("K=3", 4, 31.0), ("K=5", 4, 25.0)]]
+    assert best_k_by_level(rows) == {"1": 5, "4": 0, "16": 0}
