@@ -5,7 +5,11 @@ Run with the `train` extra installed (torch 2.13.0 CPU, transformers, optimum-in
     python -m inference.pairs.demo_build --stage all
 
 Every stage caches its result under --work (default build/demo_pair), so a later stage can be
-re-run alone. The corpus is the running Python's own standard library, split into functions that
+re-run alone. To align the shipped draft further with fresh answers of the main (no main training,
+about 25 minutes on two cores):
+
+    python -m inference.pairs.demo_build --stage corpus tokenizer synth draft export-draft pairjson --draft-from-ir
+ The corpus is the running Python's own standard library, split into functions that
 each end with the end-of-sequence token: the pair is a small code-completion pair that writes a
 function and stops.
 """
