@@ -127,7 +127,7 @@ class Finished(NamedTuple):
 
 
 class ActiveRequest:
-    """A request inside the batch. The step thread feeds `events`; its owner reads them."""
+    """A request inside the batch. Its engine feeds `events`; its owner reads them."""
 
     def __init__(self, request_id: int, prompt_tokens: int, added_at: float,
                  on_stop: Callable[[], object] | None = None):

@@ -195,6 +195,8 @@ class Stepper:
                 error = ("error", f"{type(exc).__name__}: {exc}")
                 self.conn.send(("step", time.perf_counter(), [(rid, [], error) for rid in self.handles]))
                 self.handles.clear()
+                self.finish_reasons.clear()
+                self.stopping.clear()
                 continue
             now = time.perf_counter()
             self.conn.send(("step", now, [self._collect(rid) for rid in list(self.handles)]))
