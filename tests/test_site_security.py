@@ -245,6 +245,7 @@ async def test_deactivated_user_loses_the_open_chat_socket(demo_pair, user):
     assert closed == {"type": "websocket.close", "code": 4401}
     # and the answer is asked to stop (the worker checks this flag at each step)
     assert transport.sync_client().exists(transport.cancel_key(generation.id))
+    await communicator.disconnect()  # as the browser does after a close
 
 
 # ------------------------------------------------------------------ API keys from a script
