@@ -42,8 +42,8 @@ class ModelPairAdmin(admin.ModelAdmin):
         ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device")}),
         ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold",
                                              "allow_inexact_sampling", "speculation_profile", "profile_run")}),
-        ("Limits and precision", {"fields": ("max_new_tokens_cap", "cache_size_gb", "inference_precision",
-                                             "kv_cache_precision")}),
+        ("Limits and precision", {"fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens",
+                                             "inference_precision", "kv_cache_precision")}),
         ("Latest benchmark", {"fields": ("latest_benchmark",)}),
     )
 

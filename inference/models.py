@@ -4,6 +4,7 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 
 
@@ -57,6 +58,12 @@ class ModelPair(models.Model):
                                     related_name="+", help_text="The benchmark run the profile comes from.")
     max_new_tokens_cap = models.PositiveIntegerField(default=512, help_text="No request may ask for more new tokens.")
     cache_size_gb = models.PositiveSmallIntegerField(default=1, help_text="KV cache of the scheduler, in GB.")
+    max_num_batched_tokens = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(32)],
+        help_text="Tokens one scheduler step may process, prompt chunks and decodes together (long prompts are "
+                  "split and prefilled beside the running answers). Empty: the library's 256. Smaller lets a "
+                  "burst's first answers start sooner at some cost in tokens/s; the benchmark's concurrency sweep "
+                  "measures it.")
     inference_precision = models.CharField(max_length=8, choices=Precision.choices, default=Precision.F32, blank=True)
     kv_cache_precision = models.CharField(
         max_length=8, choices=KvPrecision.choices, default=KvPrecision.F32, blank=True,

@@ -24,7 +24,8 @@ def live_workers(*, client: redis.Redis) -> list[dict]:
     names: Any = client.zrangebyscore(WORKER_INDEX, time.time(), "+inf")  # str, with decode_responses
     if not names:
         return []
-    return [json.loads(raw) for raw in client.mget([WORKER_KEY_PREFIX + name for name in names]) if raw]
+    heartbeats: Any = client.mget([WORKER_KEY_PREFIX + name for name in names])
+    return [json.loads(raw) for raw in heartbeats if raw]
 
 
 @dataclass(frozen=True)

@@ -138,31 +138,69 @@ def test_every_answer_states_how_it_was_served_and_sampling_never_takes_the_inex
 
 @pytest.mark.usefixtures("celery_worker")
 def test_k_follows_the_measured_profile_for_the_workers_load(live_server_url, demo_pair, api_key, main_alone_greedy):
-    """Best K by concurrent streams, as the benchmark measures it: alone the request gets K=3; a
-    request joining while another runs gets the main alone, which the profile says is faster there.
-    Both answers stay the main's greedy output."""
+    """Best K by concurrent streams, as the benchmark measures it: alone the request gets K=3. A request
+    joining the main alone's batch gets K=0, as the profile says for 2 streams; one joining the running
+    speculative batch stays in it (two pipelines of a pair contend for the cores), at the profile's K.
+    Every answer stays the main's greedy output."""
     demo_pair.speculation_profile = {"greedy": {"1": 3, "2": 0}}
     demo_pair.save()
     before = metric_counts(live_server_url, "specchat_requests_by_mode_total")
-    body = {"model": "demo-code", "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    first = post(live_server_url, "/v1/completions", api_key.secret, body, stream=True)
-    events = sse_events(first)
-    next(event for event in events if chunk_text(event[1]))  # the first is running
-    second = post(live_server_url, "/v1/completions", api_key.secret,
-                  {"model": "demo-code", "prompt": PROMPT, "max_tokens": 6})
-    rest = [data for _, data in events if data != "[DONE]"]
+    short = {"model": "demo-code", "prompt": PROMPT, "max_tokens": 6}
 
-    assert second.status_code == 200, second.text
-    alone, joined = json.loads(rest[-1])["usage"], second.json()["usage"]
+    def beside(first: dict) -> tuple[dict, requests.Response]:
+        """The usage of `first`, and the answer to a short request sent while it runs."""
+        events = sse_events(post(live_server_url, "/v1/completions", api_key.secret,
+                                 {"model": "demo-code", "max_tokens": 300, "ignore_eos": True, "stream": True,
+                                  "stream_options": {"include_usage": True}, **first}, stream=True))
+        next(event for event in events if chunk_text(event[1]))  # the first is running
+        second = post(live_server_url, "/v1/completions", api_key.secret, short)
+        rest = [data for _, data in events if data != "[DONE]"]
+        assert second.status_code == 200, second.text
+        assert second.json()["choices"][0]["text"] == main_alone_greedy(PROMPT, 6)
+        return json.loads(rest[-1])["usage"], second
+
+    alone, beside_speculation = beside({"prompt": PROMPT})
     assert alone["speculative_mode"] == "draft" and alone["speculative_k"] == 3
     assert "best K at 1+ streams" in alone["speculative_reason"]
+    joined = beside_speculation.json()["usage"]
+    assert joined["speculative_mode"] == "draft" and joined["speculative_k"] == 3
+    assert "main alone is faster at 2+ streams" in joined["speculative_reason"]
+    assert "joins the running speculative batch" in joined["speculative_reason"]
+
+    _, beside_main = beside({"prompt": "class Stack:", "speculative": False})
+    joined = beside_main.json()["usage"]
     assert joined["speculative_mode"] == "off" and joined["speculative_k"] is None
     assert "main alone is faster at 2+ streams" in joined["speculative_reason"]
-    assert second.json()["choices"][0]["text"] == main_alone_greedy(PROMPT, 6)
     served = metric_counts(live_server_url, "specchat_requests_by_mode_total")
-    for labels in ('{model_name="demo-code",mode="draft",k="3"}', '{model_name="demo-code",mode="off",k=""}'):
-        assert served[labels] - before.get(labels, 0) == 1
+    for labels, more in (('{model_name="demo-code",mode="draft",k="3"}', 2),
+                         ('{model_name="demo-code",mode="off",k=""}', 2)):
+        assert served[labels] - before.get(labels, 0) == more
+
+
+@pytest.mark.usefixtures("celery_worker")
+def test_an_answer_the_main_alone_began_moves_to_speculation_when_the_load_falls(
+        live_server_url, demo_pair, api_key, main_alone_greedy):
+    """The library cannot change a request's K, so an answer that joined a busy batch on the main alone
+    is handed over once the batch has shrunk: it goes on with the profile's K from its tokens so far,
+    and the whole answer is still the main's greedy output."""
+    demo_pair.speculation_profile = {"greedy": {"1": 3, "2": 0}}
+    demo_pair.save()
+    busy = post(live_server_url, "/v1/completions", api_key.secret,
+                {"model": "demo-code", "prompt": "class Stack:", "max_tokens": 24, "ignore_eos": True,
+                 "stream": True, "speculative": False}, stream=True)
+    events = sse_events(busy)
+    next(event for event in events if chunk_text(event[1]))  # the main alone runs one answer
+    long = post(live_server_url, "/v1/completions", api_key.secret,
+                {"model": "demo-code", "prompt": PROMPT, "max_tokens": 160, "ignore_eos": True})
+    list(events)
+
+    assert long.status_code == 200, long.text
+    usage = long.json()["usage"]
+    assert "main alone is faster at 2+ streams" in usage["speculative_reason"]  # how it began
+    assert usage["speculative_mode"] == "draft" and usage["speculative_k"] == 3, usage
+    assert "handed over to speculation" in usage["speculative_reason"]
+    assert usage["accepted_tokens"] and usage["completion_tokens"] == 160
+    assert long.json()["choices"][0]["text"] == main_alone_greedy(PROMPT, 160)
 
 
 def metric_counts(base_url: str, name: str) -> dict[str, float]:

@@ -148,6 +148,10 @@ def test_admin_starts_a_benchmark_on_the_worker_and_shows_it(demo_pair, celery_w
 
 
 def test_profile_stores_the_best_k_per_load_and_checks_the_adaptive_line(demo_pair, celery_worker, live_server_url):
+    demo_pair.speculation_profile = {}
+    demo_pair.save()
+    with pytest.raises(CommandError, match="no stored profile"):
+        call_command("profile_pair", "demo-code", "--url", live_server_url, "--validate-only")
     out = io.StringIO()
     call_command("profile_pair", "demo-code", "--url", live_server_url, "--levels", "1,2", "--ks", "2,3",
                  "--max-new-tokens", "12", "--greedy-only", stdout=out)
@@ -172,6 +176,14 @@ def test_profile_stores_the_best_k_per_load_and_checks_the_adaptive_line(demo_pa
     adaptive = Generation.objects.filter(params__asked__k=None, params__asked__speculative=True)
     assert adaptive.exists() and all("measured" in g.speculative_reason or g.speculative_mode == "off"
                                      for g in adaptive)
+
+    runs = BenchmarkRun.objects.count()  # checking the stored profile again measures no new one
+    again = io.StringIO()
+    call_command("profile_pair", "demo-code", "--url", live_server_url, "--levels", "1,2", "--max-new-tokens", "12",
+                 "--greedy-only", "--validate-only", stdout=again)
+    demo_pair.refresh_from_db()
+    assert demo_pair.speculation_profile["greedy"] == profile and BenchmarkRun.objects.count() == runs
+    assert again.getvalue().count("streams: plain") == 2
 
 
 def test_own_prompts_from_a_file_and_from_the_pairs_history(demo_pair, tmp_path):

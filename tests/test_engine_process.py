@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from django.conf import settings
 
@@ -73,3 +74,17 @@ def _is_zombie(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_a_smaller_scheduler_budget_prefills_in_chunks_and_keeps_the_answer(main_alone_greedy):
+    """A pair's max_num_batched_tokens below its prompt's length: the prompt is prefilled a chunk per step
+    beside the running answers, and the greedy answer is still exactly the main's."""
+    prompt = PROMPT + ('    """Return the moving averages of `values` over `window` items, for every full\n'
+                       '    window, as floats; raise ValueError when the window is not positive."""\n')
+    engine = EngineRegistry().get(replace(SPEC, max_num_batched_tokens=32))
+    request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=24, num_assistant_tokens=3))
+    assert request.prompt_tokens > 32
+    tokens, finished = drain(request)
+    assert finished.finish_reason in ("stop", "length")
+    assert engine.tokenizer.decode(tokens) == main_alone_greedy(prompt, 24)
+    engine.close()

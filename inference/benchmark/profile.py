@@ -80,6 +80,17 @@ def measure_profile(*, stream: StreamFn, prompts: list[Prompt], options: Profile
     return sweeps
 
 
+def stored_sweeps(*, pair: ModelPair, options: ProfileOptions) -> dict:
+    """What validate_profile needs of a sweep, from the profile stored on the pair: its modes, and as the
+    best fixed K the one its last profile run found (else the largest K the profile uses)."""
+    if not pair.speculation_profile:
+        raise ValueError(f"'{pair.slug}' has no stored profile: run profile_pair without --validate-only first")
+    last_run = (pair.profile_run.results.get("sweeps", {}) if pair.profile_run else {})
+    modes = [mode for mode in pair.speculation_profile if mode == "greedy" or options.sampled]
+    return {mode: {"best_fixed_k": last_run.get(mode, {}).get("best_fixed_k")
+                   or max([*pair.speculation_profile[mode].values(), 1])} for mode in modes}
+
+
 def validate_profile(*, stream: StreamFn, prompts: list[Prompt], options: ProfileOptions, sweeps: dict,
                      progress: Progress | None = None) -> dict:
     """Three lines at every level, per mode: the main alone, the best fixed K, adaptive."""

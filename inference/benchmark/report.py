@@ -104,11 +104,17 @@ def bar_line(bar: dict) -> str:
             f"(bar {bar['op']} {bar['target']:g}{unit}; {how})")
 
 
+def scheduler_budget(results: dict) -> str:
+    budget = results.get("scheduler_budget")
+    return f"scheduler budget {budget or 'the library default, 256'} tokens per step"
+
+
 def print_report(results: dict, out=print) -> None:
     o = results["options"]
     m = results["machine"]
     out(f"\n{results['pair']} on {m['cpus']} CPU(s) ({m.get('cpu', '?')}), {o['max_new_tokens']} new tokens, "
-        f"{o['repeats']} repeat(s); draft/main cost ratio {_fmt(results['cost_ratio'], '.3f')}\n")
+        f"{o['repeats']} repeat(s); draft/main cost ratio {_fmt(results['cost_ratio'], '.3f')}; "
+        f"{scheduler_budget(results)}\n")
     rows = [r for r in results["rows"] if not r["set"]]
     print_table(rows, out=out)
     if any(r["path"] != INPROCESS for r in rows):
@@ -161,7 +167,8 @@ def render_markdown(results: dict, *, plots: list[str]) -> str:
         f"{m['platform']}, openvino-genai "
         f"{m['openvino_genai']}. {o['max_new_tokens']} new tokens per generation (greedy, EOS ignored), "
         f"{o['repeats']} repeat(s) over {results['prompts']} held-out prompt(s) ({', '.join(o['prompt_sets'])}), "
-        f"variants interleaved. Draft/main cost ratio c = {_fmt(results['cost_ratio'], '.3f')}. "
+        f"variants interleaved. Draft/main cost ratio c = {_fmt(results['cost_ratio'], '.3f')}; "
+        f"{scheduler_budget(results)}. "
         "tok/s is the median over generations (spread: the repeats' medians); speedup is over plain on the same path; "
         "theory is Leviathan et al.'s (1 - a^(K+1)) / ((1 - a)(1 + Kc)); step cost is a decoding step's time over a "
         "plain step's (theory: 1 + Kc); same = every text equals the main alone's."),

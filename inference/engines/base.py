@@ -27,6 +27,7 @@ class PairSpec:
     prompt_lookup: bool = False
     device: str = "CPU"
     cache_size_gb: int = 1
+    max_num_batched_tokens: int | None = None  # None: the library's default
     inference_precision: str = "f32"
     kv_cache_precision: str = "f32"
     speculative: bool = True
@@ -114,6 +115,14 @@ class DecodingParams(Sampling):
         return cfg
 
 
+def prompt_token_ids(tokenizer, *, prompt: str, add_special_tokens: bool, prompt_ids: list[int] | None) -> list[int]:
+    """What a request starts from: `prompt_ids` as they are (an answer handed over from another engine
+    goes on from its prompt and its tokens so far), else the prompt encoded."""
+    if prompt_ids is not None:
+        return prompt_ids
+    return [int(t) for t in tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.data[0]]
+
+
 class StepTokens(NamedTuple):
     """The tokens one main step delivered to a request, and when (perf_counter seconds)."""
 
@@ -129,11 +138,12 @@ class Finished(NamedTuple):
 class ActiveRequest:
     """A request inside the batch. Its engine feeds `events`; its owner reads them."""
 
-    def __init__(self, request_id: int, prompt_tokens: int, added_at: float,
+    def __init__(self, request_id: int, prompt_ids: list[int], added_at: float,
                  on_stop: Callable[[], object] | None = None):
         self.request_id = request_id
         self.on_stop = on_stop
-        self.prompt_tokens = prompt_tokens
+        self.prompt_ids = prompt_ids
+        self.prompt_tokens = len(prompt_ids)
         self.added_at = added_at
         self.events: queue.Queue[StepTokens | Finished] = queue.Queue()
         self.stop_requested = False
@@ -199,16 +209,21 @@ class SpeculationStats:
     accepted_by_position: list[int] = field(default_factory=list)
     first_token_at: float | None = None
     last_token_at: float | None = None
+    prefill_steps: int = 0
+    prefill_next: bool = True
 
     def add_step(self, n_tokens: int, at: float) -> None:
-        first = self.main_steps == 0
         remaining = self.max_new_tokens - self.tokens
         self.main_steps += 1
         self.tokens += n_tokens
         self.first_token_at = self.first_token_at or at
         self.last_token_at = at
-        if first or not self.speculative:
-            return  # the prefill step has nothing to verify
+        if self.prefill_next:  # a prefill step has nothing to verify
+            self.prefill_next = False
+            self.prefill_steps += 1
+            return
+        if not self.speculative:
+            return
         accepted = n_tokens - 1
         self.accepted += accepted
         if self.num_assistant_tokens:
@@ -219,8 +234,13 @@ class SpeculationStats:
         for position in range(accepted):
             self.accepted_by_position[position] += 1
 
+    def hand_over(self, *, num_assistant_tokens: int | None, speculative: bool) -> None:
+        """The answer goes on in another engine: its first step there prefills again."""
+        self.num_assistant_tokens, self.speculative = num_assistant_tokens, speculative
+        self.prefill_next = True
+
     def summary(self, *, started_at: float, ended_at: float) -> dict:
-        decode_steps = max(self.main_steps - 1, 0)
+        decode_steps = max(self.main_steps - self.prefill_steps, 0)
         duration = max(ended_at - started_at, 1e-9)
         return {
             "completion_tokens": self.tokens,
@@ -232,6 +252,7 @@ class SpeculationStats:
             "accepted_tokens": self.accepted if self.speculative else None,
             "acceptance_rate": (self.accepted / self.proposed) if self.proposed else None,
             # tokens per verifying step, the main's own token included (vLLM's "mean acceptance length")
-            "mean_accepted_length": ((self.tokens - 1) / decode_steps) if self.speculative and decode_steps else None,
+            "mean_accepted_length": ((self.tokens - self.prefill_steps) / decode_steps)
+            if self.speculative and decode_steps else None,
             "accepted_by_position": self.accepted_by_position if self.speculative else [],
         }

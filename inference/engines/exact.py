@@ -29,7 +29,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai as og
 
-from inference.engines.base import ActiveRequest, DecodingParams, Finished, PairSpec, StepTokens
+from inference.engines.base import ActiveRequest, DecodingParams, Finished, PairSpec, StepTokens, prompt_token_ids
 from inference.limits import DEFAULT_K
 
 log = logging.getLogger(__name__)
@@ -144,13 +144,14 @@ class ExactEngine:
     def alive(self) -> bool:
         return True  # it runs in this process
 
-    def submit(self, *, prompt: str, params: DecodingParams, add_special_tokens: bool = True,
+    def submit(self, *, prompt: str = "", params: DecodingParams, add_special_tokens: bool = True,
+               prompt_ids: list[int] | None = None,
                before_batch: Callable[[int], object] | None = None) -> ActiveRequest:
-        prompt_ids = [int(t) for t in self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-                      .input_ids.data[0]]
+        prompt_ids = prompt_token_ids(self.tokenizer, prompt=prompt, add_special_tokens=add_special_tokens,
+                                      prompt_ids=prompt_ids)
         if before_batch:
             before_batch(len(prompt_ids))
-        request = ActiveRequest(next(self._ids), len(prompt_ids), time.perf_counter())
+        request = ActiveRequest(next(self._ids), prompt_ids, time.perf_counter())
         self.submitted += 1
         with self._lock:
             self._active[request.request_id] = request

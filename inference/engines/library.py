@@ -30,7 +30,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai as og
 
-from inference.engines.base import ActiveRequest, DecodingParams, Finished, PairSpec, StepTokens
+from inference.engines.base import ActiveRequest, DecodingParams, Finished, PairSpec, StepTokens, prompt_token_ids
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 600
@@ -39,6 +39,10 @@ LOAD_TIMEOUT_S = 600
 def build_pipeline(spec: PairSpec) -> og.ContinuousBatchingPipeline:
     scheduler = og.SchedulerConfig()
     scheduler.cache_size = spec.cache_size_gb
+    if spec.max_num_batched_tokens:
+        scheduler.max_num_batched_tokens = spec.max_num_batched_tokens
+        # the library requires max_num_seqs <= max_num_batched_tokens
+        scheduler.max_num_seqs = min(scheduler.max_num_seqs, spec.max_num_batched_tokens)
     props: dict = dict(spec.device_properties())
     if spec.uses_draft:
         props["draft_model"] = og.draft_model(spec.draft_dir, spec.device, **spec.device_properties())
@@ -96,16 +100,17 @@ class PairEngine:
     def alive(self) -> bool:
         return self._reader.is_alive()
 
-    def submit(self, *, prompt: str, params: DecodingParams, add_special_tokens: bool = True,
+    def submit(self, *, prompt: str = "", params: DecodingParams, add_special_tokens: bool = True,
+               prompt_ids: list[int] | None = None,
                before_batch: Callable[[int], object] | None = None) -> ActiveRequest:
         """Add a request to the batch; `before_batch(prompt_tokens)` runs first (the stream's start event
         is written before any of its tokens can be)."""
-        input_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids
-        prompt_ids = [int(t) for t in input_ids.data[0]]
+        prompt_ids = prompt_token_ids(self.tokenizer, prompt=prompt, add_special_tokens=add_special_tokens,
+                                      prompt_ids=prompt_ids)
         if before_batch:
             before_batch(len(prompt_ids))
         request_id = next(self._ids)
-        request = ActiveRequest(request_id, len(prompt_ids), time.perf_counter(),
+        request = ActiveRequest(request_id, prompt_ids, time.perf_counter(),
                                 on_stop=lambda: self._send(("stop", request_id)))
         self.submitted += 1
         self._active[request_id] = request

@@ -87,6 +87,9 @@ class EngineRegistry:
             self._engines.pop(spec).close()  # requests in flight finish first
         self.states.pop(slug, None)
 
-    def active_requests(self, *, slug: str = "") -> int:
-        """Requests running in this process, for one pair or all."""
-        return sum(engine.active_count for spec, engine in self._engines.items() if not slug or spec.slug == slug)
+    def active_requests(self, *, slug: str = "", speculative: bool | None = None) -> int:
+        """Requests running in this process, for one pair or all: in all its engines, or (`speculative`
+        True / False) in its speculative pipeline / its main alone."""
+        return sum(engine.active_count for spec, engine in self._engines.items()
+                   if (not slug or spec.slug == slug)
+                   and (speculative is None or (spec.speculative == speculative and not spec.exact_sampling)))

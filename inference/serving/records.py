@@ -25,6 +25,7 @@ def pair_spec(*, pair: ModelPair, speculative: bool = True, exact_sampling: bool
         prompt_lookup=pair.prompt_lookup,
         device=pair.device,
         cache_size_gb=pair.cache_size_gb,
+        max_num_batched_tokens=pair.max_num_batched_tokens,
         inference_precision=pair.inference_precision,
         kv_cache_precision=pair.kv_cache_precision,
         speculative=speculative and pair.is_speculative,

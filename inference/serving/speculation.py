@@ -48,13 +48,23 @@ class Plan:
 def measured_k(*, pair: ModelPair, sampled: bool, load: int) -> tuple[int, int] | None:
     """(best K, at how many streams) from the pair's profile for this load: the entry measured at the
     largest concurrency not above it. 0 means the main alone was fastest there. None: not measured."""
-    table = (pair.speculation_profile or {}).get("sampled" if sampled else "greedy") or {}
-    measured = sorted((int(streams), int(k)) for streams, k in table.items())
+    measured = _profile(pair, sampled=sampled)
     if not measured:
         return None
     at_or_below = [entry for entry in measured if entry[0] <= load]
     streams, k = at_or_below[-1] if at_or_below else measured[0]
     return k, streams
+
+
+def _profile(pair: ModelPair, *, sampled: bool) -> list[tuple[int, int]]:
+    """The pair's measured (streams, best K) entries for greedy or sampled requests, by streams."""
+    table = (pair.speculation_profile or {}).get("sampled" if sampled else "greedy") or {}
+    return sorted((int(streams), int(k)) for streams, k in table.items())
+
+
+def _left_to_the_profile(asked: Asked) -> bool:
+    """A greedy request that leaves speculation and K to the pair: the only kind whose K may follow the load."""
+    return asked.speculative and not asked.sampled and asked.k is None and asked.threshold is None
 
 
 def plan(*, pair: ModelPair, asked: Asked, load: int) -> Plan:
@@ -89,6 +99,53 @@ def plan(*, pair: ModelPair, asked: Asked, load: int) -> Plan:
         return Plan(mode=SpeculativeMode.OFF, reason=f"the main alone is faster at {streams}+ streams (measured); "
                                                      f"{load} running here")
     return Plan(mode=mode, k=k, reason=_join(allowed, f"best K at {streams}+ streams (measured); {load} running here"))
+
+
+def join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, running_speculative: int,
+                       running_alone: int) -> Plan:
+    """The plan adjusted to the batch already running here. A pair's speculative pipeline and its main
+    alone are two step processes on the same cores: run together they contend (a burst of 16 with one
+    request on the main alone beside 15 at K=5 measured 0.80x of either alone). So a greedy request the
+    profile plans joins whichever of the two is running, when only one is: with the main alone's batch
+    it takes K=0 (and is handed over when that batch empties), with the speculative batch the K the
+    profile chose at its highest load where speculation won."""
+    if not _left_to_the_profile(asked):
+        return planned
+    if planned.mode == SpeculativeMode.OFF and running_speculative and not running_alone:
+        k = _highest_load_k(pair)
+        if k:
+            return Plan(mode=SpeculativeMode.DRAFT, k=k, reason=f"{planned.reason}; joins the running "
+                                                                f"speculative batch with K={k} (its highest-load K)")
+    if planned.mode == SpeculativeMode.DRAFT and running_alone and not running_speculative:
+        return Plan(mode=SpeculativeMode.OFF, reason=f"{planned.reason}; joins the running batch of the main alone")
+    return planned
+
+
+def _highest_load_k(pair: ModelPair) -> int | None:
+    winning = [(streams, k) for streams, k in _profile(pair, sampled=False) if k > 0]
+    return winning[-1][1] if winning else pair.num_assistant_tokens
+
+
+# A running answer the main alone serves moves to speculation when the pair's batch here has shrunk to
+# this many streams: it must prefill its prompt and answer again on the other pipeline, which only a
+# nearly idle batch repays (a burst's last request otherwise ends alone at the main's 1-stream speed).
+HANDOVER_MAX_STREAMS = 2
+HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the prefill
+
+
+def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int,
+             remaining: int) -> Plan | None:
+    """The plan a running answer moves to, or None to stay. Only greedy answers whose plan the profile
+    chose (the library cannot change a request's K, so moving is a new request that goes on from the
+    answer so far; its greedy tokens are the same) and only from the main alone to speculation."""
+    if (planned.mode != SpeculativeMode.OFF or not _left_to_the_profile(asked) or load > HANDOVER_MAX_STREAMS
+            or remaining < HANDOVER_MIN_TOKENS):
+        return None
+    now = plan(pair=pair, asked=asked, load=load)
+    if now.mode != SpeculativeMode.DRAFT or now.k is None:
+        return None
+    return Plan(mode=now.mode, k=now.k, reason=f"{planned.reason}; from token {generated + 1}: K={now.k}, "
+                                               f"{load} running here (handed over to speculation)")
 
 
 def _join(*parts: str) -> str:

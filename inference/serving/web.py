@@ -262,20 +262,27 @@ def request_stop(*, generation: Generation) -> None:
 
 
 IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
+LOCK_POLL_S = 0.005
 
 
 @contextmanager
 def in_flight_slot(*, lock: str, generations, limit: int, refusal: str) -> Iterator[None]:
     """Inside: `generations` (a key's, a chat user's) have a free slot, held until the block's new one
-    is committed. Under a Redis lock, so two requests at once cannot both take the last slot; in-flight
-    generations that will never end are failed first, so they free theirs. `refusal` is formatted
-    with the count and the limit. A Redis restart inside the block drops the lock: not an error."""
-    held = transport.sync_client().lock(lock, timeout=30, blocking_timeout=10)
+    is committed. Under a Redis lock, so two requests at once cannot both take the last slot; when no
+    slot is free, in-flight generations that will never end are failed first, so they free theirs.
+    `refusal` is formatted with the count and the limit. A Redis restart inside the block drops the
+    lock: not an error.
+
+    A burst of requests on one key queues on this lock: waiters poll it every LOCK_POLL_S (redis-py's
+    default of 0.1 s spaced a burst's requests 100 ms apart, which was most of its time to first token),
+    and the stall checks (several round trips per generation) run only when they could free a slot."""
+    held = transport.sync_client().lock(lock, timeout=30, sleep=LOCK_POLL_S, blocking_timeout=10)
     if not held.acquire():
         raise errors.ConcurrencyLimit("Too many requests at once for the same slots: retry in a moment.")
     try:
-        ids = generations.filter(status__in=IN_FLIGHT).values_list("id", flat=True)
-        in_flight = [generation_id for generation_id in ids if not fail_if_stalled(generation_id=generation_id)]
+        in_flight = list(generations.filter(status__in=IN_FLIGHT).values_list("id", flat=True))
+        if len(in_flight) >= limit:
+            in_flight = [generation for generation in in_flight if not fail_if_stalled(generation_id=generation)]
         if len(in_flight) >= limit:
             raise errors.ConcurrencyLimit(refusal.format(count=len(in_flight), limit=limit))
         yield

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 from celery import current_app
@@ -53,12 +54,13 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     )
     if not claimed:
         return
-    planned = speculation.plan(pair=generation.pair, asked=speculation.Asked(**generation.params.get("asked", {})),
-                               load=current_load(pair=generation.pair))
-    Generation.objects.filter(id=generation.id).update(
-        speculative_mode=planned.mode, speculative_reason=planned.reason, speculative_k=planned.k)
-    generation.speculative_mode, generation.speculative_reason = planned.mode, planned.reason
-    generation.speculative_k = planned.k
+    asked = speculation.Asked(**generation.params.get("asked", {}))
+    planned = speculation.join_running_batch(
+        pair=generation.pair, asked=asked,
+        planned=speculation.plan(pair=generation.pair, asked=asked, load=current_load(pair=generation.pair)),
+        running_speculative=ENGINES.active_requests(slug=generation.pair.slug, speculative=True),
+        running_alone=ENGINES.active_requests(slug=generation.pair.slug, speculative=False))
+    _record_plan(generation=generation, planned=planned)
     try:
         engine = load_engine(pair=generation.pair, speculative=planned.speculative,
                              exact_sampling=planned.exact_sampling)
@@ -76,14 +78,25 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
             before_batch=lambda prompt_tokens: writer.send({"type": "start", "prompt_tokens": prompt_tokens,
                                                             "worker": worker_name, **_served(generation)}))
         RUNNING[str(generation.id)] = request
-        _stream_generation(generation=generation, request=request, writer=writer, params=params, engine=engine)
+        answer = Answer(generation=generation, writer=writer, params=params, asked=asked, planned=planned,
+                        engine=engine, request=request)
+        request = None  # the answer owns it (and any engine it is handed over to) from here
+        answer.run()
     except Exception as exc:  # whatever went wrong, the reader gets an error instead of waiting forever
         log.exception("generation %s failed", generation.id)
-        if request is not None:
-            request.stop()
+        running = RUNNING.get(str(generation.id)) or request
+        if running is not None:
+            running.stop()
         fail_generation(generation_id=generation.id, message=f"The worker failed: {type(exc).__name__}: {exc}")
     finally:
         RUNNING.pop(str(generation.id), None)
+
+
+def _record_plan(*, generation: Generation, planned: speculation.Plan) -> None:
+    Generation.objects.filter(id=generation.id).update(
+        speculative_mode=planned.mode, speculative_reason=planned.reason, speculative_k=planned.k)
+    generation.speculative_mode, generation.speculative_reason = planned.mode, planned.reason
+    generation.speculative_k = planned.k
 
 
 def current_load(*, pair: ModelPair) -> int:
@@ -104,66 +117,132 @@ def stop_running(*, generation_id: str) -> None:
         request.stop()
 
 
-def _stream_generation(*, generation: Generation, request, writer, params: DecodingParams,
-                       engine: PairEngine | ExactEngine) -> None:
-    spec = engine.spec
-    fixed_k = params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
-    stats = SpeculationStats(num_assistant_tokens=fixed_k if spec.uses_draft or spec.uses_prompt_lookup else None,
-                             speculative=spec.uses_draft or spec.uses_prompt_lookup,
-                             max_new_tokens=params.max_new_tokens)
-    text = TextAssembler(engine.tokenizer)
-    steps: list[list[str]] = []
-    pending: list[list[str]] = []
-    flush_s = settings.STREAM_FLUSH_MS / 1000
-    last_flush = time.monotonic()
-    finished: Finished | None = None
-    while finished is None:
+REPLAN_EVERY_S = 0.2  # how often a running answer asks whether to move to another engine
+
+
+class Answer:
+    """One generation being streamed: its request's steps go to the generation's Redis Stream (batched
+    for STREAM_FLUSH_MS), its record is written at the end. While it runs, it may be handed over to
+    another engine of the pair when the load changes (speculation.handover): the request there goes on
+    from the prompt and the tokens so far, and the reader sees one answer."""
+
+    def __init__(self, *, generation: Generation, writer: transport.StreamWriter, params: DecodingParams,
+                 asked: speculation.Asked, planned: speculation.Plan, engine: PairEngine | ExactEngine,
+                 request: ActiveRequest):
+        self.generation, self.writer, self.params = generation, writer, params
+        self.asked, self.planned, self.engine, self.request = asked, planned, engine, request
+        self.prompt_ids, self.started_at = request.prompt_ids, request.added_at
+        self.stats = SpeculationStats(num_assistant_tokens=self._fixed_k(engine, params),
+                                      speculative=engine.spec.uses_draft or engine.spec.uses_prompt_lookup,
+                                      max_new_tokens=params.max_new_tokens)
+        self.text = TextAssembler(engine.tokenizer)
+        self.steps: list[list[str]] = []
+        self.pending: list[list[str]] = []
+        self.moving_to: speculation.Plan | None = None
+
+    @staticmethod
+    def _fixed_k(engine: PairEngine | ExactEngine, params: DecodingParams) -> int | None:
+        if not (engine.spec.uses_draft or engine.spec.uses_prompt_lookup):
+            return None
+        return params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
+
+    def run(self) -> None:
+        flush_s = settings.STREAM_FLUSH_MS / 1000
+        last_flush = next_replan = time.monotonic()
+        finished: Finished | None = None
+        while finished is None:
+            try:
+                item = self.request.events.get(timeout=flush_s)
+            except queue.Empty:
+                item = None
+            if isinstance(item, StepTokens):
+                self.stats.add_step(len(item.token_ids), item.at)
+                piece = list(self.text.add(item.token_ids))
+                self.steps.append(piece)
+                self.pending.append(piece)
+            elif isinstance(item, Finished):
+                finished = self._continue_elsewhere() if self._handing_over(item) else item
+            first_tokens = self.pending and len(self.pending) == len(self.steps)  # the time to first token
+            if finished or first_tokens or time.monotonic() - last_flush >= flush_s:
+                self._flush(finished)
+                if not finished and not self.request.stop_requested and self.writer.cancel_requested():
+                    self.request.stop()
+                last_flush = time.monotonic()
+            if not finished and time.monotonic() >= next_replan:
+                self._consider_handover()
+                next_replan = time.monotonic() + REPLAN_EVERY_S
+        self._record(finished)
+
+    def _flush(self, finished: Finished | None) -> None:
+        if finished:
+            tail = self.text.finish()
+            if tail:
+                piece = ["", tail]
+                self.steps.append(piece)
+                self.pending.append(piece)
+        if self.pending:
+            self.writer.send({"type": "delta", "steps": self.pending})
+            self.pending = []
+
+    def _consider_handover(self) -> None:
+        """Stop this request to go on elsewhere if the load now calls for another engine (greedy only,
+        and no stop strings: the library would not see one that began before the handover)."""
+        if self.moving_to or self.request.stop_requested or self.params.stop or self.params.temperature > 0:
+            return
+        self.moving_to = speculation.handover(
+            pair=self.generation.pair, asked=self.asked, planned=self.planned,
+            load=ENGINES.active_requests(slug=self.generation.pair.slug), generated=self.stats.tokens,
+            remaining=self.params.max_new_tokens - self.stats.tokens)
+        if self.moving_to:
+            self.request.stop()
+
+    def _handing_over(self, finished: Finished) -> bool:
+        return (self.moving_to is not None and finished.finish_reason == "stopped"
+                and not self.writer.cancel_requested())
+
+    def _continue_elsewhere(self) -> Finished | None:
+        """Submit the rest of the answer to the engine of the new plan; Finished if that fails."""
+        planned, self.moving_to = self.moving_to, None
+        assert planned is not None
+        params = planned_decoding(replace(self.params, max_new_tokens=self.params.max_new_tokens - self.stats.tokens),
+                                  planned)
         try:
-            item = request.events.get(timeout=flush_s)
-        except queue.Empty:
-            item = None
-        if isinstance(item, StepTokens):
-            stats.add_step(len(item.token_ids), item.at)
-            piece = list(text.add(item.token_ids))
-            steps.append(piece)
-            pending.append(piece)
-        elif isinstance(item, Finished):
-            finished = item
-        first_tokens = pending and len(pending) == len(steps)  # nothing sent yet: they are the time to first token
-        if finished or first_tokens or time.monotonic() - last_flush >= flush_s:
-            if finished:
-                tail = text.finish()
-                if tail:
-                    piece = ["", tail]
-                    steps.append(piece)
-                    pending.append(piece)
-            if pending:
-                writer.send({"type": "delta", "steps": pending})
-                pending = []
-            if not finished and not request.stop_requested and writer.cancel_requested():
-                request.stop()
-            last_flush = time.monotonic()
-    metrics = stats.summary(started_at=request.added_at, ended_at=stats.last_token_at or time.perf_counter())
-    status = {"stopped": Generation.Status.STOPPED, "error": Generation.Status.FAILED}.get(
-        finished.finish_reason, Generation.Status.FINISHED
-    )
-    ended = Generation.objects.filter(id=generation.id, status=Generation.Status.RUNNING).update(
-        status=status, text=text.text, steps=steps, finish_reason=finished.finish_reason, error=finished.error,
-        prompt_tokens=request.prompt_tokens, finished_at=timezone.now(), **metrics,
-    )
-    if not ended:
-        # Failed meanwhile (this worker was taken for dead): its readers already got that error, and a
-        # `done` after it would contradict the record.
-        log.warning("generation %s was failed by another process before it finished here", generation.id)
-        return
-    record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
-                      prompt_tokens=request.prompt_tokens, summary=metrics, mode=generation.speculative_mode,
-                      k=generation.speculative_k)
-    if finished.finish_reason == "error":
-        writer.send({"type": "error", "message": finished.error})
-    else:
-        writer.send({"type": "done", "finish_reason": finished.finish_reason, "prompt_tokens": request.prompt_tokens,
-                     "text": text.text, **_served(generation), **metrics})
+            engine = load_engine(pair=self.generation.pair, speculative=True)
+            request = engine.submit(prompt_ids=self.prompt_ids + self.text.ids, params=params)
+        except Exception as exc:
+            log.exception("generation %s could not be handed over", self.generation.id)
+            return Finished("error", f"The answer could not go on with K={planned.k}: {type(exc).__name__}: {exc}")
+        self.engine, self.request, self.planned = engine, request, planned
+        RUNNING[str(self.generation.id)] = request
+        self.stats.hand_over(num_assistant_tokens=self._fixed_k(engine, params), speculative=engine.spec.uses_draft)
+        _record_plan(generation=self.generation, planned=planned)
+        return None
+
+    def _record(self, finished: Finished) -> None:
+        generation, writer = self.generation, self.writer
+        metrics = self.stats.summary(started_at=self.started_at,
+                                     ended_at=self.stats.last_token_at or time.perf_counter())
+        status = {"stopped": Generation.Status.STOPPED, "error": Generation.Status.FAILED}.get(
+            finished.finish_reason, Generation.Status.FINISHED
+        )
+        prompt_tokens = len(self.prompt_ids)
+        ended = Generation.objects.filter(id=generation.id, status=Generation.Status.RUNNING).update(
+            status=status, text=self.text.text, steps=self.steps, finish_reason=finished.finish_reason,
+            error=finished.error, prompt_tokens=prompt_tokens, finished_at=timezone.now(), **metrics,
+        )
+        if not ended:
+            # Failed meanwhile (this worker was taken for dead): its readers already got that error, and a
+            # `done` after it would contradict the record.
+            log.warning("generation %s was failed by another process before it finished here", generation.id)
+            return
+        record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
+                          prompt_tokens=prompt_tokens, summary=metrics, mode=generation.speculative_mode,
+                          k=generation.speculative_k)
+        if finished.finish_reason == "error":
+            writer.send({"type": "error", "message": finished.error})
+        else:
+            writer.send({"type": "done", "finish_reason": finished.finish_reason, "prompt_tokens": prompt_tokens,
+                         "text": self.text.text, **_served(generation), **metrics})
 
 
 def _served(generation: Generation) -> dict:

@@ -4,7 +4,7 @@ import pytest
 
 from inference.limits import SpeculativeMode
 from inference.models import ModelPair
-from inference.serving.speculation import EXACT_THRESHOLD, Asked, plan
+from inference.serving.speculation import EXACT_THRESHOLD, Asked, handover, join_running_batch, plan
 
 PROFILE = {"greedy": {"1": 4, "4": 2, "16": 0}, "sampled": {"1": 3, "8": 0}}
 
@@ -69,3 +69,38 @@ def test_the_profile_takes_a_k_only_where_it_clearly_beats_the_main_alone():
         ("plain", 16, 114.0), ("K=3", 16, 120.0), ("K=5", 16, 115.0),  # 5% faster: within one burst's noise
         ("plain", 4, 73.0), ("K=3", 4, 31.0), ("K=5", 4, 25.0)]]
     assert best_k_by_level(rows) == {"1": 5, "4": 0, "16": 0}
+
+
+@pytest.mark.parametrize(("asked", "load", "remaining", "moves"), [
+    (Asked(), 2, 100, True),
+    (Asked(), 3, 100, False),  # the batch is still busy: another prefill would not pay
+    (Asked(), 1, 31, False),  # too little left to repay the prefill
+    (Asked(speculative=False), 1, 100, False),  # the main alone was asked
+    (Asked(k=0), 1, 100, False),
+    (Asked(sampled=True), 1, 100, False),
+])
+def test_an_answer_on_the_main_alone_moves_to_speculation_only_when_the_batch_has_emptied(
+        asked, load, remaining, moves):
+    busy = plan(pair=pair(speculation_profile=PROFILE), asked=asked, load=16)
+    moved = handover(pair=pair(speculation_profile=PROFILE), asked=asked, planned=busy, load=load, generated=20,
+                     remaining=remaining)
+    assert (moved is not None) == moves
+    if moved:
+        assert (moved.mode, moved.k) == (SpeculativeMode.DRAFT, 4)
+        assert moved.reason.startswith(busy.reason) and "from token 21: K=4" in moved.reason
+
+
+@pytest.mark.parametrize(("asked", "load", "running", "mode", "k"), [
+    (Asked(), 16, (3, 0), SpeculativeMode.DRAFT, 2),  # the speculative batch runs: join it at its highest-load K
+    (Asked(), 2, (0, 3), SpeculativeMode.OFF, None),  # the main alone's batch runs: join it
+    (Asked(), 16, (0, 3), SpeculativeMode.OFF, None),
+    (Asked(), 2, (3, 0), SpeculativeMode.DRAFT, 4),
+    (Asked(), 16, (3, 3), SpeculativeMode.OFF, None),  # both run: the profile decides
+    (Asked(speculative=False), 1, (3, 0), SpeculativeMode.OFF, None),  # what a request asks, it gets
+    (Asked(k=6), 1, (0, 3), SpeculativeMode.DRAFT, 6),
+])
+def test_a_greedy_request_joins_the_batch_that_runs(asked, load, running, mode, k):
+    profiled = pair(speculation_profile=PROFILE)
+    joined = join_running_batch(pair=profiled, asked=asked, planned=plan(pair=profiled, asked=asked, load=load),
+                                running_speculative=running[0], running_alone=running[1])
+    assert (joined.mode, joined.k) == (mode, k)

@@ -24,6 +24,8 @@ class Command(BaseCommand):
         parser.add_argument("--greedy-only", action="store_true", help="skip the sampled (T=0.8) profile")
         parser.add_argument("--prompts", default="code", help="held-out prompt sets, comma-separated")
         parser.add_argument("--url", help="profile this running server instead of starting daphne and a worker")
+        parser.add_argument("--validate-only", action="store_true",
+                            help="check the stored profile (main alone / best fixed K / adaptive) without a new sweep")
 
     def handle(self, *args, **o):
         pair = ModelPair.objects.filter(slug=o["pair"]).first()
@@ -31,6 +33,10 @@ class Command(BaseCommand):
             raise CommandError(f"No pair '{o['pair']}'.")
         options = profile.ProfileOptions(levels=o["levels"], ks=o["ks"], max_new_tokens=o["max_new_tokens"],
                                          repeats=o["repeats"], sampled=not o["greedy_only"])
+        try:
+            stored = profile.stored_sweeps(pair=pair, options=options) if o["validate_only"] else None
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
         prompts = heldout_prompts(sets=tuple(filter(None, o["prompts"].split(","))))
         threads = max(options.levels) + 2
         stack = nullcontext(o["url"]) if o["url"] else local_stack(pair=pair, worker_threads=threads)
@@ -46,13 +52,18 @@ class Command(BaseCommand):
                     bar.update(done - bar.n)
 
                 stream = StackTarget(base_url=base_url, credentials=credentials, pair=pair.slug).client("sse")
-                sweeps = profile.measure_profile(stream=stream, prompts=prompts, options=options, progress=progress)
-                profile.set_profile(pair=pair, sweeps=sweeps)
+                sweeps = stored or profile.measure_profile(stream=stream, prompts=prompts, options=options,
+                                                           progress=progress)
+                if not stored:
+                    profile.set_profile(pair=pair, sweeps=sweeps)
                 bar.reset()
                 lines = profile.validate_profile(stream=stream, prompts=prompts, options=options, sweeps=sweeps,
                                                  progress=progress)
         except (StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
+        if o["validate_only"]:
+            self.print_report(sweeps={}, lines=lines)
+            return
         run = profile.record_profile_run(pair=pair, sweeps=sweeps, lines=lines, options=options)
         self.print_report(sweeps=sweeps, lines=lines)
         self.stdout.write(f"\nProfile stored on '{pair.slug}' (run #{run.id}): {pair.speculation_profile}")
