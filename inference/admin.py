@@ -244,6 +244,8 @@ def benchmark_html(run: BenchmarkRun | None) -> str:
                            table(results["ttft_profile"], report.PROFILE_COLUMNS)))
         if results.get("concurrency"):
             tables.append(("Concurrency", table(results["concurrency"], report.CONCURRENCY_COLUMNS)))
+        if results.get("steady"):
+            tables.append((report.STEADY_TITLE, table(results["steady"], report.STEADY_COLUMNS)))
     plots = [reverse("admin:inference_benchmarkrun_plot", args=[run.id, name]) for name in report.PLOTS
              if run and runs.plot_file(run=run, name=name)]
     return render_to_string("admin/inference/benchmarkrun/report.html", {

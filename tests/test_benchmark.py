@@ -83,7 +83,7 @@ def test_inprocess_benchmark_writes_json_table_plots_and_bars(demo_pair, tmp_pat
 
 
 def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, live_server_url, tmp_path):
-    printed = run_command(*TINY, "--url", live_server_url, "--stack-ks", "2", "--concurrency", "1,2",
+    printed = run_command(*TINY, "--url", live_server_url, "--stack-ks", "2", "--concurrency", "1,2", "--steady-rounds", "2",
                           "--out", str(tmp_path))
 
     results = json.loads((tmp_path / "results.json").read_text())
@@ -107,6 +107,19 @@ def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, liv
     assert "lost or failed streams in the concurrency sweep" in names
     assert (tmp_path / "speedup_vs_concurrency.png").is_file()
     assert "Concurrency (sse)" in printed
+    # Steady load: the same levels, requests arriving while others run, TTFT against one stream's.
+    steady = {(r["variant"], r["concurrency"]): r for r in results["steady"]}
+    assert set(steady) == set(concurrency)
+    assert all(r["requests"] >= 1 and r["ttft_ms_p50"] > 0 for r in steady.values())
+    assert steady[("K=2", 1)]["ttft_vs_one"] == pytest.approx(1)
+    assert "K=2: TTFT p50 at a steady 2 streams vs 1 stream" not in names  # the bar is at 4 and 8 streams
+    assert "Steady load: requests arrive while others run (sse, 2 answers per client)" in printed
+    # Where the time to first token goes, at one stream per path and under each burst.
+    split = {r["path"]: r for r in results["ttft_profile"]}
+    assert {"websocket", "sse", "sse, 2 at once, plain", "sse, 2 at once, K=2"} <= set(split)
+    assert split["sse, 2 at once, K=2"]["samples"] == 2
+    for row in split.values():
+        assert row["web_ms_p50"] > 0 and row["queue_ms_p50"] > 0 and row["engine_ms_p50"] > 0
     # The benchmark's credentials are gone afterwards.
     from inference.models import ApiKey
 

@@ -174,7 +174,8 @@ class Sample:
         return {"prompt": self.prompt.text, "set": self.prompt.set, "repeat": self.repeat, "tokens": self.tokens,
                 "duration_s": self.duration_s, "tokens_per_s": self.tokens_per_s, "ttft_ms": self.ttft_ms,
                 "token_latency_ms": self.token_latency_ms, "main_steps": self.main_steps,
-                "accepted": self.accepted, "proposed": self.proposed, "generation_id": self.generation_id}
+                "accepted": self.accepted, "proposed": self.proposed, "generation_id": self.generation_id,
+                "sent_wall": self.sent_wall}
 
 
 @dataclass

@@ -22,6 +22,8 @@ SCALING = 2.5  # throughput of 8 streams over 1 stream
 OF_THEORETICAL = 0.8  # measured over theoretical speedup at the best K
 DEMO_ACCEPTANCE = 0.60  # the demo pair: draft acceptance at the best K on held-out code
 DEMO_SPEEDUP = 1.5  # the demo pair: speculative over the main alone at concurrency 1
+TTFT_UNDER_LOAD = 2.0  # TTFT p50 at steady load over TTFT p50 at one stream ...
+TTFT_UNDER_LOAD_AT = (4, 8)  # ... at these numbers of streams
 
 CONCURRENCY_COLUMNS: tuple[Column, ...] = (
     ("variant", "variant", ""), ("streams at once", "concurrency", ""), ("tok/s total (spread)", "throughput", ".1f"),
@@ -30,6 +32,12 @@ CONCURRENCY_COLUMNS: tuple[Column, ...] = (
     ("TTFT p95", "ttft_ms_p95", ".1f"), ("lat p50", "token_latency_ms_p50", ".2f"),
     ("lat p95", "token_latency_ms_p95", ".2f"), ("lost", "lost", ""), ("failed", "failed", ""),
 )
+STEADY_COLUMNS: tuple[Column, ...] = (
+    ("variant", "variant", ""), ("streams", "concurrency", ""), ("requests counted", "requests", ""),
+    ("TTFT p50", "ttft_ms_p50", ".1f"), ("TTFT p95", "ttft_ms_p95", ".1f"), ("TTFT vs 1 stream", "ttft_vs_one", ".2f"),
+    ("stream tok/s p50", "stream_tokens_per_s_p50", ".1f"),
+)
+STEADY_TITLE = "Steady load: requests arrive while others run"
 SET_COLUMNS: tuple[Column, ...] = (("set", "set", ""), *tuple(c for c in TABLE_COLUMNS if c[1] != "path"))
 PROFILE_COLUMNS: tuple[Column, ...] = (
     ("path", "path", ""), ("generations", "samples", ""), ("web", "web_ms_p50", ".1f"),
@@ -75,6 +83,10 @@ def evaluate_bars(results: dict) -> list[dict]:
         if row["concurrency"] == SCALING_AT:
             bars.append(_bar(f"{row['variant']}: throughput at {SCALING_AT} streams vs 1 stream", row["scaling"], ">=",
                              SCALING, "x"))
+    for row in results.get("steady") or []:
+        if row["concurrency"] in TTFT_UNDER_LOAD_AT:
+            bars.append(_bar(f"{row['variant']}: TTFT p50 at a steady {row['concurrency']} streams vs 1 stream",
+                             row["ttft_vs_one"], "<=", TTFT_UNDER_LOAD, "x"))
     if concurrency:
         bars.append(_bar("lost or failed streams in the concurrency sweep",
                          sum(r["lost"] + r["failed"] for r in concurrency), "<=", 0, ""))
@@ -133,6 +145,9 @@ def print_report(results: dict, out=print) -> None:
     if results["concurrency"]:
         out(f"\nConcurrency ({o['concurrency_client']}):")
         print_table(results["concurrency"], out=out, columns=CONCURRENCY_COLUMNS)
+    if results.get("steady"):
+        out(f"\n{STEADY_TITLE} ({o['concurrency_client']}, {o['steady_rounds']} answers per client):")
+        print_table(results["steady"], out=out, columns=STEADY_COLUMNS)
     out("\nBars:")
     for bar in results["bars"]:
         out("  " + bar_line(bar))
@@ -195,6 +210,11 @@ def render_markdown(results: dict, *, plots: list[str]) -> str:
     if results["concurrency"]:
         parts += [f"### Concurrency ({o['concurrency_client']}, one worker)",
                   markdown_table(results["concurrency"], CONCURRENCY_COLUMNS)]
+    if results.get("steady"):
+        parts += [f"### {STEADY_TITLE} ({o['concurrency_client']}, {o['steady_rounds']} answers per client)",
+                  ("N clients each ask again as soon as their answer ends, their first requests spread over one lone "
+                   "answer's time; counted are the requests sent while every client was asking."),
+                  markdown_table(results["steady"], STEADY_COLUMNS)]
     parts += ["### Bars", "\n".join(f"- {bar_line(b)}" for b in results["bars"]) or "- none measured"]
     parts += [f"![{name}]({name})" for name in plots]
     if results.get("notes"):

@@ -81,6 +81,7 @@ class BenchmarkOptions:
     stack_ks: tuple[int, ...] = ()  # K values through the stack; () means the pair's default
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
     concurrency_client: str = "sse"
+    steady_rounds: int = 3  # answers each client asks in turn at steady load (0: bursts only)
     sampled_ks: tuple[int, ...] = (2, 3, 4)  # the exact engine at T = sampled_temperature; () skips sampled rows
     sampled_temperature: float = 0.8
 
@@ -92,6 +93,8 @@ class BenchmarkOptions:
             raise ValueError("max_new_tokens must be at least 2, repeats and every K at least 1")
         if any(not 0 < t < 1 for t in self.thresholds) or any(n < 1 for n in self.concurrency):
             raise ValueError("thresholds must be in (0, 1) and concurrency levels at least 1")
+        if self.steady_rounds < 0:
+            raise ValueError("steady rounds must be 0 (none) or more")
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -157,7 +160,8 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     sweep_variants = through_stack[:2]  # plain and the first speculative variant
     measure_total = (len(variants) + len(paths) * len(through_stack)) * (1 + options.repeats * len(prompts))
     sweep_offset = measure_total + bool(pair.draft_dir)
-    total = sweep_offset + options.repeats * len(levels) * len(sweep_variants)
+    steady_offset = sweep_offset + options.repeats * len(levels) * len(sweep_variants)
+    total = steady_offset + (len(levels) * len(sweep_variants) if options.steady_rounds else 0)
 
     def phase(offset: int) -> Progress | None:
         return (lambda done, _, label: progress(offset + done, total, label)) if progress else None
@@ -206,21 +210,35 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
         "ttft_profile": [],
         "concurrency": [],
         "concurrency_bursts": [],
+        "steady": [],
         "samples": {path: {v: [s.as_dict() for s in r.samples] for v, r in by_variant.items()}
                     for path, by_variant in results.items()},
         "notes": notes,
     }
     if through_stack:
-        from inference.benchmark.stack import concurrency_sweep, summarize_concurrency, ttft_profile
+        from inference.benchmark.stack import (
+            burst_ttft_profile,
+            concurrency_sweep,
+            steady_sweep,
+            summarize_concurrency,
+            ttft_profile,
+        )
 
-        measured["ttft_profile"] = ttft_profile({path.name: [s for r in results[path.name].values() for s in r.samples]
-                                               for path in paths})
+        measured["ttft_profile"] = ttft_profile({path.name: [s.as_dict() for r in results[path.name].values()
+                                                             for s in r.samples] for path in paths})
         if levels:
             measured["concurrency_bursts"] = concurrency_sweep(
                 stream=stack.client(options.concurrency_client), prompts=prompts, levels=levels,
                 variants=sweep_variants, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
                 progress=phase(sweep_offset))
             measured["concurrency"] = summarize_concurrency(measured["concurrency_bursts"])
+            measured["ttft_profile"] += burst_ttft_profile(measured["concurrency_bursts"],
+                                                           client=options.concurrency_client)
+        if levels and options.steady_rounds:
+            measured["steady"] = steady_sweep(
+                stream=stack.client(options.concurrency_client), prompts=prompts, levels=levels,
+                variants=sweep_variants, max_new_tokens=options.max_new_tokens, rounds=options.steady_rounds,
+                progress=phase(steady_offset))
     measured["sampled"] = measure_sampled(pair=pair, options=options, engines=engines, prompts=prompts)
     measured["finished_at"] = timestamp()
     measured["bars"] = report.evaluate_bars(measured)

@@ -294,7 +294,7 @@ class StackTarget:
         return CLIENTS[name](base_url=self.base_url, credentials=self.credentials, pair=self.pair)
 
 
-def ttft_profile(samples_by_path: dict[str, list[Sample]]) -> list[dict]:
+def ttft_profile(samples_by_path: dict[str, list[dict]]) -> list[dict]:
     """Where the stack's time to first token goes, per path (medians in ms, from the Generation
     rows; client and server clocks must be the same machine's): `web` from sending until the
     generation is recorded (auth, checks, tokenizing), `queue` until a worker claims it (commit,
@@ -302,22 +302,33 @@ def ttft_profile(samples_by_path: dict[str, list[Sample]]) -> list[dict]:
     flush interval, Redis, the consumer or SSE view, the client)."""
     rows = []
     for path, samples in samples_by_path.items():
-        traced = [s for s in samples if s.generation_id and s.sent_wall is not None and s.ttft_ms is not None]
-        generations = {str(g.id): g for g in Generation.objects.filter(id__in=[s.generation_id for s in traced])}
+        traced = [s for s in samples if s["generation_id"] and s["sent_wall"] is not None and s["ttft_ms"] is not None]
+        generations = {str(g.id): g for g in Generation.objects.filter(id__in=[s["generation_id"] for s in traced])}
         parts: dict[str, list[float]] = {"web": [], "queue": [], "engine": [], "delivery": [], "total": []}
         for sample in traced:
-            g = generations.get(sample.generation_id)
+            g = generations.get(sample["generation_id"])
             if g is None or g.started_at is None or g.ttft_ms is None:
                 continue
-            web = (g.created_at.timestamp() - sample.sent_wall) * 1000
+            web = (g.created_at.timestamp() - sample["sent_wall"]) * 1000
             queue = (g.started_at - g.created_at).total_seconds() * 1000
             for name, value in (("web", web), ("queue", queue), ("engine", g.ttft_ms),
-                                ("delivery", sample.ttft_ms - web - queue - g.ttft_ms), ("total", sample.ttft_ms)):
+                                ("delivery", sample["ttft_ms"] - web - queue - g.ttft_ms),
+                                ("total", sample["ttft_ms"])):
                 parts[name].append(value)
         if parts["total"]:
             rows.append({"path": path, "samples": len(parts["total"]),
                          **{f"{name}_ms_p50": percentile(values, 50) for name, values in parts.items()}})
     return rows
+
+
+def burst_ttft_profile(records: list[dict], *, client: str) -> list[dict]:
+    """The same split for a concurrency sweep's bursts, per level and variant: under load, which part
+    of the stack the time to first token grows in."""
+    cells: dict[str, list[dict]] = {}
+    for record in records:
+        cells.setdefault(f"{client}, {record['concurrency']} at once, {record['variant']}", []).extend(
+            record["samples"])
+    return ttft_profile(cells)
 
 
 class StackPath:
@@ -376,6 +387,46 @@ async def _burst(*, stream: StreamFn, prompts: list[Prompt], level: int, variant
         "errors": sorted({f"{type(p).__name__}: {p}" for p in problems})[:5],
         "samples": [s.as_dict() for s in samples],
     }
+
+
+def steady_sweep(*, stream: StreamFn, prompts: list[Prompt], levels: list[int], variants: list[Variant],
+                 max_new_tokens: int, rounds: int, progress: Progress | None = None) -> list[dict]:
+    """N clients that each ask again as soon as their answer ends, their first requests spread over one
+    lone answer's time: a team's load, where a request arrives while the others run. (A burst, above,
+    is the worst case for time to first token: N prefills at once.) Counted: the requests sent while
+    every client was in its loop, not the ramp up or down."""
+    rows, total = [], len(levels) * len(variants)
+    for level in levels:
+        for variant in variants:
+            rows.append(asyncio.run(_steady(stream=stream, prompts=prompts, level=level, variant=variant,
+                                            max_new_tokens=max_new_tokens, rounds=rounds)))
+            if progress:
+                progress(len(rows), total, f"steady {level} streams {variant.name}")
+    ttft_at_one = {r["variant"]: r["ttft_ms_p50"] for r in rows if r["concurrency"] == 1}
+    for row in rows:
+        one = ttft_at_one.get(row["variant"])
+        row["ttft_vs_one"] = row["ttft_ms_p50"] / one if one and row["ttft_ms_p50"] is not None else None
+    return rows
+
+
+async def _steady(*, stream: StreamFn, prompts: list[Prompt], level: int, variant: Variant, max_new_tokens: int,
+                  rounds: int) -> dict:
+    lone = await stream(prompt=prompts[0], variant=variant, max_new_tokens=max_new_tokens)
+    spacing = lone.duration_s / level
+
+    async def client(index: int) -> list[Sample]:
+        await asyncio.sleep(index * spacing)
+        return [await stream(prompt=prompts[(index + turn * level) % len(prompts)], variant=variant,
+                             max_new_tokens=max_new_tokens) for turn in range(rounds)]
+
+    answers = await asyncio.gather(*(client(i) for i in range(level)))
+    all_in = max(a[0].started_at for a in answers)  # the last client's first request
+    first_out = min(a[-1].started_at + a[-1].duration_s for a in answers)  # the first client done
+    counted = [s for a in answers for s in a if all_in <= s.started_at <= first_out]
+    return {"variant": variant.name, "concurrency": level, "requests": len(counted),
+            "ttft_ms_p50": percentile([s.ttft_ms for s in counted], 50),
+            "ttft_ms_p95": percentile([s.ttft_ms for s in counted], 95),
+            "stream_tokens_per_s_p50": percentile([s.tokens_per_s for s in counted], 50)}
 
 
 def summarize_concurrency(records: list[dict]) -> list[dict]:

@@ -47,6 +47,9 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=runs.int_list, default=defaults.concurrency,
                             help="simultaneous streams, e.g. 1,2,4,8,16 (empty: no sweep)")
         parser.add_argument("--concurrency-client", default=defaults.concurrency_client, choices=("sse", "websocket"))
+        parser.add_argument("--steady-rounds", type=int, default=defaults.steady_rounds,
+                            help="at each concurrency, also N clients asking again as each answer ends, "
+                                 "this many answers each (0: bursts only)")
         parser.add_argument("--sampled-ks", type=runs.int_list, default=defaults.sampled_ks,
                             help="K values of the exact engine for the sampled rows (empty: none)")
         parser.add_argument("--temperature", type=float, default=defaults.sampled_temperature,
@@ -66,6 +69,7 @@ class Command(BaseCommand):
                 prompt_sets=o["prompts"], prompts_per_set=o["prompts_per_set"],
                 clients=() if o["no_stack"] else o["clients"], stack_ks=o["stack_ks"],
                 concurrency=o["concurrency"], concurrency_client=o["concurrency_client"],
+                steady_rounds=o["steady_rounds"],
                 sampled_ks=o["sampled_ks"], sampled_temperature=o["temperature"])
             prompts = self.prompts(pair=pair, path=o["prompts_file"], history=o["from_history"])
             engines = Engines(pair_spec(pair=pair))
