@@ -110,7 +110,7 @@ def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, liv
     # Steady load: the same levels, requests arriving while others run, TTFT against one stream's.
     steady = {(r["variant"], r["concurrency"]): r for r in results["steady"]}
     assert set(steady) == set(concurrency)
-    assert all(r["requests"] >= 1 and r["ttft_ms_p50"] > 0 for r in steady.values())
+    assert all(r["requests"] >= 1 and r["ttft_ms_p50"] > 0 and r["failed"] == 0 for r in steady.values())
     assert steady[("K=2", 1)]["ttft_vs_one"] == pytest.approx(1)
     assert "K=2: TTFT p50 at a steady 2 streams vs 1 stream" not in names  # the bar is at 4 and 8 streams
     assert "Steady load: requests arrive while others run (sse, 2 answers per client)" in printed

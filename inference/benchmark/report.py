@@ -35,7 +35,7 @@ CONCURRENCY_COLUMNS: tuple[Column, ...] = (
 STEADY_COLUMNS: tuple[Column, ...] = (
     ("variant", "variant", ""), ("streams", "concurrency", ""), ("requests counted", "requests", ""),
     ("TTFT p50", "ttft_ms_p50", ".1f"), ("TTFT p95", "ttft_ms_p95", ".1f"), ("TTFT vs 1 stream", "ttft_vs_one", ".2f"),
-    ("stream tok/s p50", "stream_tokens_per_s_p50", ".1f"),
+    ("stream tok/s p50", "stream_tokens_per_s_p50", ".1f"), ("failed", "failed", ""),
 )
 STEADY_TITLE = "Steady load: requests arrive while others run"
 SET_COLUMNS: tuple[Column, ...] = (("set", "set", ""), *tuple(c for c in TABLE_COLUMNS if c[1] != "path"))
@@ -89,7 +89,8 @@ def evaluate_bars(results: dict) -> list[dict]:
                              row["ttft_vs_one"], "<=", TTFT_UNDER_LOAD, "x"))
     if concurrency:
         bars.append(_bar("lost or failed streams in the concurrency sweep",
-                         sum(r["lost"] + r["failed"] for r in concurrency), "<=", 0, ""))
+                         sum(r["lost"] + r["failed"] for r in concurrency)
+                         + sum(r["failed"] for r in results.get("steady") or []), "<=", 0, ""))
     ks = [r for r in rows if r["path"] == INPROCESS and r["k"] and r.get("speedup") is not None]
     if ks:
         best = max(ks, key=lambda r: r["speedup"])

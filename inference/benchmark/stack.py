@@ -414,19 +414,28 @@ async def _steady(*, stream: StreamFn, prompts: list[Prompt], level: int, varian
     lone = await stream(prompt=prompts[0], variant=variant, max_new_tokens=max_new_tokens)
     spacing = lone.duration_s / level
 
+    failed: list[str] = []
+
     async def client(index: int) -> list[Sample]:
         await asyncio.sleep(index * spacing)
-        return [await stream(prompt=prompts[(index + turn * level) % len(prompts)], variant=variant,
-                             max_new_tokens=max_new_tokens) for turn in range(rounds)]
+        answered = []
+        for turn in range(rounds):
+            try:
+                answered.append(await stream(prompt=prompts[(index + turn * level) % len(prompts)],
+                                             variant=variant, max_new_tokens=max_new_tokens))
+            except Exception as exc:  # counted, as a burst counts it; the other clients go on
+                failed.append(f"{type(exc).__name__}: {exc}")
+        return answered
 
-    answers = await asyncio.gather(*(client(i) for i in range(level)))
-    all_in = max(a[0].started_at for a in answers)  # the last client's first request
-    first_out = min(a[-1].started_at + a[-1].duration_s for a in answers)  # the first client done
+    answers = [a for a in await asyncio.gather(*(client(i) for i in range(level))) if a]
+    all_in = max((a[0].started_at for a in answers), default=0.0)  # the last client's first request
+    first_out = min((a[-1].started_at + a[-1].duration_s for a in answers), default=0.0)  # the first one done
     counted = [s for a in answers for s in a if all_in <= s.started_at <= first_out]
     return {"variant": variant.name, "concurrency": level, "requests": len(counted),
             "ttft_ms_p50": percentile([s.ttft_ms for s in counted], 50),
             "ttft_ms_p95": percentile([s.ttft_ms for s in counted], 95),
-            "stream_tokens_per_s_p50": percentile([s.tokens_per_s for s in counted], 50)}
+            "stream_tokens_per_s_p50": percentile([s.tokens_per_s for s in counted], 50),
+            "failed": len(failed), "errors": sorted(set(failed))[:5]}
 
 
 def summarize_concurrency(records: list[dict]) -> list[dict]:
