@@ -147,6 +147,10 @@ RETENTION_DAYS = env_int("SPECCHAT_RETENTION_DAYS", 90)  # `manage.py purge_hist
 QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if still queued after this
 # A worker replaces a pipeline after this many requests (openvino-genai keeps memory per request served); 0: never.
 ENGINE_RENEW_AFTER_REQUESTS = env_int("SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS", 200)
+# A worker plans a request's K from what its engines delivered at that load over this many seconds,
+# where it measured both the main alone and a K there (inference/engines/rates.py); 0: the profile alone.
+LIVE_FIGURES_S = env_int("SPECCHAT_LIVE_FIGURES_S", 600)
+LIVE_FIGURES_MIN_STEP_MS = env_int("SPECCHAT_LIVE_FIGURES_MIN_STEP_MS", 2000)  # step time a figure needs
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin
 CONTROL_QUEUE = "control"  # Celery queue of jobs tied to no pair (imports): consumed by a worker with the train extra
 IMPORT_DISK_RESERVE_GB = env_int("SPECCHAT_IMPORT_DISK_RESERVE_GB", 1)  # an import must leave this much free

@@ -77,6 +77,7 @@ def stack_env(django_db_setup, redis_client) -> dict[str, str]:
         "REDIS_URL": settings.REDIS_URL,
         "SPECCHAT_MODELS_ROOT": str(settings.MODELS_ROOT),
         "SPECCHAT_STALL_TIMEOUT_S": str(settings.STALL_TIMEOUT_S),
+        "SPECCHAT_LIVE_FIGURES_S": "0",  # plans follow the profile a test sets, whatever earlier tests ran
         "PYTHONPATH": str(ROOT),
     }
 

@@ -7,7 +7,8 @@ round trip, and the stack's time to first token grew by a step or two. So the pi
 child process (the step process) that does nothing but step it; the worker keeps a `PairEngine` proxy
 with the same interface. Concurrent generations join the same batch through `add` messages; after
 each step the step process sends every request the tokens it accepted in that step (with a draft:
-the accepted draft run plus the main model's own token) in one message.
+the accepted draft run plus the main model's own token) in one message, with the step's duration
+(the worker's live figures of what each K delivers, engines/rates.py, come from it).
 
 The step process ends with its pipeline: when it is closed and drained, or when the worker exits or
 is killed (its end of the socket closes; the step process checks it before every step).
@@ -55,12 +56,16 @@ class EngineProcessError(RuntimeError):
     """The step process could not load the pipeline, or exited."""
 
 
+StepObserver = Callable[["PairEngine", int, int, int, float], object]  # (engine, K, streams, tokens, seconds)
+
+
 class PairEngine:
     """The worker's handle on a step process: submit() returns an ActiveRequest fed one StepTokens per
-    main step, then Finished, by a reader thread that takes the step process's messages."""
+    main step, then Finished, by a reader thread that takes the step process's messages. `on_step`
+    hears of each step whose requests all share one K (0 on the main alone)."""
 
-    def __init__(self, spec: PairSpec):
-        self.spec = spec
+    def __init__(self, spec: PairSpec, *, on_step: StepObserver | None = None):
+        self.spec, self.on_step = spec, on_step
         started = time.perf_counter()
         # A new interpreter, not fork (the worker runs threads) nor multiprocessing's spawn (it re-runs the
         # caller's __main__, which breaks unguarded scripts): `python -m inference.engines.library FD`.
@@ -84,6 +89,7 @@ class PairEngine:
         self.tokenizer = og.Tokenizer(spec.main_dir)
         self._send_lock = threading.Lock()
         self._active: dict[int, ActiveRequest] = {}
+        self._k: dict[int, int | None] = {}  # request id -> its K (0: no draft; None: a confidence threshold)
         self._ids = itertools.count()
         self.submitted = 0  # requests taken: the registry renews an engine after many (see EngineRegistry)
         self._closed = False
@@ -114,10 +120,13 @@ class PairEngine:
                                 on_stop=lambda: self._send(("stop", request_id)))
         self.submitted += 1
         self._active[request_id] = request
+        self._k[request_id] = (params.num_assistant_tokens if params.assistant_confidence_threshold is None else None) \
+            if self.spec.uses_draft else 0
         try:
             self._send(("add", request_id, prompt_ids, params))
         except (OSError, EOFError) as exc:
             self._active.pop(request_id, None)
+            self._k.pop(request_id, None)
             raise EngineProcessError(f"the step process of {self.spec.slug} is gone") from exc
         return request
 
@@ -134,9 +143,10 @@ class PairEngine:
     def _read_steps(self) -> None:
         while True:
             try:
-                _, at, outputs = self._conn.recv()  # ("step", when, [(request id, tokens, finished)])
+                _, at, seconds, outputs = self._conn.recv()  # ("step", when, took, [(id, tokens, finished)])
             except (EOFError, OSError):
                 break
+            self._observe(outputs, seconds)
             for request_id, token_ids, finished in outputs:
                 request = self._active.get(request_id)
                 if request is None:
@@ -145,6 +155,7 @@ class PairEngine:
                     request.events.put(StepTokens(token_ids, at))
                 if finished:
                     self._active.pop(request_id, None)
+                    self._k.pop(request_id, None)
                     request.events.put(Finished(*finished))
         try:
             code = self._process.wait(timeout=5)
@@ -157,6 +168,12 @@ class PairEngine:
         for request in list(self._active.values()):
             request.events.put(Finished("error", f"the engine process exited (code {code})"))
         self._active.clear()
+
+    def _observe(self, outputs: list, seconds: float) -> None:
+        ks = {self._k.get(request_id) for request_id, _, _ in outputs}
+        k = ks.pop() if len(ks) == 1 else None
+        if self.on_step and seconds > 0 and k is not None:
+            self.on_step(self, k, len(outputs), sum(len(tokens) for _, tokens, _ in outputs), seconds)
 
 
 def _step_process(conn: Connection) -> None:
@@ -193,18 +210,22 @@ class Stepper:
                 return  # the worker is gone
             if not self.handles:
                 continue
+            started = time.perf_counter()
             try:
                 self.pipe.step()
             except Exception as exc:  # a failed step fails the requests in it, not the engine
                 log.exception("step failed for %s", self.spec.slug)
                 error = ("error", f"{type(exc).__name__}: {exc}")
-                self.conn.send(("step", time.perf_counter(), [(rid, [], error) for rid in self.handles]))
+                self._send_step([(rid, [], error) for rid in self.handles])
                 self.handles.clear()
                 self.finish_reasons.clear()
                 self.stopping.clear()
                 continue
-            now = time.perf_counter()
-            self.conn.send(("step", now, [self._collect(rid) for rid in list(self.handles)]))
+            took = time.perf_counter() - started
+            self._send_step([self._collect(rid) for rid in list(self.handles)], seconds=took)
+
+    def _send_step(self, outputs: list, *, seconds: float = 0.0) -> None:
+        self.conn.send(("step", time.perf_counter(), seconds, outputs))
 
     def _take(self, message: tuple) -> None:
         kind, *args = message
@@ -215,8 +236,7 @@ class Stepper:
                 self.handles[request_id] = self.pipe.add_request(request_id, input_ids,
                                                                  params.generation_config(self.spec))
             except Exception as exc:  # the request's settings, not the engine: fail this request only
-                error = ("error", f"{type(exc).__name__}: {exc}")
-                self.conn.send(("step", time.perf_counter(), [(request_id, [], error)]))
+                self._send_step([(request_id, [], ("error", f"{type(exc).__name__}: {exc}"))])
         elif kind == "stop" and args[0] in self.handles and args[0] not in self.stopping:
             self.handles[args[0]].stop()
             self.stopping.add(args[0])

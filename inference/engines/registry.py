@@ -3,7 +3,8 @@
 openvino-genai's pipelines keep memory per request they served (about 1 MB with a draft on the demo
 pair, measured in a loop of add_request/step; it is all freed with the pipeline): an engine that has
 taken `renew_after` requests is replaced by a fresh one, built in the background, and freed once
-its own requests have ended. A library engine whose step process exited is loaded again on next use."""
+its own requests have ended. A library engine whose step process exited is loaded again on next use.
+It also keeps what each pair's engines delivered lately (engines/rates.py), for the plans of requests."""
 
 from __future__ import annotations
 
@@ -13,20 +14,23 @@ from pathlib import Path
 from inference.engines.base import PairSpec
 from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
+from inference.engines.rates import StepRates
 from inference.limits import LoadState
 
 
 class EngineRegistry:
     """The engines a worker process holds, loaded on first use and kept."""
 
-    def __init__(self, *, renew_after: int = 0):
+    def __init__(self, *, renew_after: int = 0, live_figures_s: float = 0, live_figures_min_step_s: float = 2.0):
         self.renew_after = renew_after  # 0: never
+        self.live_figures_s, self.live_figures_min_step_s = live_figures_s, live_figures_min_step_s  # see StepRates
         self.renewed = 0
         self._renewing: set[PairSpec] = set()
         self._engines: dict[PairSpec, PairEngine | ExactEngine] = {}
         self._locks: dict[PairSpec, threading.Lock] = {}
         self._guard = threading.Lock()
         self.states: dict[str, dict] = {}  # slug -> {"state": loading|available|failed, "error": str}
+        self.rates: dict[str, StepRates] = {}  # slug -> tokens/s its engines delivered lately, by K and load
 
     def get(self, spec: PairSpec) -> PairEngine | ExactEngine:
         engine = self._engines.get(spec)
@@ -50,7 +54,7 @@ class EngineRegistry:
                 for folder in filter(None, (spec.main_dir, spec.draft_dir if spec.speculative else "")):
                     if not Path(folder, "openvino_model.xml").is_file():
                         raise FileNotFoundError(f"no openvino_model.xml in {folder}")
-                engine = ExactEngine(spec) if spec.exact_sampling else PairEngine(spec)
+                engine = self._build(spec)
             except Exception as exc:
                 if spec.is_pair_default:
                     self.states[spec.slug] = {"state": LoadState.FAILED, "error": f"{type(exc).__name__}: {exc}"}
@@ -61,9 +65,21 @@ class EngineRegistry:
                 self.states[spec.slug] = {"state": LoadState.AVAILABLE, "error": ""}
             return engine
 
+    def _build(self, spec: PairSpec) -> PairEngine | ExactEngine:
+        return ExactEngine(spec) if spec.exact_sampling else PairEngine(spec, on_step=self._record_step)
+
+    def _record_step(self, engine: PairEngine, k: int, streams: int, tokens: int, seconds: float) -> None:
+        if self.active_requests(slug=engine.spec.slug) > engine.active_count:
+            return  # another of the pair's pipelines runs beside it: the two contend for the cores
+        self.rates_of(engine.spec.slug).record(k=k, streams=streams, tokens=tokens, seconds=seconds)
+
+    def rates_of(self, slug: str) -> StepRates:
+        return self.rates.setdefault(slug, StepRates(fresh_s=self.live_figures_s,
+                                                     min_step_seconds=self.live_figures_min_step_s))
+
     def _renew(self, spec: PairSpec, old: PairEngine | ExactEngine) -> None:
         try:
-            fresh = ExactEngine(spec) if spec.exact_sampling else PairEngine(spec)
+            fresh = self._build(spec)
             if self._engines.get(spec) is old:
                 self._engines[spec] = fresh
                 self.renewed += 1

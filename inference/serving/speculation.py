@@ -4,8 +4,9 @@ from what it asked, the pair's settings and measured profile, and the worker's l
 Both sides use it: the web side to validate a request with the settings it would get, the worker to
 decide for real (it knows its load). Two promises shape it: a sampled request runs on the exact engine
 (engines/exact.py), never on openvino-genai's inexact sampling with a draft unless the pair allows it
-(and then says so); and where the pair's benchmark measured the main alone to be faster at the current
-load, the main alone serves (speculation must never slow answers).
+(and then says so); and where the main alone is faster at the current load, the main alone serves
+(speculation must never slow answers). Faster by what this worker measured lately at that load
+(engines/rates.py) where it measured both the main alone and a K there, else by the pair's profile.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Plan:
     reason: str = ""
     k: int | None = None
     threshold: float | None = None
+    measured_here: bool = False  # chosen from this worker's recent figures, not the stored profile
 
     @property
     def speculative(self) -> bool:
@@ -67,8 +69,25 @@ def _left_to_the_profile(asked: Asked) -> bool:
     return asked.speculative and not asked.sampled and asked.k is None and asked.threshold is None
 
 
-def plan(*, pair: ModelPair, asked: Asked, load: int) -> Plan:
-    """The plan for a request joining a worker that already runs `load - 1` of the pair's requests."""
+# Speculation takes the load from the main alone when this worker's recent figures show it this much
+# faster there (figures over many steps vary less than the profile's single bursts: MARGIN_OVER_PLAIN).
+LIVE_MARGIN = 1.05
+
+
+def live_k(live: dict[int, float] | None) -> tuple[int, str] | None:
+    """(K, why) from {K: tokens/s} measured lately at the load, when the main alone (K=0) and a K are in it."""
+    alone = (live or {}).get(0)
+    drafted = {k: rate for k, rate in (live or {}).items() if k > 0}
+    if not alone or not drafted:
+        return None
+    k = max(drafted, key=lambda candidate: drafted[candidate])
+    figures = f"K={k} {drafted[k]:.0f} tok/s, the main alone {alone:.0f} tok/s"
+    return (k, figures) if drafted[k] >= LIVE_MARGIN * alone else (0, figures)
+
+
+def plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | None = None) -> Plan:
+    """The plan for a request joining a worker that already runs `load - 1` of the pair's requests;
+    `live` is what the worker's engines delivered lately at that load, {K: tokens/s} (0: the main alone)."""
     if not asked.speculative:
         return Plan(mode=SpeculativeMode.OFF, reason="speculative: false was asked")
     if not pair.is_speculative:
@@ -87,6 +106,22 @@ def plan(*, pair: ModelPair, asked: Asked, load: int) -> Plan:
         return Plan(mode=mode, threshold=asked.threshold, reason=_join(allowed, "confidence threshold asked"))
     if asked.k is not None:
         return Plan(mode=mode, k=asked.k, reason=_join(allowed, "K asked by the request"))
+    return _for_the_load(pair=pair, asked=asked, mode=mode, load=load, live=live)
+
+
+def _for_the_load(*, pair: ModelPair, asked: Asked, mode: SpeculativeMode, load: int,
+                  live: dict[int, float] | None) -> Plan:
+    """The plan of a request that leaves K to the pair: from the figures here, else the profile, else the
+    pair's default."""
+    exact = mode == SpeculativeMode.EXACT_SAMPLING
+    allowed = INEXACT_ALLOWED if mode == SpeculativeMode.INEXACT_SAMPLING else ""
+    here = None if asked.sampled else live_k(live)  # the exact engine's steps are not measured
+    if here is not None:
+        k, figures = here
+        where = f"measured here lately at {load} streams: {figures}"
+        if k == 0:
+            return Plan(mode=SpeculativeMode.OFF, reason=f"the main alone is faster ({where})", measured_here=True)
+        return Plan(mode=mode, k=k, reason=f"K={k} is fastest ({where})", measured_here=True)
     best = measured_k(pair=pair, sampled=asked.sampled, load=load)
     if best is None:
         if pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None and not exact:
@@ -108,8 +143,9 @@ def join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, running_
     request on the main alone beside 15 at K=5 measured 0.80x of either alone). So a greedy request the
     profile plans joins whichever of the two is running, when only one is: with the main alone's batch
     it takes K=0 (and is handed over when that batch empties), with the speculative batch the K the
-    profile chose at its highest load where speculation won."""
-    if not _left_to_the_profile(asked):
+    profile chose at its highest load where speculation won. A plan from this worker's own recent
+    figures stands: the running answers are handed over to it instead (handover)."""
+    if not _left_to_the_profile(asked) or planned.measured_here:
         return planned
     if planned.mode == SpeculativeMode.OFF and running_speculative and not running_alone:
         k = _highest_load_k(pair)
@@ -126,26 +162,32 @@ def _highest_load_k(pair: ModelPair) -> int | None:
     return winning[-1][1] if winning else pair.num_assistant_tokens
 
 
-# A running answer the main alone serves moves to speculation when the pair's batch here has shrunk to
-# this many streams: it must prefill its prompt and answer again on the other pipeline, which only a
-# nearly idle batch repays (a burst's last request otherwise ends alone at the main's 1-stream speed).
+# A running answer the main alone serves moves to speculation by the profile when the pair's batch
+# here has shrunk to this many streams: it must prefill its prompt and answer again on the other
+# pipeline, which only a nearly idle batch repays (a burst's last request otherwise ends alone at the
+# main's 1-stream speed). Where this worker's recent figures at the load say which path is faster,
+# an answer moves to it at any load.
 HANDOVER_MAX_STREAMS = 2
 HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the prefill
 
 
-def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int,
-             remaining: int) -> Plan | None:
-    """The plan a running answer moves to, or None to stay. Only greedy answers whose plan the profile
-    chose (the library cannot change a request's K, so moving is a new request that goes on from the
-    answer so far; its greedy tokens are the same) and only from the main alone to speculation."""
-    if (planned.mode != SpeculativeMode.OFF or not _left_to_the_profile(asked) or load > HANDOVER_MAX_STREAMS
+def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
+             live: dict[int, float] | None = None) -> Plan | None:
+    """The plan a running answer moves to, or None to stay: between the main alone and speculation,
+    for greedy answers the profile or the figures planned (the library cannot change a request's K, so
+    moving is a new request that goes on from the answer so far; its greedy tokens are the same)."""
+    if (planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not _left_to_the_profile(asked)
             or remaining < HANDOVER_MIN_TOKENS):
         return None
-    now = plan(pair=pair, asked=asked, load=load)
-    if now.mode != SpeculativeMode.DRAFT or now.k is None:
+    now = plan(pair=pair, asked=asked, load=load, live=live)
+    if now.mode == planned.mode or (now.mode == SpeculativeMode.DRAFT and now.k is None):
         return None
-    return Plan(mode=now.mode, k=now.k, reason=f"{planned.reason}; from token {generated + 1}: K={now.k}, "
-                                               f"{load} running here (handed over to speculation)")
+    if not now.measured_here and (now.mode == SpeculativeMode.OFF or load > HANDOVER_MAX_STREAMS):
+        return None
+    to = f"K={now.k}" if now.speculative else "the main alone"
+    return Plan(mode=now.mode, k=now.k, measured_here=now.measured_here,
+                reason=f"{planned.reason}; handed over to {to} from token {generated + 1}, {load} running here "
+                       f"({now.reason})")
 
 
 def _join(*parts: str) -> str:

@@ -26,7 +26,8 @@ from inference.serving.records import fail_generation, pair_spec, planned_decodi
 
 log = logging.getLogger(__name__)
 
-ENGINES = EngineRegistry(renew_after=settings.ENGINE_RENEW_AFTER_REQUESTS)
+ENGINES = EngineRegistry(renew_after=settings.ENGINE_RENEW_AFTER_REQUESTS, live_figures_s=settings.LIVE_FIGURES_S,
+                         live_figures_min_step_s=settings.LIVE_FIGURES_MIN_STEP_MS / 1000)
 RUNNING: dict[str, ActiveRequest] = {}  # generation id -> its request in this worker's engine
 
 
@@ -55,9 +56,11 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     if not claimed:
         return
     asked = speculation.Asked(**generation.params.get("asked", {}))
+    load = current_load(pair=generation.pair)
     planned = speculation.join_running_batch(
         pair=generation.pair, asked=asked,
-        planned=speculation.plan(pair=generation.pair, asked=asked, load=current_load(pair=generation.pair)),
+        planned=speculation.plan(pair=generation.pair, asked=asked, load=load,
+                                 live=ENGINES.rates_of(generation.pair.slug).at_load(load)),
         running_speculative=ENGINES.active_requests(slug=generation.pair.slug, speculative=True),
         running_alone=ENGINES.active_requests(slug=generation.pair.slug, speculative=False))
     _record_plan(generation=generation, planned=planned)
@@ -189,10 +192,12 @@ class Answer:
         and no stop strings: the library would not see one that began before the handover)."""
         if self.moving_to or self.request.stop_requested or self.params.stop or self.params.temperature > 0:
             return
+        slug = self.generation.pair.slug
+        load = ENGINES.active_requests(slug=slug)
         self.moving_to = speculation.handover(
-            pair=self.generation.pair, asked=self.asked, planned=self.planned,
-            load=ENGINES.active_requests(slug=self.generation.pair.slug), generated=self.stats.tokens,
-            remaining=self.params.max_new_tokens - self.stats.tokens)
+            pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
+            generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
+            live=ENGINES.rates_of(slug).at_load(load))
         if self.moving_to:
             self.request.stop()
 
@@ -207,11 +212,11 @@ class Answer:
         params = planned_decoding(replace(self.params, max_new_tokens=self.params.max_new_tokens - self.stats.tokens),
                                   planned)
         try:
-            engine = load_engine(pair=self.generation.pair, speculative=True)
+            engine = load_engine(pair=self.generation.pair, speculative=planned.speculative)
             request = engine.submit(prompt_ids=self.prompt_ids + self.text.ids, params=params)
         except Exception as exc:
             log.exception("generation %s could not be handed over", self.generation.id)
-            return Finished("error", f"The answer could not go on with K={planned.k}: {type(exc).__name__}: {exc}")
+            return Finished("error", f"The answer could not go on ({planned.reason}): {type(exc).__name__}: {exc}")
         self.engine, self.request, self.planned = engine, request, planned
         RUNNING[str(self.generation.id)] = request
         self.stats.hand_over(num_assistant_tokens=self._fixed_k(engine, params), speculative=engine.spec.uses_draft)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from inference.engines.rates import StepRates, streams_bucket
 from inference.limits import SpeculativeMode
 from inference.models import ModelPair
 from inference.serving.speculation import EXACT_THRESHOLD, Asked, handover, join_running_batch, plan
@@ -87,7 +88,7 @@ def test_an_answer_on_the_main_alone_moves_to_speculation_only_when_the_batch_ha
     assert (moved is not None) == moves
     if moved:
         assert (moved.mode, moved.k) == (SpeculativeMode.DRAFT, 4)
-        assert moved.reason.startswith(busy.reason) and "from token 21: K=4" in moved.reason
+        assert moved.reason.startswith(busy.reason) and "handed over to K=4 from token 21" in moved.reason
 
 
 @pytest.mark.parametrize(("asked", "load", "running", "mode", "k"), [
@@ -104,3 +105,51 @@ def test_a_greedy_request_joins_the_batch_that_runs(asked, load, running, mode, 
     joined = join_running_batch(pair=profiled, asked=asked, planned=plan(pair=profiled, asked=asked, load=load),
                                 running_speculative=running[0], running_alone=running[1])
     assert (joined.mode, joined.k) == (mode, k)
+
+
+def test_recent_figures_count_by_the_streams_a_step_served_and_fade():
+    rates = StepRates(fresh_s=60, min_step_seconds=0.9)
+    assert [streams_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+    for step in range(10):
+        rates.record(k=0, streams=8, tokens=8, seconds=0.1, at=step)  # 80 tok/s over 1 s of steps
+        rates.record(k=5, streams=7, tokens=14, seconds=0.2, at=step)  # 70 tok/s over 2 s
+        rates.record(k=5, streams=1, tokens=3, seconds=0.05, at=step)  # 0.5 s: too little to say
+    assert rates.at_load(8, now=10) == pytest.approx({0: 80.0, 5: 70.0})
+    assert rates.at_load(1, now=10) == {}
+    assert rates.at_load(8, now=65) == pytest.approx({5: 70.0})  # the first 5 s of samples have faded
+    assert rates.at_load(8, now=200) == {}
+
+
+@pytest.mark.parametrize(("live", "mode", "k"), [
+    ({0: 80.0, 5: 70.0}, SpeculativeMode.OFF, None),  # the profile says K=2 at 8 streams; here the main alone won
+    ({0: 80.0, 5: 82.0}, SpeculativeMode.OFF, None),  # within the margin: the main alone
+    ({0: 80.0, 5: 90.0, 3: 100.0}, SpeculativeMode.DRAFT, 3),
+    ({5: 90.0}, SpeculativeMode.DRAFT, 2),  # the main alone not measured here: the profile decides
+    ({0: 80.0}, SpeculativeMode.DRAFT, 2),
+])
+def test_a_workers_recent_figures_at_the_load_outrank_the_profile(live, mode, k):
+    chosen = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(), load=8, live=live)
+    assert (chosen.mode, chosen.k) == (mode, k)
+    assert chosen.measured_here == ("measured here" in chosen.reason) == (0 in live and len(live) > 1)
+    assert plan(pair=pair(speculation_profile=PROFILE), asked=Asked(k=5), load=8, live=live).k == 5
+    assert plan(pair=pair(speculation_profile=PROFILE), asked=Asked(sampled=True), load=8, live=live).mode == \
+        SpeculativeMode.OFF  # the sampled profile: figures of the library's greedy pipelines say nothing of it
+
+
+def test_running_answers_follow_the_figures_to_the_faster_path_and_newcomers_do_not_join_the_slower():
+    profiled = pair(speculation_profile=PROFILE)
+    on_k2 = plan(pair=profiled, asked=Asked(), load=8)
+    slower_here = {0: 80.0, 2: 60.0}
+    moved = handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60, live=slower_here)
+    assert moved is not None and (moved.mode, moved.k) == (SpeculativeMode.OFF, None)
+    assert "handed over to the main alone from token 4, 8 running here" in moved.reason
+    assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=20,
+                    live=slower_here) is None  # too little left to repay the prefill
+    assert handover(pair=profiled, asked=Asked(), planned=moved, load=8, generated=3, remaining=60,
+                    live=slower_here) is None  # already there: no move back and forth
+    back = handover(pair=profiled, asked=Asked(), planned=moved, load=8, generated=40, remaining=60,
+                    live={0: 80.0, 2: 100.0})
+    assert back is not None and (back.mode, back.k) == (SpeculativeMode.DRAFT, 2)
+    newcomer = plan(pair=profiled, asked=Asked(), load=8, live=slower_here)
+    assert join_running_batch(pair=profiled, asked=Asked(), planned=newcomer, running_speculative=5,
+                              running_alone=0) == newcomer  # its running neighbours move to it instead

@@ -1,0 +1,57 @@
+"""What a worker's engines delivered lately: tokens per second of step time, by K (0: the main alone)
+and by how many streams the step served.
+
+The pair's profile says which K is fastest at each load, as the benchmark measured it, maybe on
+another day: on these shared hosts the crossover between speculation and the main alone moved from
+above 16 streams to below 8 between two evenings. These figures say it for this host now, from the
+answers the worker serves, and speculation.plan prefers them where both the main alone and a K have
+been measured at the load. A step that ran beside another of the pair's pipelines is not counted:
+the two contend for the cores and neither figure would be its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+MAX_SAMPLES = 4000  # per (K, streams bucket): about 10 minutes of steps at 8 streams
+
+
+def streams_bucket(streams: int) -> int:
+    """The power of two at or above `streams`: a burst of 8 steps at 8 and, as it ends, 7 down to 5."""
+    return 1 << max(streams - 1, 0).bit_length()
+
+
+class StepRates:
+    """Recent (when, tokens, step seconds) samples per (K, streams bucket); thread-safe (every engine's
+    reader thread records, the worker's task threads read)."""
+
+    def __init__(self, *, fresh_s: float, min_step_seconds: float):
+        """`fresh_s`: a sample older than this says little about the host now (0: keep none);
+        `min_step_seconds`: step time a figure needs (a few answers' worth, not one prefill)."""
+        self.fresh_s, self.min_step_seconds = fresh_s, min_step_seconds
+        self._samples: dict[tuple[int, int], deque[tuple[float, int, float]]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, *, k: int, streams: int, tokens: int, seconds: float, at: float | None = None) -> None:
+        if streams < 1 or seconds <= 0 or self.fresh_s <= 0:
+            return
+        with self._lock:
+            samples = self._samples.setdefault((k, streams_bucket(streams)), deque(maxlen=MAX_SAMPLES))
+            samples.append((time.monotonic() if at is None else at, tokens, seconds))
+
+    def at_load(self, streams: int, *, now: float | None = None) -> dict[int, float]:
+        """{K: tokens/s} measured lately at this load's bucket, for each K with enough step time."""
+        now = time.monotonic() if now is None else now
+        bucket, figures = streams_bucket(streams), {}
+        with self._lock:
+            for (k, at_bucket), samples in self._samples.items():
+                if at_bucket != bucket:
+                    continue
+                while samples and now - samples[0][0] > self.fresh_s:
+                    samples.popleft()
+                seconds = sum(s for _, _, s in samples)
+                if seconds >= self.min_step_seconds:
+                    figures[k] = sum(t for _, t, _ in samples) / seconds
+        return figures
