@@ -36,7 +36,8 @@ class Plan:
     reason: str = ""
     k: int | None = None
     threshold: float | None = None
-    measured_here: bool = False  # chosen from this worker's recent figures, not the stored profile
+    measured_here: bool = False  # this worker's recent figures show this path clearly faster at the load
+    handed_over: bool = False  # the answer already moved once: it stays (each move costs a prefill)
 
     @property
     def speculative(self) -> bool:
@@ -69,20 +70,24 @@ def _left_to_the_profile(asked: Asked) -> bool:
     return asked.speculative and not asked.sampled and asked.k is None and asked.threshold is None
 
 
-# Speculation takes the load from the main alone when this worker's recent figures show it this much
-# faster there (figures over many steps vary less than the profile's single bursts: MARGIN_OVER_PLAIN).
-LIVE_MARGIN = 1.05
+# This worker's recent figures decide where one path is this much faster than the other at the load
+# (it repays a handover's prefill; one burst of the benchmark varies by 5-10% here). Closer than that,
+# the two are as good as each other: the request joins the batch that runs, or the main alone.
+LIVE_MARGIN = 1.10
 
 
-def live_k(live: dict[int, float] | None) -> tuple[int, str] | None:
-    """(K, why) from {K: tokens/s} measured lately at the load, when the main alone (K=0) and a K are in it."""
+def live_k(live: dict[int, float] | None) -> tuple[int | None, str] | None:
+    """(the clearly faster K, 0 for the main alone, or None if neither is; the figures) from {K: tokens/s}
+    measured lately at the load, when the main alone (K=0) and a K are in it."""
     alone = (live or {}).get(0)
     drafted = {k: rate for k, rate in (live or {}).items() if k > 0}
     if not alone or not drafted:
         return None
     k = max(drafted, key=lambda candidate: drafted[candidate])
     figures = f"K={k} {drafted[k]:.0f} tok/s, the main alone {alone:.0f} tok/s"
-    return (k, figures) if drafted[k] >= LIVE_MARGIN * alone else (0, figures)
+    if drafted[k] >= LIVE_MARGIN * alone:
+        return k, figures
+    return (0 if alone >= LIVE_MARGIN * drafted[k] else None), figures
 
 
 def plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | None = None) -> Plan:
@@ -119,6 +124,8 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, mode: SpeculativeMode, load:
     if here is not None:
         k, figures = here
         where = f"measured here lately at {load} streams: {figures}"
+        if k is None:
+            return Plan(mode=SpeculativeMode.OFF, reason=f"neither is clearly faster ({where})")
         if k == 0:
             return Plan(mode=SpeculativeMode.OFF, reason=f"the main alone is faster ({where})", measured_here=True)
         return Plan(mode=mode, k=k, reason=f"K={k} is fastest ({where})", measured_here=True)
@@ -173,11 +180,11 @@ HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the 
 
 def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
              live: dict[int, float] | None = None) -> Plan | None:
-    """The plan a running answer moves to, or None to stay: between the main alone and speculation,
+    """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
     for greedy answers the profile or the figures planned (the library cannot change a request's K, so
     moving is a new request that goes on from the answer so far; its greedy tokens are the same)."""
     if (planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not _left_to_the_profile(asked)
-            or remaining < HANDOVER_MIN_TOKENS):
+            or remaining < HANDOVER_MIN_TOKENS or planned.handed_over):
         return None
     now = plan(pair=pair, asked=asked, load=load, live=live)
     if now.mode == planned.mode or (now.mode == SpeculativeMode.DRAFT and now.k is None):
@@ -185,7 +192,7 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
     if not now.measured_here and (now.mode == SpeculativeMode.OFF or load > HANDOVER_MAX_STREAMS):
         return None
     to = f"K={now.k}" if now.speculative else "the main alone"
-    return Plan(mode=now.mode, k=now.k, measured_here=now.measured_here,
+    return Plan(mode=now.mode, k=now.k, measured_here=now.measured_here, handed_over=True,
                 reason=f"{planned.reason}; handed over to {to} from token {generated + 1}, {load} running here "
                        f"({now.reason})")
 
