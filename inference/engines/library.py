@@ -90,6 +90,7 @@ class PairEngine:
         self._send_lock = threading.Lock()
         self._active: dict[int, ActiveRequest] = {}
         self._k: dict[int, int | None] = {}  # request id -> its K (0: no draft; None: a confidence threshold)
+        self._decoding: set[int] = set()  # requests past their prefill
         self._ids = itertools.count()
         self.submitted = 0  # requests taken: the registry renews an engine after many (see EngineRegistry)
         self._closed = False
@@ -156,6 +157,7 @@ class PairEngine:
                 if finished:
                     self._active.pop(request_id, None)
                     self._k.pop(request_id, None)
+                    self._decoding.discard(request_id)
                     request.events.put(Finished(*finished))
         try:
             code = self._process.wait(timeout=5)
@@ -170,9 +172,13 @@ class PairEngine:
         self._active.clear()
 
     def _observe(self, outputs: list, seconds: float) -> None:
+        """Tell `on_step` of a decoding step: one where every request was past its prefill and got tokens
+        (prefills cost both paths alike, and a burst's would swing the figures while it arrives)."""
         ks = {self._k.get(request_id) for request_id, _, _ in outputs}
         k = ks.pop() if len(ks) == 1 else None
-        if self.on_step and seconds > 0 and k is not None:
+        decoding = all(request_id in self._decoding and tokens for request_id, tokens, _ in outputs)
+        self._decoding.update(request_id for request_id, tokens, _ in outputs if tokens)
+        if self.on_step and seconds > 0 and k is not None and decoding:
             self.on_step(self, k, len(outputs), sum(len(tokens) for _, tokens, _ in outputs), seconds)
 
 

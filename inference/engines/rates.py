@@ -1,5 +1,5 @@
 """What a worker's engines delivered lately: tokens per second of step time, by K (0: the main alone)
-and by how many streams the step served.
+and by how many streams the step served; and the most streams it ran lately.
 
 The pair's profile says which K is fastest at each load, as the benchmark measured it, maybe on
 another day: on these shared hosts the crossover between speculation and the main alone moved from
@@ -16,6 +16,7 @@ import time
 from collections import deque
 
 MAX_SAMPLES = 4000  # per (K, streams bucket): about 10 minutes of steps at 8 streams
+LOAD_MEMORY_S = 5.0  # a burst's first requests arrive before the rest: they plan for the load seen this lately
 
 
 def streams_bucket(streams: int) -> int:
@@ -32,7 +33,21 @@ class StepRates:
         `min_step_seconds`: step time a figure needs (a few answers' worth, not one prefill)."""
         self.fresh_s, self.min_step_seconds = fresh_s, min_step_seconds
         self._samples: dict[tuple[int, int], deque[tuple[float, int, float]]] = {}
+        self._loads: deque[tuple[float, int]] = deque(maxlen=MAX_SAMPLES)
         self._lock = threading.Lock()
+
+    def note_load(self, streams: int) -> None:
+        if self.fresh_s > 0:
+            with self._lock:
+                self._loads.append((time.monotonic(), streams))
+
+    def recent_peak(self, *, within_s: float = LOAD_MEMORY_S) -> int:
+        """The most streams noted in the last `within_s` seconds (0: none)."""
+        since = time.monotonic() - within_s
+        with self._lock:
+            while self._loads and self._loads[0][0] < since:
+                self._loads.popleft()
+            return max((streams for _, streams in self._loads), default=0)
 
     def record(self, *, k: int, streams: int, tokens: int, seconds: float, at: float | None = None) -> None:
         if streams < 1 or seconds <= 0 or self.fresh_s <= 0:

@@ -104,13 +104,17 @@ def _record_plan(*, generation: Generation, planned: speculation.Plan) -> None:
 
 def current_load(*, pair: ModelPair) -> int:
     """Streams a request joining now shares this worker with: those it runs, or, when a burst arrives,
-    the pair's generations in flight (queued ones included) spread over the workers serving it; a
-    burst's first requests would otherwise plan for a load that is about to come."""
+    the pair's generations in flight (queued ones included) spread over the workers serving it, or the
+    most it ran in the last seconds (with live figures on); a burst's first requests would otherwise
+    plan for a load that is about to come."""
     running_here = ENGINES.active_requests(slug=pair.slug) + 1
     in_flight = Generation.objects.filter(pair=pair, status__in=[Generation.Status.QUEUED,
                                                                Generation.Status.RUNNING]).count()
     serving = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
-    return max(running_here, -(-in_flight // max(len(serving), 1)))
+    load = max(running_here, -(-in_flight // max(len(serving), 1)))
+    rates = ENGINES.rates_of(pair.slug)
+    rates.note_load(load)
+    return max(load, rates.recent_peak())
 
 
 def stop_running(*, generation_id: str) -> None:
@@ -194,6 +198,7 @@ class Answer:
             return
         slug = self.generation.pair.slug
         load = ENGINES.active_requests(slug=slug)
+        ENGINES.rates_of(slug).note_load(load)
         self.moving_to = speculation.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,

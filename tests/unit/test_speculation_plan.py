@@ -157,3 +157,14 @@ def test_running_answers_move_once_to_a_clearly_faster_path():
     to_k2 = handover(pair=profiled, asked=Asked(), planned=on_alone, load=8, generated=3, remaining=60,
                      live={0: 80.0, 2: 100.0})
     assert to_k2 is not None and (to_k2.mode, to_k2.k) == (SpeculativeMode.DRAFT, 2)
+
+
+def test_the_load_a_request_plans_for_remembers_the_last_seconds_unless_live_figures_are_off():
+    rates, off = StepRates(fresh_s=60, min_step_seconds=1.0), StepRates(fresh_s=0, min_step_seconds=1.0)
+    for load in (16, 3):
+        rates.note_load(load)
+        off.note_load(load)
+        off.record(k=0, streams=load, tokens=load, seconds=5.0)
+    assert rates.recent_peak(within_s=5) == 16 and off.recent_peak(within_s=5) == 0
+    assert rates.recent_peak(within_s=0) == 0
+    assert off.at_load(16) == {}
