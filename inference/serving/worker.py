@@ -196,13 +196,13 @@ class Answer:
         and no stop strings: the library would not see one that began before the handover)."""
         if self.moving_to or self.request.stop_requested or self.params.stop or self.params.temperature > 0:
             return
-        slug = self.generation.pair.slug
-        load = ENGINES.active_requests(slug=slug)
-        ENGINES.rates_of(slug).note_load(load)
+        rates = ENGINES.rates_of(self.generation.pair.slug)
+        rates.note_load(ENGINES.active_requests(slug=self.generation.pair.slug))
+        load = rates.recent_peak() or ENGINES.active_requests(slug=self.generation.pair.slug)  # as it joined
         self.moving_to = speculation.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
-            live=ENGINES.rates_of(slug).at_load(load))
+            live=rates.at_load(load))
         if self.moving_to:
             self.request.stop()
 
