@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from inference import selectors, transport
 from inference.api.auth import set_new_key
@@ -34,14 +34,15 @@ class ModelPairAdmin(admin.ModelAdmin):
     list_filter = ("enabled", "device")
     prepopulated_fields = {"slug": ("name",)}
     readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark",
-                       "profile_run")
+                       "profile_run", "live_figures")
     actions = ("load_on_worker", "unload_from_worker", "run_benchmark")
     Media = ExtraStyle
     fieldsets = (
         (None, {"fields": ("name", "slug", "enabled", "serving_state", "load_error")}),
         ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device")}),
         ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold",
-                                             "allow_inexact_sampling", "speculation_profile", "profile_run")}),
+                                             "allow_inexact_sampling", "speculation_profile", "profile_run",
+                                             "live_figures")}),
         ("Limits and precision", {"fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens",
                                              "inference_precision", "kv_cache_precision")}),
         ("Latest benchmark", {"fields": ("latest_benchmark",)}),
@@ -60,6 +61,19 @@ class ModelPairAdmin(admin.ModelAdmin):
             workers = selectors.live_workers(client=transport.sync_client())
         state = selectors.pair_state(pair=pair, workers=workers)
         return f"{state.state} ({state.error})" if state.error else f"{state.state} on {', '.join(state.workers)}"
+
+    @admin.display(description="measured lately on the workers")
+    def live_figures(self, pair: ModelPair) -> str:
+        """What each worker's plans follow where it measured the main alone and a K (engines/rates.py)."""
+        rows = [(beat["name"], streams, ", ".join(f"{'the main alone' if k == '0' else 'K=' + k} {rate:.0f} tok/s"
+                                                   for k, rate in sorted(by_k.items(), key=lambda item: int(item[0]))))
+                for beat in selectors.live_workers(client=transport.sync_client())
+                for streams, by_k in sorted(beat.get("figures", {}).get(pair.slug, {}).items(),
+                                            key=lambda item: int(item[0]))]
+        if not rows:
+            return "none yet: plans follow the profile until a worker has measured the main alone and a K at a load"
+        return format_html("<table><tr><th>worker</th><th>streams up to</th><th>tokens/s of step time</th></tr>"
+                           "{}</table>", format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", rows))
 
     @admin.action(description="Load on every live worker (no restart)", permissions=["change"])
     def load_on_worker(self, request, queryset):

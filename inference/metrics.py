@@ -17,6 +17,7 @@ import redis
 from django.db.models import Count
 
 from inference.models import Generation
+from inference.selectors import live_workers
 
 log = logging.getLogger(__name__)
 METRICS_KEY = "specchat:metrics"
@@ -59,6 +60,9 @@ FAMILIES = (
     Family("specchat_requests_by_mode", "counter",
            "Generations by how they were served: speculative mode and the K chosen (asked, measured best at the "
            "worker's load, or the pair's default)."),
+    Family("specchat_live_tokens_per_second", "gauge",
+           "Tokens per second of step time a worker's engines delivered lately, by K (0: the main alone) and "
+           "streams bucket: the figures its plans follow where both the main alone and a K are measured."),
     Family("vllm:num_requests_running", "gauge", "Generations running on a worker."),
     Family("vllm:num_requests_waiting", "gauge", "Generations queued for a worker."),
 )
@@ -128,6 +132,14 @@ def _queue_gauges() -> dict[str, float]:
     return {_sample(names[row["status"]], {"model_name": row["pair__slug"]}): row["n"] for row in rows}
 
 
+def _live_gauges(client: redis.Redis) -> dict[str, float]:
+    return {_sample("specchat_live_tokens_per_second",
+                    {"model_name": slug, "worker": beat["name"], "k": k, "streams": streams}): rate
+            for beat in live_workers(client=client)
+            for slug, by_streams in beat.get("figures", {}).items()
+            for streams, by_k in by_streams.items() for k, rate in by_k.items()}
+
+
 def _order(sample: str, names: tuple[str, ...]) -> tuple:
     """Series together, then bucket/sum/count, buckets by increasing `le`."""
     name, _, labels = sample.partition("{")
@@ -138,7 +150,8 @@ def _order(sample: str, names: tuple[str, ...]) -> tuple:
 def exposition(*, client: redis.Redis) -> str:
     """Everything recorded so far, in the Prometheus text format (version 0.0.4)."""
     recorded: Any = client.hgetall(METRICS_KEY)  # str keys, with decode_responses
-    samples: dict[str, float] = {**{field: float(value) for field, value in recorded.items()}, **_queue_gauges()}
+    samples: dict[str, float] = {**{field: float(value) for field, value in recorded.items()}, **_queue_gauges(),
+                                 **_live_gauges(client)}
     lines = []
     for family in FAMILIES:
         names = tuple(family.name + suffix for suffix in SUFFIXES[family.kind])

@@ -206,7 +206,7 @@ def test_an_answer_the_main_alone_began_moves_to_speculation_when_the_load_falls
 
 
 def test_a_worker_plans_from_what_its_engines_delivered_lately_over_the_profile(
-        live_server_url, demo_pair, api_key, main_alone_greedy, stack_env, redis_client, tmp_path):
+        live_server_url, demo_pair, api_key, main_alone_greedy, stack_env, redis_client, tmp_path, admin_client):
     """The profile (measured on another day, maybe) says the main alone; once this worker has run both
     the main alone and K=3 at one stream, a request that names no K follows the faster of the two as
     measured here, says so with the figures, and still answers exactly as the main alone."""
@@ -233,6 +233,12 @@ def test_a_worker_plans_from_what_its_engines_delivered_lately_over_the_profile(
             ask(speculative=False)
             ask(num_assistant_tokens=3)
         planned = ask()
+        gauges, deadline = {}, time.monotonic() + 15  # the worker's next heartbeat carries its figures
+        while not {"0", "3"} <= {labels.split('k="')[1][0] for labels in gauges} and time.monotonic() < deadline:
+            gauges = {labels: rate for labels, rate in metric_counts(live_server_url, "specchat_live_tokens_per_second")
+                      .items() if 'model_name="live-figures"' in labels and 'streams="1"' in labels}
+            time.sleep(0.5)
+        shown = admin_client.get(f"/admin/inference/modelpair/{pair.id}/change/").content.decode()
     finally:
         worker.stop()
     usage, reason = planned["usage"], planned["usage"]["speculative_reason"]
@@ -244,10 +250,14 @@ def test_a_worker_plans_from_what_its_engines_delivered_lately_over_the_profile(
         assert served == (("draft", 3) if k3 > LIVE_MARGIN * alone else ("off", None)), reason
     assert served in {("draft", 3), ("off", None)}
     assert planned["choices"][0]["text"] == main_alone_greedy(PROMPT, 64)
+    by_k = {labels.split('k="')[1][0]: rate for labels, rate in gauges.items()}
+    assert set(by_k) == {"0", "3"}, gauges  # the figures the plan followed (its own steps since moved them a little)
+    assert all(0.75 < by_k[k] / planned_with < 1.33 for k, planned_with in (("3", k3), ("0", alone))), (by_k, reason)
+    assert re.search(r"<td>1</td><td>the main alone \d+ tok/s, K=3 \d+ tok/s</td>", shown)  # the admin's pair page
 
 
 def metric_counts(base_url: str, name: str) -> dict[str, float]:
-    """{labels: value} of one Prometheus counter on /metrics (counters live on across tests)."""
+    """{labels: value} of one Prometheus counter or gauge on /metrics (counters live on across tests)."""
     text = requests.get(f"{base_url}/metrics", timeout=30).text
     return {line[len(name):].rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines() if line.startswith(name + "{")}

@@ -58,15 +58,17 @@ class StepRates:
 
     def at_load(self, streams: int, *, now: float | None = None) -> dict[int, float]:
         """{K: tokens/s} measured lately at this load's bucket, for each K with enough step time."""
+        return self.figures(now=now).get(streams_bucket(streams), {})
+
+    def figures(self, *, now: float | None = None) -> dict[int, dict[int, float]]:
+        """{streams bucket: {K: tokens/s}}, where a K has enough recent step time."""
         now = time.monotonic() if now is None else now
-        bucket, figures = streams_bucket(streams), {}
+        figures: dict[int, dict[int, float]] = {}
         with self._lock:
-            for (k, at_bucket), samples in self._samples.items():
-                if at_bucket != bucket:
-                    continue
+            for (k, bucket), samples in self._samples.items():
                 while samples and now - samples[0][0] > self.fresh_s:
                     samples.popleft()
                 seconds = sum(s for _, _, s in samples)
                 if seconds >= self.min_step_seconds:
-                    figures[k] = sum(t for _, t, _ in samples) / seconds
+                    figures.setdefault(bucket, {})[k] = sum(t for _, t, _ in samples) / seconds
         return figures

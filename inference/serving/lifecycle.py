@@ -62,6 +62,8 @@ def heartbeat_payload() -> dict:
         "active": ENGINES.active_requests(),
         "engines": ENGINES.loaded(),
         "slots": settings.WORKER_SLOTS,
+        # {slug: {streams: {K: tok/s}}}: what the plans follow (engines/rates.py), for /metrics
+        "figures": {slug: rates.figures() for slug, rates in ENGINES.rates.items()},
     }
 
 

@@ -196,9 +196,10 @@ class Answer:
         and no stop strings: the library would not see one that began before the handover)."""
         if self.moving_to or self.request.stop_requested or self.params.stop or self.params.temperature > 0:
             return
-        rates = ENGINES.rates_of(self.generation.pair.slug)
-        rates.note_load(ENGINES.active_requests(slug=self.generation.pair.slug))
-        load = rates.recent_peak() or ENGINES.active_requests(slug=self.generation.pair.slug)  # as it joined
+        slug = self.generation.pair.slug
+        rates, running = ENGINES.rates_of(slug), ENGINES.active_requests(slug=slug)
+        rates.note_load(running)
+        load = rates.recent_peak() or running  # the load a request joining now plans for (0: live figures off)
         self.moving_to = speculation.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
