@@ -24,15 +24,38 @@ def streams_bucket(streams: int) -> int:
     return 1 << max(streams - 1, 0).bit_length()
 
 
+class _Window:
+    """A (K, streams bucket)'s recent (when, tokens, step seconds) samples with their running sums: plans
+    read figures several times a second, so a figure must not cost a pass over thousands of steps."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int, float]] = deque()
+        self.tokens, self.seconds = 0, 0.0
+
+    def add(self, at: float, tokens: int, seconds: float) -> None:
+        if len(self.samples) >= MAX_SAMPLES:
+            self._drop()
+        self.samples.append((at, tokens, seconds))
+        self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
+
+    def drop_before(self, since: float) -> None:
+        while self.samples and self.samples[0][0] < since:
+            self._drop()
+
+    def _drop(self) -> None:
+        _, tokens, seconds = self.samples.popleft()
+        self.tokens, self.seconds = self.tokens - tokens, self.seconds - seconds
+
+
 class StepRates:
-    """Recent (when, tokens, step seconds) samples per (K, streams bucket); thread-safe (every engine's
-    reader thread records, the worker's task threads read)."""
+    """Recent step samples per (K, streams bucket), and the loads noted lately; thread-safe (every
+    engine's reader thread records, the worker's task threads read)."""
 
     def __init__(self, *, fresh_s: float, min_step_seconds: float):
         """`fresh_s`: a sample older than this says little about the host now (0: keep none);
         `min_step_seconds`: step time a figure needs (a few answers' worth, not one prefill)."""
         self.fresh_s, self.min_step_seconds = fresh_s, min_step_seconds
-        self._samples: dict[tuple[int, int], deque[tuple[float, int, float]]] = {}
+        self._windows: dict[tuple[int, int], _Window] = {}
         self._loads: deque[tuple[float, int]] = deque(maxlen=MAX_SAMPLES)
         self._lock = threading.Lock()
 
@@ -53,8 +76,8 @@ class StepRates:
         if streams < 1 or seconds <= 0 or self.fresh_s <= 0:
             return
         with self._lock:
-            samples = self._samples.setdefault((k, streams_bucket(streams)), deque(maxlen=MAX_SAMPLES))
-            samples.append((time.monotonic() if at is None else at, tokens, seconds))
+            window = self._windows.setdefault((k, streams_bucket(streams)), _Window())
+            window.add(time.monotonic() if at is None else at, tokens, seconds)
 
     def at_load(self, streams: int, *, now: float | None = None) -> dict[int, float]:
         """{K: tokens/s} measured lately at this load's bucket, for each K with enough step time."""
@@ -62,13 +85,11 @@ class StepRates:
 
     def figures(self, *, now: float | None = None) -> dict[int, dict[int, float]]:
         """{streams bucket: {K: tokens/s}}, where a K has enough recent step time."""
-        now = time.monotonic() if now is None else now
+        since = (time.monotonic() if now is None else now) - self.fresh_s
         figures: dict[int, dict[int, float]] = {}
         with self._lock:
-            for (k, bucket), samples in self._samples.items():
-                while samples and now - samples[0][0] > self.fresh_s:
-                    samples.popleft()
-                seconds = sum(s for _, _, s in samples)
-                if seconds >= self.min_step_seconds:
-                    figures.setdefault(bucket, {})[k] = sum(t for _, t, _ in samples) / seconds
+            for (k, bucket), window in self._windows.items():
+                window.drop_before(since)
+                if window.seconds >= self.min_step_seconds:
+                    figures.setdefault(bucket, {})[k] = window.tokens / window.seconds
         return figures
