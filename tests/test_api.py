@@ -5,6 +5,7 @@ import hashlib
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -209,7 +210,8 @@ def test_a_worker_plans_from_what_its_engines_delivered_lately_over_the_profile(
         live_server_url, demo_pair, api_key, main_alone_greedy, stack_env, redis_client, tmp_path, admin_client):
     """The profile (measured on another day, maybe) says the main alone; once this worker has run both
     the main alone and K=3 at one stream, a request that names no K follows the faster of the two as
-    measured here, says so with the figures, and still answers exactly as the main alone."""
+    measured here, says so with the figures, and still answers exactly as the main alone. At 4 streams,
+    where it has only run the main alone, it tries speculation once to measure it too."""
     from inference.models import ModelPair
     from tests.conftest import Worker
 
@@ -218,6 +220,8 @@ def test_a_worker_plans_from_what_its_engines_delivered_lately_over_the_profile(
                                     speculation_profile={"greedy": {"1": 0}})
     worker = Worker({**stack_env, "SPECCHAT_LIVE_FIGURES_S": "600", "SPECCHAT_LIVE_FIGURES_MIN_STEP_MS": "300"},
                     pair.queue, tmp_path / "live.log")
+    api_key.max_concurrent = 4
+    api_key.save()
 
     def ask(**extra) -> dict:
         answer = post(live_server_url, "/v1/completions", api_key.secret,
@@ -239,6 +243,9 @@ def test_a_worker_plans_from_what_its_engines_delivered_lately_over_the_profile(
                       .items() if 'model_name="live-figures"' in labels and 'streams="1"' in labels}
             time.sleep(0.5)
         shown = admin_client.get(f"/admin/inference/modelpair/{pair.id}/change/").content.decode()
+        with ThreadPoolExecutor(4) as pool:  # 4 at once: the main alone asked, then twice left to the worker
+            rounds = [list(pool.map(lambda _, extra=extra: ask(**extra), range(4)))
+                      for extra in ({"speculative": False}, {}, {})]
     finally:
         worker.stop()
     usage, reason = planned["usage"], planned["usage"]["speculative_reason"]
@@ -251,9 +258,18 @@ def test_a_worker_plans_from_what_its_engines_delivered_lately_over_the_profile(
     assert served in {("draft", 3), ("off", None)}
     assert planned["choices"][0]["text"] == main_alone_greedy(PROMPT, 64)
     by_k = {labels.split('k="')[1][0]: rate for labels, rate in gauges.items()}
-    assert set(by_k) == {"0", "3"}, gauges  # the figures the plan followed (its own steps since moved them a little)
-    assert all(0.75 < by_k[k] / planned_with < 1.33 for k, planned_with in (("3", k3), ("0", alone))), (by_k, reason)
+    assert set(by_k) == {"0", "3"} and all(rate > 0 for rate in by_k.values()), gauges  # what plans follow
     assert re.search(r"<td>1</td><td>the main alone \d+ tok/s, K=3 \d+ tok/s</td>", shown)  # the admin's pair page
+
+    reasons = [[answer["usage"]["speculative_reason"] for answer in answers] for answers in rounds]
+    assert all(reason.startswith("exploring: speculation is not measured here lately at") for reason in reasons[1])
+    for answer in rounds[1]:  # tried with K=3; once K=3 had its figure, an answer may move to the faster path
+        tried = answer["usage"]
+        assert (tried["speculative_mode"], tried["speculative_k"]) == ("draft", 3) or (
+            "handed over to the main alone" in tried["speculative_reason"]), tried
+    assert all(re.search(r"measured here lately at \d+ streams: K=3 \d+ tok/s, the main alone", reason)
+               for reason in reasons[2]), reasons  # now both are measured at 4 streams
+    assert {a["choices"][0]["text"] for answers in rounds for a in answers} == {main_alone_greedy(PROMPT, 64)}
 
 
 def metric_counts(base_url: str, name: str) -> dict[str, float]:

@@ -17,6 +17,11 @@ from collections import deque
 
 MAX_SAMPLES = 4000  # per (K, streams bucket): about 10 minutes of steps at 8 streams
 LOAD_MEMORY_S = 5.0  # a burst's first requests arrive before the rest: they plan for the load seen this lately
+# A worker whose plans keep one path at a load never measures the other there: once per figure's
+# lifetime, at loads where the two can cross (speculation leads by 2-3x at 1-2 streams), the requests
+# joining in the next EXPLORE_FOR_S go to the unmeasured path until it has a figure.
+EXPLORE_MIN_STREAMS = 4
+EXPLORE_FOR_S = 30.0
 
 
 def streams_bucket(streams: int) -> int:
@@ -57,7 +62,26 @@ class StepRates:
         self.fresh_s, self.min_step_seconds = fresh_s, min_step_seconds
         self._windows: dict[tuple[int, int], _Window] = {}
         self._loads: deque[tuple[float, int]] = deque(maxlen=MAX_SAMPLES)
+        self._explored_at: dict[int, float] = {}  # streams bucket -> when its last exploration began
         self._lock = threading.Lock()
+
+    def exploring(self, streams: int, *, now: float | None = None) -> bool:
+        """Whether requests joining at this load should try the path not measured here: only one of the
+        main alone and speculation has a figure at its bucket, and none was tried for a figure's lifetime
+        (or the try began less than EXPLORE_FOR_S ago)."""
+        bucket, now = streams_bucket(streams), time.monotonic() if now is None else now
+        if self.fresh_s <= 0 or bucket < EXPLORE_MIN_STREAMS:
+            return False
+        measured = set(self.figures(now=now).get(bucket, {}))
+        one_sided = bool(measured) and (0 in measured) != any(k > 0 for k in measured)
+        with self._lock:
+            began = self._explored_at.get(bucket)
+            if began is not None and now - began < EXPLORE_FOR_S:
+                return one_sided
+            if one_sided and (began is None or now - began > self.fresh_s):
+                self._explored_at[bucket] = now
+                return True
+        return False
 
     def note_load(self, streams: int) -> None:
         if self.fresh_s > 0:

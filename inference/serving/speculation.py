@@ -6,7 +6,8 @@ decide for real (it knows its load). Two promises shape it: a sampled request ru
 (engines/exact.py), never on openvino-genai's inexact sampling with a draft unless the pair allows it
 (and then says so); and where the main alone is faster at the current load, the main alone serves
 (speculation must never slow answers). Faster by what this worker measured lately at that load
-(engines/rates.py) where it measured both the main alone and a K there, else by the pair's profile.
+(engines/rates.py) where it measured both the main alone and a K there, else by the pair's profile;
+where it measured only one of them at a load of 4 or more streams, it tries the other now and then.
 """
 
 from __future__ import annotations
@@ -90,9 +91,11 @@ def live_k(live: dict[int, float] | None) -> tuple[int | None, str] | None:
     return (0 if alone >= LIVE_MARGIN * drafted[k] else None), figures
 
 
-def plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | None = None) -> Plan:
+def plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | None = None,
+         exploring: bool = False) -> Plan:
     """The plan for a request joining a worker that already runs `load - 1` of the pair's requests;
-    `live` is what the worker's engines delivered lately at that load, {K: tokens/s} (0: the main alone)."""
+    `live` is what the worker's engines delivered lately at that load, {K: tokens/s} (0: the main alone);
+    `exploring`: the worker tries the path it has no figure for at this load (StepRates.exploring)."""
     if not asked.speculative:
         return Plan(mode=SpeculativeMode.OFF, reason="speculative: false was asked")
     if not pair.is_speculative:
@@ -111,11 +114,11 @@ def plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | N
         return Plan(mode=mode, threshold=asked.threshold, reason=_join(allowed, "confidence threshold asked"))
     if asked.k is not None:
         return Plan(mode=mode, k=asked.k, reason=_join(allowed, "K asked by the request"))
-    return _for_the_load(pair=pair, asked=asked, mode=mode, load=load, live=live)
+    return _for_the_load(pair=pair, asked=asked, mode=mode, load=load, live=live, exploring=exploring)
 
 
 def _for_the_load(*, pair: ModelPair, asked: Asked, mode: SpeculativeMode, load: int,
-                  live: dict[int, float] | None) -> Plan:
+                  live: dict[int, float] | None, exploring: bool) -> Plan:
     """The plan of a request that leaves K to the pair: from the figures here, else the profile, else the
     pair's default."""
     exact = mode == SpeculativeMode.EXACT_SAMPLING
@@ -129,6 +132,8 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, mode: SpeculativeMode, load:
         if k == 0:
             return Plan(mode=SpeculativeMode.OFF, reason=f"the main alone is faster ({where})", measured_here=True)
         return Plan(mode=mode, k=k, reason=f"K={k} is fastest ({where})", measured_here=True)
+    if exploring and live and mode == SpeculativeMode.DRAFT:
+        return _explore(pair=pair, live=live, load=load)
     best = measured_k(pair=pair, sampled=asked.sampled, load=load)
     if best is None:
         if pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None and not exact:
@@ -141,6 +146,18 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, mode: SpeculativeMode, load:
         return Plan(mode=SpeculativeMode.OFF, reason=f"the main alone is faster at {streams}+ streams (measured); "
                                                      f"{load} running here")
     return Plan(mode=mode, k=k, reason=_join(allowed, f"best K at {streams}+ streams (measured); {load} running here"))
+
+
+def _explore(*, pair: ModelPair, live: dict[int, float], load: int) -> Plan:
+    """The path this worker has no figure for at the load, tried as if it were clearly faster (requests
+    joining go to it and running answers are handed over to it, so its steps run alone and count)."""
+    if 0 not in live:
+        return Plan(mode=SpeculativeMode.OFF, measured_here=True,
+                    reason=f"exploring: the main alone is not measured here lately at {load} streams")
+    best = measured_k(pair=pair, sampled=False, load=load)
+    k = (best[0] if best and best[0] else None) or _highest_load_k(pair) or DEFAULT_K
+    return Plan(mode=SpeculativeMode.DRAFT, k=k, measured_here=True,
+                reason=f"exploring: speculation is not measured here lately at {load} streams")
 
 
 def join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, running_speculative: int,
@@ -179,14 +196,14 @@ HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the 
 
 
 def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
-             live: dict[int, float] | None = None) -> Plan | None:
+             live: dict[int, float] | None = None, exploring: bool = False) -> Plan | None:
     """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
     for greedy answers the profile or the figures planned (the library cannot change a request's K, so
     moving is a new request that goes on from the answer so far; its greedy tokens are the same)."""
     if (planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not _left_to_the_profile(asked)
             or remaining < HANDOVER_MIN_TOKENS or planned.handed_over):
         return None
-    now = plan(pair=pair, asked=asked, load=load, live=live)
+    now = plan(pair=pair, asked=asked, load=load, live=live, exploring=exploring)
     if now.mode == planned.mode or (now.mode == SpeculativeMode.DRAFT and now.k is None):
         return None
     if not now.measured_here and (now.mode == SpeculativeMode.OFF or load > HANDOVER_MAX_STREAMS):

@@ -56,11 +56,11 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     if not claimed:
         return
     asked = speculation.Asked(**generation.params.get("asked", {}))
-    load = current_load(pair=generation.pair)
+    load, rates = current_load(pair=generation.pair), ENGINES.rates_of(generation.pair.slug)
     planned = speculation.join_running_batch(
         pair=generation.pair, asked=asked,
-        planned=speculation.plan(pair=generation.pair, asked=asked, load=load,
-                                 live=ENGINES.rates_of(generation.pair.slug).at_load(load)),
+        planned=speculation.plan(pair=generation.pair, asked=asked, load=load, live=rates.at_load(load),
+                                 exploring=rates.exploring(load)),
         running_speculative=ENGINES.active_requests(slug=generation.pair.slug, speculative=True),
         running_alone=ENGINES.active_requests(slug=generation.pair.slug, speculative=False))
     _record_plan(generation=generation, planned=planned)
@@ -203,7 +203,7 @@ class Answer:
         self.moving_to = speculation.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
-            live=rates.at_load(load))
+            live=rates.at_load(load), exploring=rates.exploring(load))
         if self.moving_to:
             self.request.stop()
 

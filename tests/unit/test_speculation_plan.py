@@ -168,3 +168,33 @@ def test_the_load_a_request_plans_for_remembers_the_last_seconds_unless_live_fig
     assert rates.recent_peak(within_s=5) == 16 and off.recent_peak(within_s=5) == 0
     assert rates.recent_peak(within_s=0) == 0
     assert off.at_load(16) == {}
+
+
+def test_a_worker_that_measured_one_path_at_a_load_tries_the_other_once_per_figures_lifetime():
+    rates = StepRates(fresh_s=600, min_step_seconds=1.0)
+    for step in range(20):
+        rates.record(k=2, streams=8, tokens=24, seconds=0.1, at=step)
+        rates.record(k=2, streams=2, tokens=6, seconds=0.1, at=step)
+    assert not rates.exploring(2, now=20)  # speculation leads by far at 1-2 streams: never tried away from it
+    assert rates.exploring(8, now=20) and rates.exploring(7, now=40)  # a try lasts EXPLORE_FOR_S...
+    assert not rates.exploring(8, now=60)
+    for step in range(60, 80):
+        rates.record(k=0, streams=8, tokens=8, seconds=0.1, at=step)
+    assert not rates.exploring(8, now=81)  # ...or until the other path has a figure there
+    assert not rates.exploring(8, now=500)
+    for step in range(600, 620):
+        rates.record(k=2, streams=8, tokens=24, seconds=0.1, at=step)
+    assert rates.exploring(8, now=700)  # the main alone's figure faded: tried again
+
+    profiled = pair(speculation_profile=PROFILE)
+    on_k2 = plan(pair=profiled, asked=Asked(), load=8, live={2: 240.0})
+    trying = plan(pair=profiled, asked=Asked(), load=8, live={2: 240.0}, exploring=True)
+    assert (on_k2.mode, trying.mode, trying.measured_here) == (SpeculativeMode.DRAFT, SpeculativeMode.OFF, True)
+    assert trying.reason == "exploring: the main alone is not measured here lately at 8 streams"
+    moved = handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60,
+                     live={2: 240.0}, exploring=True)
+    assert moved is not None and moved.mode == SpeculativeMode.OFF  # its batch goes with it: no contention
+    back = plan(pair=profiled, asked=Asked(), load=16, live={0: 80.0}, exploring=True)
+    assert (back.mode, back.k) == (SpeculativeMode.DRAFT, 2)  # the profile's highest-load K
+    assert plan(pair=profiled, asked=Asked(sampled=True), load=8, live={0: 80.0}, exploring=True).mode == \
+        SpeculativeMode.OFF  # sampled requests follow their own profile
