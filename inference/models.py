@@ -132,7 +132,8 @@ class Generation(models.Model):
     finish_reason = models.CharField(max_length=20, blank=True)
     speculative_mode = models.CharField(max_length=30, blank=True, help_text="How the answer was served: draft, "
                                         "draft-exact-sampling, draft-inexact-sampling, prompt-lookup or off.")
-    speculative_reason = models.CharField(max_length=200, blank=True, help_text="Why this mode and K.")
+    speculative_reason = models.CharField(max_length=1000, blank=True,
+                                          help_text="Why this mode and K (and where the answer was handed over).")
     speculative_k = models.PositiveSmallIntegerField(null=True, blank=True, help_text="K used (fixed-K modes).")
     error = models.TextField(blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)

@@ -96,9 +96,11 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
 
 
 def _record_plan(*, generation: Generation, planned: speculation.Plan) -> None:
+    limit = Generation._meta.get_field("speculative_reason").max_length or 0
+    reason = planned.reason if len(planned.reason) <= limit else planned.reason[:limit - 1] + "…"  # handovers add up
     Generation.objects.filter(id=generation.id).update(
-        speculative_mode=planned.mode, speculative_reason=planned.reason, speculative_k=planned.k)
-    generation.speculative_mode, generation.speculative_reason = planned.mode, planned.reason
+        speculative_mode=planned.mode, speculative_reason=reason, speculative_k=planned.k)
+    generation.speculative_mode, generation.speculative_reason = planned.mode, reason
     generation.speculative_k = planned.k
 
 

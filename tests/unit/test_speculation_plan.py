@@ -4,7 +4,7 @@ import pytest
 
 from inference.engines.rates import StepRates, streams_bucket
 from inference.limits import SpeculativeMode
-from inference.models import ModelPair
+from inference.models import Generation, ModelPair
 from inference.serving.speculation import EXACT_THRESHOLD, Asked, handover, join_running_batch, plan
 
 PROFILE = {"greedy": {"1": 4, "4": 2, "16": 0}, "sampled": {"1": 3, "8": 0}}
@@ -147,6 +147,7 @@ def test_running_answers_move_once_to_a_clearly_faster_path():
     moved = handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60, live=slower_here)
     assert moved is not None and (moved.mode, moved.k) == (SpeculativeMode.OFF, None)
     assert "handed over to the main alone from token 4, 8 running here" in moved.reason
+    assert len(moved.reason) <= Generation._meta.get_field("speculative_reason").max_length  # PostgreSQL enforces it
     assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=20,
                     live=slower_here) is None  # too little left to repay the prefill
     assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60,
