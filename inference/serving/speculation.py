@@ -66,7 +66,7 @@ def _profile(pair: ModelPair, *, sampled: bool) -> list[tuple[int, int]]:
     return sorted((int(streams), int(k)) for streams, k in table.items())
 
 
-def _left_to_the_profile(asked: Asked) -> bool:
+def left_to_the_profile(asked: Asked) -> bool:
     """A greedy request that leaves speculation and K to the pair: the only kind whose K may follow the load."""
     return asked.speculative and not asked.sampled and asked.k is None and asked.threshold is None
 
@@ -169,7 +169,7 @@ def join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, running_
     it takes K=0 (and is handed over when that batch empties), with the speculative batch the K the
     profile chose at its highest load where speculation won. A plan from this worker's own recent
     figures stands: the running answers are handed over to it instead (handover)."""
-    if not _left_to_the_profile(asked) or planned.measured_here:
+    if not left_to_the_profile(asked) or planned.measured_here:
         return planned
     if planned.mode == SpeculativeMode.OFF and running_speculative and not running_alone:
         k = _highest_load_k(pair)
@@ -200,7 +200,7 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
     """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
     for greedy answers the profile or the figures planned (the library cannot change a request's K, so
     moving is a new request that goes on from the answer so far; its greedy tokens are the same)."""
-    if (planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not _left_to_the_profile(asked)
+    if (planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not left_to_the_profile(asked)
             or remaining < HANDOVER_MIN_TOKENS or planned.handed_over):
         return None
     now = plan(pair=pair, asked=asked, load=load, live=live, exploring=exploring)

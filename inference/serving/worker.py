@@ -60,7 +60,7 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     planned = speculation.join_running_batch(
         pair=generation.pair, asked=asked,
         planned=speculation.plan(pair=generation.pair, asked=asked, load=load, live=rates.at_load(load),
-                                 exploring=rates.exploring(load)),
+                                 exploring=speculation.left_to_the_profile(asked) and rates.exploring(load)),
         running_speculative=ENGINES.active_requests(slug=generation.pair.slug, speculative=True),
         running_alone=ENGINES.active_requests(slug=generation.pair.slug, speculative=False))
     _record_plan(generation=generation, planned=planned)
@@ -205,7 +205,7 @@ class Answer:
         self.moving_to = speculation.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
-            live=rates.at_load(load), exploring=rates.exploring(load))
+            live=rates.at_load(load), exploring=speculation.left_to_the_profile(self.asked) and rates.exploring(load))
         if self.moving_to:
             self.request.stop()
 
