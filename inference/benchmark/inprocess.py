@@ -492,20 +492,29 @@ def percentile(values: list[float], pct: int) -> float | None:
     return values[min(len(values) - 1, round(pct / 100 * (len(values) - 1)))]
 
 
-def compare_to_inprocess(rows: list[dict]) -> list[dict]:
+def compare_to_inprocess(rows: list[dict], results: dict[str, dict[str, VariantResult]]) -> list[dict]:
     """Each row of another path gets its ratios to the same variant in-process: tokens/s, speedup,
-    and the TTFT the path adds at p50."""
+    and the TTFT the path adds at p50: the median of its differences to the in-process TTFT of the same
+    prompt and repeat, which were run one after the other (a difference of two medians moved by tens of
+    ms with which prompts fell in the middle)."""
     inprocess = {r["variant"]: r for r in rows if r["path"] == INPROCESS and not r["set"]}
     for row in rows:
         base = inprocess.get(row["variant"])
         if row["path"] == INPROCESS or base is None:
             continue
         row["tokens_per_s_vs_inprocess"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None
-        row["ttft_added_ms_p50"] = (row["ttft_ms_p50"] - base["ttft_ms_p50"]
-                                    if row["ttft_ms_p50"] is not None and base["ttft_ms_p50"] is not None else None)
+        row["ttft_added_ms_p50"] = _median(ttft_added(results[row["path"]][row["variant"]],
+                                                      results[INPROCESS][row["variant"]]))
         row["speedup_vs_inprocess"] = (row["speedup"] / base["speedup"]
                                        if row["speculative"] and row["speedup"] and base["speedup"] else None)
     return rows
+
+
+def ttft_added(path: VariantResult, inprocess: VariantResult) -> list[float]:
+    """Per prompt and repeat, the path's TTFT minus the in-process one."""
+    base = {(s.prompt.text, s.repeat): s.ttft_ms for s in inprocess.samples if s.ttft_ms is not None}
+    return [s.ttft_ms - base[s.prompt.text, s.repeat] for s in path.samples
+            if s.ttft_ms is not None and (s.prompt.text, s.repeat) in base]
 
 
 Column = tuple[str, str, str]  # (header, key, format)

@@ -203,7 +203,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
         "prompt_sets": sorted({p.set for p in prompts}),
         "cost_ratio": cost_ratio,
         "stack_url": stack.base_url if through_stack else None,
-        "rows": compare_to_inprocess(rows),
+        "rows": compare_to_inprocess(rows, results),
         "by_set": [row for name in dict.fromkeys(p.set for p in prompts)
                    for row in summarize({v: r.of_set(name) for v, r in results[INPROCESS].items()},
                                         cost_ratio=cost_ratio, reference=reference, prompt_set=name)],

@@ -22,7 +22,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -145,12 +144,9 @@ class ExactEngine:
         return True  # it runs in this process
 
     def submit(self, *, prompt: str = "", params: DecodingParams, add_special_tokens: bool = True,
-               prompt_ids: list[int] | None = None,
-               before_batch: Callable[[int], object] | None = None) -> ActiveRequest:
+               prompt_ids: list[int] | None = None) -> ActiveRequest:
         prompt_ids = prompt_token_ids(self.tokenizer, prompt=prompt, add_special_tokens=add_special_tokens,
                                       prompt_ids=prompt_ids)
-        if before_batch:
-            before_batch(len(prompt_ids))
         request = ActiveRequest(next(self._ids), prompt_ids, time.perf_counter())
         self.submitted += 1
         with self._lock:

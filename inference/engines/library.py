@@ -108,14 +108,10 @@ class PairEngine:
         return self._reader.is_alive()
 
     def submit(self, *, prompt: str = "", params: DecodingParams, add_special_tokens: bool = True,
-               prompt_ids: list[int] | None = None,
-               before_batch: Callable[[int], object] | None = None) -> ActiveRequest:
-        """Add a request to the batch; `before_batch(prompt_tokens)` runs first (the stream's start event
-        is written before any of its tokens can be)."""
+               prompt_ids: list[int] | None = None) -> ActiveRequest:
+        """Add a request to the batch (its tokens come in its `events`, read by its owner)."""
         prompt_ids = prompt_token_ids(self.tokenizer, prompt=prompt, add_special_tokens=add_special_tokens,
                                       prompt_ids=prompt_ids)
-        if before_batch:
-            before_batch(len(prompt_ids))
         request_id = next(self._ids)
         request = ActiveRequest(request_id, prompt_ids, time.perf_counter(),
                                 on_stop=lambda: self._send(("stop", request_id)))

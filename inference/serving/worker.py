@@ -49,12 +49,6 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     generation = Generation.objects.select_related("pair").filter(id=generation_id).first()
     if generation is None or generation.status != Generation.Status.QUEUED:
         return  # a replayed delivery of a generation that already ran
-    writer = transport.StreamWriter(transport.sync_client(), generation.id)
-    claimed = Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
-        status=Generation.Status.RUNNING, worker=worker_name, started_at=timezone.now()
-    )
-    if not claimed:
-        return
     asked = speculation.Asked(**generation.params.get("asked", {}))
     load, rates = current_load(pair=generation.pair), ENGINES.rates_of(generation.pair.slug)
     planned = speculation.join_running_batch(
@@ -63,7 +57,12 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
                                  exploring=speculation.left_to_the_profile(asked) and rates.exploring(load)),
         running_speculative=ENGINES.active_requests(slug=generation.pair.slug, speculative=True),
         running_alone=ENGINES.active_requests(slug=generation.pair.slug, speculative=False))
-    _record_plan(generation=generation, planned=planned)
+    # One write claims the generation and records its plan (each write before the first token delays it).
+    claimed = Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
+        status=Generation.Status.RUNNING, worker=worker_name, started_at=timezone.now(),
+        **_plan_fields(generation=generation, planned=planned))
+    if not claimed:
+        return
     try:
         engine = load_engine(pair=generation.pair, speculative=planned.speculative,
                              exact_sampling=planned.exact_sampling)
@@ -73,14 +72,15 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         return
     decoding = generation.params["decoding"]
     params = planned_decoding(DecodingParams(**{**decoding, "stop": tuple(decoding["stop"])}), planned)
+    writer = transport.StreamWriter(transport.sync_client(), generation.id)
     request = None
     try:
-        request = engine.submit(
-            prompt=generation.prompt, params=params,
-            add_special_tokens=generation.params.get("add_special_tokens", True),
-            before_batch=lambda prompt_tokens: writer.send({"type": "start", "prompt_tokens": prompt_tokens,
-                                                            "worker": worker_name, **_served(generation)}))
+        request = engine.submit(prompt=generation.prompt, params=params,
+                                add_special_tokens=generation.params.get("add_special_tokens", True))
         RUNNING[str(generation.id)] = request
+        # Written while the prompt is prefilled: only this thread writes the stream, so it precedes every delta.
+        writer.send({"type": "start", "prompt_tokens": request.prompt_tokens, "worker": worker_name,
+                     **_served(generation)})
         answer = Answer(generation=generation, writer=writer, params=params, asked=asked, planned=planned,
                         engine=engine, request=request)
         request = None  # the answer owns it (and any engine it is handed over to) from here
@@ -95,13 +95,18 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         RUNNING.pop(str(generation.id), None)
 
 
-def _record_plan(*, generation: Generation, planned: speculation.Plan) -> None:
+def _plan_fields(*, generation: Generation, planned: speculation.Plan) -> dict:
+    """The plan as the generation records it (also on the instance, for the events that carry it)."""
     limit = Generation._meta.get_field("speculative_reason").max_length or 0
     reason = planned.reason if len(planned.reason) <= limit else planned.reason[:limit - 1] + "…"  # handovers add up
-    Generation.objects.filter(id=generation.id).update(
-        speculative_mode=planned.mode, speculative_reason=reason, speculative_k=planned.k)
-    generation.speculative_mode, generation.speculative_reason = planned.mode, reason
-    generation.speculative_k = planned.k
+    fields = {"speculative_mode": planned.mode, "speculative_reason": reason, "speculative_k": planned.k}
+    for name, value in fields.items():
+        setattr(generation, name, value)
+    return fields
+
+
+def _record_plan(*, generation: Generation, planned: speculation.Plan) -> None:
+    Generation.objects.filter(id=generation.id).update(**_plan_fields(generation=generation, planned=planned))
 
 
 def current_load(*, pair: ModelPair) -> int:
