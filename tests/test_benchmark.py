@@ -99,7 +99,8 @@ def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, liv
                  for sample in results["samples"][row["path"]][row["variant"]]]
         assert row["ttft_added_ms_p50"] == pytest.approx(statistics.median(added))
     concurrency = {(r["variant"], r["concurrency"]): r for r in results["concurrency"]}
-    assert set(concurrency) == {("plain", 1), ("plain", 2), ("K=2", 1), ("K=2", 2)}
+    # Three lines: the main alone, the fixed K, and requests that name no K (the worker plans theirs).
+    assert set(concurrency) == {(variant, level) for variant in ("plain", "K=2", "adaptive") for level in (1, 2)}
     assert all(r["lost"] == 0 and r["failed"] == 0 for r in concurrency.values())
     assert all(b["completed"] == b["concurrency"] for b in results["concurrency_bursts"])
     assert concurrency[("K=2", 2)]["speedup"] == pytest.approx(

@@ -62,6 +62,7 @@ class Variant:
 
 
 PLAIN = Variant("plain", False)
+ADAPTIVE = "adaptive"  # through the stack: a request that names no K, planned by the worker for its load
 
 
 def k_variant(k: int) -> Variant:

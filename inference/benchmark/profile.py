@@ -12,12 +12,11 @@ from dataclasses import asdict, dataclass
 
 from django.utils import timezone
 
-from inference.benchmark.inprocess import PLAIN, Progress, Prompt, Variant, k_variant, timestamp
+from inference.benchmark.inprocess import ADAPTIVE, PLAIN, Progress, Prompt, Variant, k_variant, timestamp
 from inference.benchmark.stack import StreamFn, concurrency_sweep, summarize_concurrency
 from inference.models import BenchmarkRun, ModelPair
 
 SAMPLED_TEMPERATURE = 0.8
-ADAPTIVE = "adaptive"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from inference.benchmark import report
 from inference.benchmark.inprocess import (
+    ADAPTIVE,
     INPROCESS,
     PLAIN,
     Engines,
@@ -142,6 +143,11 @@ def same_prompt_through_chat(*, pair: ModelPair, prompts) -> bool:
     )
 
 
+def concurrency_lines(through_stack: list[Variant]) -> list[Variant]:
+    """The sweeps' lines: the main alone, the first speculative variant, and adaptive (requests naming no K)."""
+    return through_stack[:2] + ([Variant(ADAPTIVE, True)] if len(through_stack) > 1 else [])
+
+
 def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, stack: StackTarget | None = None,
                   progress: Progress | None = None, notes: tuple[str, ...] = (),
                   prompts: list[Prompt] | None = None) -> dict:
@@ -157,7 +163,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
 
         paths = [StackPath(name, stack.client(name)) for name in options.clients]
     levels = sorted(set(options.concurrency)) if through_stack else []
-    sweep_variants = through_stack[:2]  # plain and the first speculative variant
+    sweep_variants = concurrency_lines(through_stack)
     measure_total = (len(variants) + len(paths) * len(through_stack)) * (1 + options.repeats * len(prompts))
     sweep_offset = measure_total + bool(pair.draft_dir)
     steady_offset = sweep_offset + options.repeats * len(levels) * len(sweep_variants)
