@@ -149,8 +149,8 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, mode: SpeculativeMode, load:
 
 
 def _explore(*, pair: ModelPair, live: dict[int, float], load: int) -> Plan:
-    """The path this worker has no figure for at the load, tried as if it were clearly faster (requests
-    joining go to it and running answers are handed over to it, so its steps run alone and count)."""
+    """The path this worker has no figure for at the load, tried as if it were clearly faster: requests
+    joining go to it, and once the other path's answers have ended its steps run alone and count."""
     if 0 not in live:
         return Plan(mode=SpeculativeMode.OFF, measured_here=True,
                     reason=f"exploring: the main alone is not measured here lately at {load} streams")
@@ -168,7 +168,7 @@ def join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, running_
     profile plans joins whichever of the two is running, when only one is: with the main alone's batch
     it takes K=0 (and is handed over when that batch empties), with the speculative batch the K the
     profile chose at its highest load where speculation won. A plan from this worker's own recent
-    figures stands: the running answers are handed over to it instead (handover)."""
+    figures stands: the other path's answers end there (or move, in a batch of 2 or fewer: handover)."""
     if not left_to_the_profile(asked) or planned.measured_here:
         return planned
     if planned.mode == SpeculativeMode.OFF and running_speculative and not running_alone:
@@ -186,11 +186,12 @@ def _highest_load_k(pair: ModelPair) -> int | None:
     return winning[-1][1] if winning else pair.num_assistant_tokens
 
 
-# A running answer the main alone serves moves to speculation by the profile when the pair's batch
-# here has shrunk to this many streams: it must prefill its prompt and answer again on the other
-# pipeline, which only a nearly idle batch repays (a burst's last request otherwise ends alone at the
-# main's 1-stream speed). Where this worker's recent figures at the load say which path is faster,
-# an answer moves to it at any load.
+# A running answer moves to the other pipeline only while the pair's batch here is this small: it must
+# prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins.
+# At 8 streams, answers moved by the figures cost the requests arriving meanwhile 2.6-3.3 s of time to
+# first token (against 0.7 s for a fixed K=5): each saved its own stream ~10% of what was left. By the
+# profile an answer moves from the main alone to speculation (a burst's last request otherwise ends
+# alone at the main's 1-stream speed); by this worker's recent figures, either way.
 HANDOVER_MAX_STREAMS = 2
 HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the prefill
 
@@ -206,7 +207,7 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
     now = plan(pair=pair, asked=asked, load=load, live=live, exploring=exploring)
     if now.mode == planned.mode or (now.mode == SpeculativeMode.DRAFT and now.k is None):
         return None
-    if not now.measured_here and (now.mode == SpeculativeMode.OFF or load > HANDOVER_MAX_STREAMS):
+    if load > HANDOVER_MAX_STREAMS or (now.mode == SpeculativeMode.OFF and not now.measured_here):
         return None
     to = f"K={now.k}" if now.speculative else "the main alone"
     return Plan(mode=now.mode, k=now.k, measured_here=now.measured_here, handed_over=True,

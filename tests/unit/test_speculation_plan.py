@@ -140,22 +140,24 @@ def test_a_workers_recent_figures_at_the_load_outrank_the_profile(live, mode, k,
         SpeculativeMode.OFF  # the sampled profile: figures of the library's greedy pipelines say nothing of it
 
 
-def test_running_answers_move_once_to_a_clearly_faster_path():
+def test_running_answers_move_once_to_a_clearly_faster_path_while_the_batch_is_small():
     profiled = pair(speculation_profile=PROFILE)
     on_k2 = plan(pair=profiled, asked=Asked(), load=8)
     slower_here = {0: 80.0, 2: 60.0}
-    moved = handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60, live=slower_here)
-    assert moved is not None and (moved.mode, moved.k) == (SpeculativeMode.OFF, None)
-    assert "handed over to the main alone from token 4, 8 running here" in moved.reason
-    assert len(moved.reason) <= Generation._meta.get_field("speculative_reason").max_length  # PostgreSQL enforces it
-    assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=20,
-                    live=slower_here) is None  # too little left to repay the prefill
     assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60,
+                    live={0: 80.0, 2: 60.0}) is None  # its prefill would stall the 7 others: new requests follow
+    moved = handover(pair=profiled, asked=Asked(), planned=on_k2, load=2, generated=3, remaining=60, live=slower_here)
+    assert moved is not None and (moved.mode, moved.k) == (SpeculativeMode.OFF, None)
+    assert "handed over to the main alone from token 4, 2 running here" in moved.reason
+    assert len(moved.reason) <= Generation._meta.get_field("speculative_reason").max_length  # PostgreSQL enforces it
+    assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=2, generated=3, remaining=20,
+                    live=slower_here) is None  # too little left to repay the prefill
+    assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=2, generated=3, remaining=60,
                     live={0: 80.0, 2: 75.0}) is None  # not clearly faster: no prefill spent on it
-    assert handover(pair=profiled, asked=Asked(), planned=moved, load=8, generated=40, remaining=60,
+    assert handover(pair=profiled, asked=Asked(), planned=moved, load=2, generated=40, remaining=60,
                     live={0: 80.0, 2: 100.0}) is None  # moved once: it stays (figures swing as answers move)
     on_alone = plan(pair=profiled, asked=Asked(), load=16)
-    to_k2 = handover(pair=profiled, asked=Asked(), planned=on_alone, load=8, generated=3, remaining=60,
+    to_k2 = handover(pair=profiled, asked=Asked(), planned=on_alone, load=2, generated=3, remaining=60,
                      live={0: 80.0, 2: 100.0})
     assert to_k2 is not None and (to_k2.mode, to_k2.k) == (SpeculativeMode.DRAFT, 2)
 
@@ -192,9 +194,8 @@ def test_a_worker_that_measured_one_path_at_a_load_tries_the_other_once_per_figu
     trying = plan(pair=profiled, asked=Asked(), load=8, live={2: 240.0}, exploring=True)
     assert (on_k2.mode, trying.mode, trying.measured_here) == (SpeculativeMode.DRAFT, SpeculativeMode.OFF, True)
     assert trying.reason == "exploring: the main alone is not measured here lately at 8 streams"
-    moved = handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60,
-                     live={2: 240.0}, exploring=True)
-    assert moved is not None and moved.mode == SpeculativeMode.OFF  # its batch goes with it: no contention
+    assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60,
+                    live={2: 240.0}, exploring=True) is None  # only new requests explore: a move stalls the batch
     back = plan(pair=profiled, asked=Asked(), load=16, live={0: 80.0}, exploring=True)
     assert (back.mode, back.k) == (SpeculativeMode.DRAFT, 2)  # the profile's highest-load K
     assert plan(pair=profiled, asked=Asked(sampled=True), load=8, live={0: 80.0}, exploring=True).mode == \
