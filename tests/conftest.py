@@ -28,6 +28,15 @@ STACK_FIXTURES = {"redis_client", "stack_env", "celery_worker", "live_server_url
                   "transactional_db", "db", "client", "admin_client", "django_user_model"}
 
 
+def pytest_sessionstart(session):
+    """A test database file is made anew each session; a write-ahead log a killed session left beside it
+    would be replayed into the new file."""
+    test_name = settings.DATABASES["default"].get("TEST", {}).get("NAME") or ""
+    if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3") and test_name:
+        for leftover in (Path(test_name + "-wal"), Path(test_name + "-shm")):
+            leftover.unlink(missing_ok=True)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if STACK_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("django_db"):

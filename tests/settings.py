@@ -20,7 +20,7 @@ from chatsite.settings import DATABASES, VAR_DIR
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     VAR_DIR.mkdir(parents=True, exist_ok=True)  # absent in a fresh checkout
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.environ.get('SPECCHAT_TEST_REDIS_DB', '15')}.sqlite3")}
-    DATABASES["default"]["OPTIONS"] = {"timeout": 30}
+    DATABASES["default"]["OPTIONS"] = {**DATABASES["default"].get("OPTIONS", {}), "timeout": 30}  # WAL, as served
 elif "SPECCHAT_TEST_REDIS_DB" in os.environ and "TEST" not in DATABASES["default"]:
     # Sessions sharing one PostgreSQL keep their test databases apart (else pytest-django's test_<NAME>).
     DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.environ['SPECCHAT_TEST_REDIS_DB']}"}
