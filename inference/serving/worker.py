@@ -207,6 +207,8 @@ class Answer:
         rates, running = ENGINES.rates_of(slug), ENGINES.active_requests(slug=slug)
         rates.note_load(running)
         load = rates.recent_peak() or running  # the load a request joining now plans for (0: live figures off)
+        if load > speculation.HANDOVER_MAX_STREAMS:
+            return  # no move at this load: not worth working out figures (or starting an exploration) for
         self.moving_to = speculation.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
