@@ -26,15 +26,15 @@ pytestmark = [
 
 
 @pytest.fixture
-def private(demo_pair, stack_env):
+def private(request, demo_pair, stack_env):
     """The demo pair's models as a pair of its own (the session's worker, on another Redis, serves
     demo-code), served by a stack of the test's own; engines renewed every 20 requests, so the soak
-    also runs across pipeline renewals."""
+    also runs across pipeline renewals. Each worker has 8 threads, or `request.param`."""
     pair = ModelPair.objects.create(name="Faults", slug="faults", main_dir=demo_pair.main_dir,
                                     draft_dir=demo_pair.draft_dir, num_assistant_tokens=demo_pair.num_assistant_tokens)
     env = {**stack_env, "SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS": "20"}
     with session_workers_paused(), stack_credentials(max_concurrent=10) as credentials, soak.private_stack(
-            pair=pair, base_env=env, chat_max_concurrent=10) as stack:
+            pair=pair, base_env=env, chat_max_concurrent=10, threads=getattr(request, "param", 8)) as stack:
         yield stack, credentials
 
 
@@ -90,9 +90,11 @@ def test_an_answer_streamed_across_a_redis_restart_loses_and_doubles_nothing(pri
     assert generation.completion_tokens == 400 and text == generation.text
 
 
+@pytest.mark.parametrize("private", [3], indirect=True)
 def test_two_workers_share_a_queue_and_a_killed_one_fails_only_its_own_answers(private):
     """Both workers take answers from the pair's queue; one is killed mid-answer: its answers fail
-    within seconds, the other's finish, and new requests are served by the survivor."""
+    within seconds, the other's finish, and new requests are served by the survivor. With 3 threads
+    each, a burst of 6 must go to both (a worker reserves no more tasks than it has threads)."""
     stack, credentials = private
 
     async def burst(n: int, max_tokens: int):
