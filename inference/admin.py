@@ -44,7 +44,7 @@ class ModelPairAdmin(admin.ModelAdmin):
                                              "allow_inexact_sampling", "speculation_profile", "profile_run",
                                              "live_figures")}),
         ("Limits and precision", {"fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens",
-                                             "inference_precision", "kv_cache_precision")}),
+                                             "prefill_first", "inference_precision", "kv_cache_precision")}),
         ("Latest benchmark", {"fields": ("latest_benchmark",)}),
     )
 

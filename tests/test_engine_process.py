@@ -88,3 +88,57 @@ def test_a_smaller_scheduler_budget_prefills_in_chunks_and_keeps_the_answer(main
     assert finished.finish_reason in ("stop", "length")
     assert engine.tokenizer.decode(tokens) == main_alone_greedy(prompt, 24)
     engine.close()
+
+
+def test_prefilling_whole_prompts_first_takes_a_prompt_longer_than_the_default_budget(main_alone_greedy):
+    """A pair that prefills whole prompts first (dynamic_split_fuse off) gets a step budget of the model's
+    context: a prompt over the library's default of 256 tokens, joining a running answer, is served (the
+    library fails a step whose prompt exceeds the budget), and both greedy answers are exactly the main's."""
+    long_prompt = "".join(f"def helper_{i}(values):\n    return sorted(values)[{i}]\n\n" for i in range(20)) + PROMPT
+    engine = EngineRegistry().get(replace(SPEC, prefill_first=True))
+    assert engine.spec.step_budget == 1024  # the demo main's context
+    running = engine.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=48, num_assistant_tokens=3))
+    first = running.events.get(timeout=60)
+    assert isinstance(first, StepTokens)
+    joining = engine.submit(prompt=long_prompt, params=DecodingParams(max_new_tokens=24, num_assistant_tokens=3))
+    assert joining.prompt_tokens > 256
+    joined_tokens, joined_end = drain(joining)
+    running_tokens, running_end = drain(running)
+    assert (joined_end.finish_reason, running_end.finish_reason) == ("length", "length"), (joined_end, running_end)
+    assert engine.tokenizer.decode(joined_tokens) == main_alone_greedy(long_prompt, 24)
+    assert engine.tokenizer.decode(first.token_ids + running_tokens) == main_alone_greedy(PROMPT, 48)
+    engine.close()
+
+
+def test_an_engine_due_for_renewal_waits_for_a_quiet_moment_unless_far_past_due():
+    """Building a pipeline takes the cores for seconds: a renewal under load slowed every stream. An engine
+    past `renew_after` requests is renewed once the pair runs at most one request, or at any load once it
+    has taken twice as many."""
+    spec = replace(SPEC, speculative=False)
+    params = DecodingParams(max_new_tokens=64, ignore_eos=True)
+    registry = EngineRegistry(renew_after=2)
+    engine = registry.get(spec)
+    answers = [engine.submit(prompt=PROMPT, params=params) for _ in range(2)]
+    assert registry.get(spec) is engine and spec not in registry._renewing  # due, but two answers run
+    for answer in answers:
+        assert drain(answer)[1].finish_reason == "length"
+    assert registry.get(spec) is engine  # quiet now: renewed in the background, the old engine serves meanwhile
+    deadline = time.monotonic() + 60
+    while registry.get(spec) is engine and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert registry.renewed == 1
+    renewed = registry.get(spec)
+    assert renewed is not engine and renewed.alive
+
+    registry = EngineRegistry(renew_after=1)
+    engine = registry.get(spec)
+    answers = [engine.submit(prompt=PROMPT, params=params) for _ in range(2)]
+    registry.get(spec)  # twice past due with two answers running: renewed anyway
+    for answer in answers:
+        drain(answer)
+    deadline = time.monotonic() + 60
+    while registry.get(spec) is engine and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert registry.renewed == 1
+    for held in (renewed, registry.get(spec)):
+        held.close()

@@ -19,9 +19,9 @@ from django.views.decorators.csrf import csrf_exempt
 from inference import errors, selectors, transport
 from inference.api import auth, openapi, parsing, sse
 from inference.api.shapes import Shape, error_body, usage
+from inference.engines.base import context_length
 from inference.metrics import exposition
 from inference.models import Generation, ModelPair
-from inference.pairs import checks
 from inference.serving import web
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def _models() -> list[dict]:
     states = selectors.pair_states(client=transport.sync_client())
     return [{"id": pair.slug, "object": "model", "created": int(pair.created_at.timestamp()), "owned_by": "specchat",
              "name": pair.name, "speculative": pair.is_speculative, "state": states[pair.slug].state,
-             "max_model_len": checks.context_length(settings.MODELS_ROOT / pair.main_dir)}
+             "max_model_len": context_length(settings.MODELS_ROOT / pair.main_dir)}
             for pair in ModelPair.objects.filter(enabled=True)]
 
 

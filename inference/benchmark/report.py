@@ -118,8 +118,10 @@ def bar_line(bar: dict) -> str:
 
 
 def scheduler_budget(results: dict) -> str:
-    budget = results.get("scheduler_budget")
-    return f"scheduler budget {budget or 'the library default, 256'} tokens per step"
+    scheduler = results.get("scheduler") or {}
+    budget = scheduler.get("budget") or "the library default, 256"
+    how = "whole prompts prefilled first" if scheduler.get("prefill_first") else "prompts split and fused with decodes"
+    return f"scheduler: {how}, up to {budget} tokens per step"
 
 
 def print_report(results: dict, out=print) -> None:
@@ -214,7 +216,8 @@ def render_markdown(results: dict, *, plots: list[str]) -> str:
     if results.get("steady"):
         parts += [f"### {STEADY_TITLE} ({o['concurrency_client']}, {o['steady_rounds']} answers per client)",
                   ("N clients each ask again as soon as their answer ends, their first requests spread over one lone "
-                   "answer's time; counted are the requests sent while every client was asking."),
+                   "answer's time; answers are 0.5-1.5x the set length (the same lengths for every variant); counted "
+                   "are the requests sent while every client was asking."),
                   markdown_table(results["steady"], STEADY_COLUMNS)]
     parts += ["### Bars", "\n".join(f"- {bar_line(b)}" for b in results["bars"]) or "- none measured"]
     parts += [f"![{name}]({name})" for name in plots]

@@ -204,7 +204,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
                     "platform": platform.platform(), "load_average": os.getloadavg(),
                     "openvino_genai": openvino_genai.__version__},
         "options": options.as_json(),
-        "scheduler_budget": pair.max_num_batched_tokens,  # None: the library's default (256)
+        "scheduler": {"prefill_first": engines.spec.prefill_first, "budget": engines.spec.step_budget},  # None: 256
         "prompts": len(prompts),
         "prompt_sets": sorted({p.set for p in prompts}),
         "cost_ratio": cost_ratio,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -123,8 +124,8 @@ def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180)
 @contextmanager
 def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
     """daphne and one Celery worker for the pair's queue (as `manage.py serve` runs them) on a free
-    port, with this process's settings; yields the base URL. Refuses to start while another worker
-    takes the pair's queue, since it would take part of the load."""
+    port, with this process's settings (engines not renewed); yields the base URL. Refuses to start
+    while another worker takes the pair's queue, since it would take part of the load."""
     others = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
     if others:
         raise StackError(f"worker(s) {', '.join(others)} already serve {pair.queue}: stop them, or benchmark "
@@ -132,7 +133,10 @@ def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
     root = Path(settings.BASE_DIR)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "chatsite.settings"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
-           "SPECCHAT_CHAT_MAX_CONCURRENT": str(worker_threads)}  # the benchmark user's websocket sweep, as its key
+           "SPECCHAT_CHAT_MAX_CONCURRENT": str(worker_threads),  # the benchmark user's websocket sweep, as its key
+           # No engine renewal within the run: a pipeline built mid-run takes the cores for seconds and
+           # would be charged to whichever line ran then (the soak covers renewals).
+           "SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS": "0"}
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="specchat-bench-") as logs:
         worker_log, web_log = Path(logs, "worker.log"), Path(logs, "daphne.log")
@@ -393,8 +397,10 @@ def steady_sweep(*, stream: StreamFn, prompts: list[Prompt], levels: list[int], 
                  max_new_tokens: int, rounds: int, progress: Progress | None = None) -> list[dict]:
     """N clients that each ask again as soon as their answer ends, their first requests spread over one
     lone answer's time: a team's load, where a request arrives while the others run. (A burst, above,
-    is the worst case for time to first token: N prefills at once.) Counted: the requests sent while
-    every client was in its loop, not the ramp up or down."""
+    is the worst case for time to first token: N prefills at once.) Answers are 0.5-1.5x `max_new_tokens`
+    long, the same lengths for every variant: answers of one length, run at one speed, end together and
+    send their next requests in clumps (a burst each time). Counted: the requests sent while every client
+    was in its loop, not the ramp up or down."""
     rows, total = [], len(levels) * len(variants)
     for level in levels:
         for variant in variants:
@@ -417,12 +423,14 @@ async def _steady(*, stream: StreamFn, prompts: list[Prompt], level: int, varian
     failed: list[str] = []
 
     async def client(index: int) -> list[Sample]:
+        lengths = random.Random(index)  # the same spread of lengths for every variant
         await asyncio.sleep(index * spacing)
         answered = []
         for turn in range(rounds):
             try:
-                answered.append(await stream(prompt=prompts[(index + turn * level) % len(prompts)],
-                                             variant=variant, max_new_tokens=max_new_tokens))
+                answered.append(await stream(prompt=prompts[(index + turn * level) % len(prompts)], variant=variant,
+                                             max_new_tokens=lengths.randint(max_new_tokens // 2,
+                                                                            max(max_new_tokens * 3 // 2, 1))))
             except Exception as exc:  # counted, as a burst counts it; the other clients go on
                 failed.append(f"{type(exc).__name__}: {exc}")
         return answered

@@ -8,9 +8,11 @@ ActiveRequest whose `events` queue the caller drains. Nothing here knows Django,
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import NamedTuple
 
 import openvino_genai as og
@@ -28,6 +30,7 @@ class PairSpec:
     device: str = "CPU"
     cache_size_gb: int = 1
     max_num_batched_tokens: int | None = None  # None: the library's default
+    prefill_first: bool = False  # whole prompts in steps of their own (the library's dynamic_split_fuse off)
     inference_precision: str = "f32"
     kv_cache_precision: str = "f32"
     speculative: bool = True
@@ -53,6 +56,14 @@ class PairSpec:
         pair also builds its main alone and its exact-sampling engine, on demand)."""
         return not self.exact_sampling and (self.speculative or not (self.draft_dir or self.prompt_lookup))
 
+    @property
+    def step_budget(self) -> int | None:
+        """Tokens one scheduler step may take (None: the library's default). Prefilling whole prompts, a
+        step must hold the longest prompt the model takes: the library fails a step whose prompt is longer."""
+        if self.prefill_first:
+            return max(self.max_num_batched_tokens or 0, context_length(Path(self.main_dir)))
+        return self.max_num_batched_tokens
+
     def device_properties(self) -> dict[str, str]:
         props = {}
         if self.inference_precision:
@@ -64,6 +75,18 @@ class PairSpec:
             # token and for K+1 verified tokens; near-ties then flip (2 of 16 demo answers differed).
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
         return props
+
+
+DEFAULT_CONTEXT = 2048
+
+
+def context_length(main: Path) -> int:
+    """The main model's context window, from its config.json."""
+    try:
+        config = json.loads((main / "config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_CONTEXT
+    return int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)
 
 
 @dataclass(frozen=True, kw_only=True)

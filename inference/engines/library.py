@@ -40,10 +40,11 @@ LOAD_TIMEOUT_S = 600
 def build_pipeline(spec: PairSpec) -> og.ContinuousBatchingPipeline:
     scheduler = og.SchedulerConfig()
     scheduler.cache_size = spec.cache_size_gb
-    if spec.max_num_batched_tokens:
-        scheduler.max_num_batched_tokens = spec.max_num_batched_tokens
+    scheduler.dynamic_split_fuse = not spec.prefill_first
+    if spec.step_budget:
+        scheduler.max_num_batched_tokens = spec.step_budget
         # the library requires max_num_seqs <= max_num_batched_tokens
-        scheduler.max_num_seqs = min(scheduler.max_num_seqs, spec.max_num_batched_tokens)
+        scheduler.max_num_seqs = min(scheduler.max_num_seqs, spec.step_budget)
     props: dict = dict(spec.device_properties())
     if spec.uses_draft:
         props["draft_model"] = og.draft_model(spec.draft_dir, spec.device, **spec.device_properties())

@@ -7,7 +7,6 @@ must all agree.
 
 from __future__ import annotations
 
-import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -26,7 +25,6 @@ PROBE_STRINGS = (
     "<|endoftext|>",
     "",
 )
-DEFAULT_CONTEXT = 2048
 
 
 class PairFolderError(ValueError):
@@ -78,15 +76,6 @@ def tokenizer_differences(main: Path, draft: Path) -> list[str]:
         if ids_a != ids_b:
             problems.append(f"probe {probe[:30]!r} encodes differently")
     return problems
-
-
-def context_length(main: Path) -> int:
-    """The main model's context window, from its config.json."""
-    try:
-        config = json.loads((main / "config.json").read_text())
-    except (OSError, ValueError):
-        return DEFAULT_CONTEXT
-    return int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)
 
 
 def validate_pair_fields(

@@ -26,6 +26,7 @@ def pair_spec(*, pair: ModelPair, speculative: bool = True, exact_sampling: bool
         device=pair.device,
         cache_size_gb=pair.cache_size_gb,
         max_num_batched_tokens=pair.max_num_batched_tokens,
+        prefill_first=pair.prefill_first,
         inference_precision=pair.inference_precision,
         kv_cache_precision=pair.kv_cache_precision,
         speculative=speculative and pair.is_speculative,

@@ -27,7 +27,7 @@ from kombu.exceptions import OperationalError
 
 from inference import errors, limits, selectors, transport
 from inference.celery_worker import worker_command_line
-from inference.engines.base import DecodingParams, Sampling
+from inference.engines.base import DecodingParams, Sampling, context_length
 from inference.models import Generation, ModelPair
 from inference.pairs import checks
 from inference.serving import speculation
@@ -136,7 +136,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         raise errors.InvalidValue(
             f"max_tokens is {max_new}, over this pair's cap of {pair.max_new_tokens_cap}.", param="max_tokens"
         )
-    context = checks.context_length(Path(settings.MODELS_ROOT) / pair.main_dir)
+    context = context_length(Path(settings.MODELS_ROOT) / pair.main_dir)
     if prompt_tokens >= context:
         raise errors.ContextLengthExceeded(
             f"The prompt is {prompt_tokens} tokens, over the model's context of {context} tokens.",

@@ -72,6 +72,18 @@ def test_the_profile_takes_a_k_only_where_it_clearly_beats_the_main_alone():
     assert best_k_by_level(rows) == {"1": 5, "4": 0, "16": 0}
 
 
+def test_an_unbatched_engine_is_kept_only_where_the_next_load_does_not_take_it_back():
+    """The exact engine serves one request at a time and a running answer cannot leave it: a burst's first
+    request, planned for 1 stream, would hold it while the burst runs on the main alone."""
+    from inference.benchmark.profile import best_k_by_level
+
+    rows = [{"variant": v, "concurrency": c, "throughput": t} for v, c, t in [
+        ("plain", 1, 45.8), ("K=2", 1, 68.1), ("plain", 2, 60.0), ("K=2", 2, 73.0),
+        ("plain", 8, 203.0), ("K=2", 8, 68.4)]]
+    assert best_k_by_level(rows) == {"1": 2, "2": 2, "8": 0}
+    assert best_k_by_level(rows, unbatched=True) == {"1": 0, "2": 0, "8": 0}
+
+
 @pytest.mark.parametrize(("asked", "load", "remaining", "moves"), [
     (Asked(), 2, 100, True),
     (Asked(), 3, 100, False),  # the batch is still busy: another prefill would not pay
