@@ -206,6 +206,31 @@ def test_an_answer_the_main_alone_began_moves_to_speculation_when_the_load_falls
     assert long.json()["choices"][0]["text"] == main_alone_greedy(PROMPT, 160)
 
 
+@pytest.mark.usefixtures("celery_worker")
+def test_a_sampled_answer_leaves_the_exact_engine_when_a_second_request_arrives(live_server_url, demo_pair, api_key):
+    """The profile sends a lone sampled request to the exact engine and two to the main alone: the first
+    answer goes on with the main alone once the second arrives (the exact engine runs beside the main
+    alone's batch on the same cores), and its client sees one answer of the length asked."""
+    demo_pair.speculation_profile = {"greedy": {"1": 3}, "sampled": {"1": 2, "2": 0}}
+    demo_pair.save()
+    sampled = {"model": "demo-code", "ignore_eos": True, "temperature": 0.8, "stream": True}
+    first = post(live_server_url, "/v1/completions", api_key.secret,
+                 {**sampled, "prompt": PROMPT, "max_tokens": 200}, stream=True)
+    events = sse_events(first)
+    text = next(chunk_text(data) for _, data in events if chunk_text(data))  # the exact engine runs it
+    second = post(live_server_url, "/v1/completions", api_key.secret,
+                  {**sampled, "prompt": "class Stack:", "max_tokens": 64, "stream": False})
+    text += "".join(chunk_text(data) for _, data in events)
+
+    assert second.status_code == 200, second.text
+    assert second.json()["usage"]["speculative_mode"] == "off"  # the main alone at 2 streams
+    generation = wait_until_done(first.headers["X-Generation-Id"])
+    assert generation.status == Generation.Status.FINISHED and generation.completion_tokens == 200
+    assert generation.speculative_reason.startswith("best K at 1+ streams (measured)")  # how it began...
+    assert "; handed over to the main alone from token" in generation.speculative_reason  # ...and went on
+    assert generation.speculative_mode == "off" and text == generation.text
+
+
 def test_a_worker_plans_from_what_its_engines_delivered_lately_over_the_profile(
         live_server_url, demo_pair, api_key, main_alone_greedy, stack_env, redis_client, tmp_path, admin_client):
     """The profile (measured on another day, maybe) says the main alone; once this worker has run both

@@ -7,7 +7,6 @@ main alone, the best fixed K, and adaptive (requests that name no K)."""
 
 from __future__ import annotations
 
-import itertools
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -16,6 +15,7 @@ from django.utils import timezone
 from inference.benchmark.inprocess import ADAPTIVE, PLAIN, Progress, Prompt, Variant, k_variant, timestamp
 from inference.benchmark.stack import StreamFn, concurrency_sweep, summarize_concurrency
 from inference.models import BenchmarkRun, ModelPair
+from inference.serving.speculation import quickest_k
 
 SAMPLED_TEMPERATURE = 0.8
 
@@ -42,24 +42,17 @@ def variants(*, ks: tuple[int, ...], temperature: float) -> list[Variant]:
 MARGIN_OVER_PLAIN = 1.10
 
 
-def best_k_by_level(rows: list[dict], *, margin: float = MARGIN_OVER_PLAIN, unbatched: bool = False) -> dict[str, int]:
-    """{streams: K}: at each level the fastest K if it beats the main alone by `margin`, else 0. `unbatched`
-    (the exact engine, one request at a time, which a running answer cannot leave): a K is kept only where
-    the main alone also loses at the next level."""
+def best_k_by_level(rows: list[dict], *, margin: float = MARGIN_OVER_PLAIN) -> dict[str, int]:
+    """{streams: K}: at each level the fastest K (quickest_k: the smallest as fast) of those that beat the
+    main alone by `margin`, else 0."""
     best: dict[str, int] = {}
     for level in sorted({row["concurrency"] for row in rows}):
         at_level = {int(row["variant"].removeprefix("K=")): row["throughput"]
                     for row in rows if row["concurrency"] == level and row["variant"] != PLAIN.name}
         plain = next((row["throughput"] for row in rows if row["concurrency"] == level
                       and row["variant"] == PLAIN.name), 0.0)
-        fastest = max(at_level, key=lambda k: at_level[k], default=0)
-        best[str(level)] = fastest if at_level and at_level[fastest] >= margin * plain else 0
-    if unbatched:
-        # A burst's first request plans for the load it sees on arrival, then shares the worker with the rest:
-        # at 1 stream the exact engine gave 1.49x the main alone, and bursts of 8 and 16 then ran at 0.71x.
-        for level, above in reversed(list(itertools.pairwise(best))):  # from the top: a zero carries down
-            if not best[above]:
-                best[level] = 0
+        winning = {k: rate for k, rate in at_level.items() if rate >= margin * plain}
+        best[str(level)] = quickest_k(winning) if winning else 0
     return best
 
 
@@ -85,7 +78,7 @@ def measure_profile(*, stream: StreamFn, prompts: list[Prompt], options: Profile
                                     variants=variants(ks=options.ks, temperature=temperature),
                                     max_new_tokens=options.max_new_tokens, repeats=options.repeats, progress=progress)
         rows = summarize_concurrency(records)
-        sweeps[mode] = {"rows": rows, "profile": best_k_by_level(rows, unbatched=bool(temperature)),
+        sweeps[mode] = {"rows": rows, "profile": best_k_by_level(rows),
                         "best_fixed_k": best_fixed_k(rows)}
     return sweeps
 

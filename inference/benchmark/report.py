@@ -158,8 +158,6 @@ def print_report(results: dict, out=print) -> None:
         out(f"\nNote: {note}")
 
 
-
-
 def _chosen(results: dict) -> str:
     return next((r["variant"] for r in results["sampled"] if r.get("chosen")), "none")
 

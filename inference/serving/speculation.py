@@ -71,6 +71,18 @@ def left_to_the_profile(asked: Asked) -> bool:
     return asked.speculative and not asked.sampled and asked.k is None and asked.threshold is None
 
 
+# Ks within this fraction of the fastest one's tokens/s are as fast as it (one burst of the benchmark
+# varies by 5-10% here). The smallest of them serves: its steps are shorter, so a request joining the
+# batch waits less for its first token.
+AS_FAST = 0.97
+
+
+def quickest_k(rates: dict[int, float]) -> int:
+    """The smallest K as fast as the fastest, from {K: tokens/s}."""
+    top = max(rates.values())
+    return min(k for k, rate in rates.items() if rate >= AS_FAST * top)
+
+
 # This worker's recent figures decide where one path is this much faster than the other at the load
 # (it repays a handover's prefill; one burst of the benchmark varies by 5-10% here). Closer than that,
 # the two are as good as each other: the request joins the batch that runs, or the main alone.
@@ -79,12 +91,12 @@ LIVE_MARGIN = 1.10
 
 def live_k(live: dict[int, float] | None) -> tuple[int | None, str] | None:
     """(the clearly faster K, 0 for the main alone, or None if neither is; the figures) from {K: tokens/s}
-    measured lately at the load, when the main alone (K=0) and a K are in it."""
+    measured lately at the load, when the main alone (K=0) and a K are in it; of several Ks, quickest_k's."""
     alone = (live or {}).get(0)
     drafted = {k: rate for k, rate in (live or {}).items() if k > 0}
     if not alone or not drafted:
         return None
-    k = max(drafted, key=lambda candidate: drafted[candidate])
+    k = quickest_k(drafted)
     figures = f"K={k} {drafted[k]:.0f} tok/s, the main alone {alone:.0f} tok/s"
     if drafted[k] >= LIVE_MARGIN * alone:
         return k, figures
@@ -199,10 +211,14 @@ HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the 
 def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
              live: dict[int, float] | None = None, exploring: bool = False) -> Plan | None:
     """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
-    for greedy answers the profile or the figures planned (the library cannot change a request's K, so
-    moving is a new request that goes on from the answer so far; its greedy tokens are the same)."""
-    if (planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not left_to_the_profile(asked)
-            or remaining < HANDOVER_MIN_TOKENS or planned.handed_over):
+    for greedy answers the profile or the figures planned, and off the exact engine for sampled ones (the
+    library cannot change a request's K, so moving is a new request that goes on from the answer so far;
+    its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way)."""
+    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over:
+        return None
+    if planned.exact_sampling:
+        return _off_the_exact_engine(pair=pair, asked=asked, planned=planned, load=load, generated=generated)
+    if planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not left_to_the_profile(asked):
         return None
     now = plan(pair=pair, asked=asked, load=load, live=live, exploring=exploring)
     if now.mode == planned.mode or (now.mode == SpeculativeMode.DRAFT and now.k is None):
@@ -213,6 +229,21 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
     return Plan(mode=now.mode, k=now.k, measured_here=now.measured_here, handed_over=True,
                 reason=f"{planned.reason}; handed over to {to} from token {generated + 1}, {load} running here "
                        f"({now.reason})")
+
+
+def _off_the_exact_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int) -> Plan | None:
+    """A sampled answer the profile sent to the exact engine goes on with the main alone as soon as the
+    profile says the main alone at the load, whatever the load: the exact engine runs each request on its
+    own, beside the main alone's batch on the same cores (a burst's first request, planned for one stream,
+    held it while the other 7 ran on the main alone: the burst ran at 0.71x the main alone's speed)."""
+    if not asked.speculative or asked.k is not None or asked.threshold is not None:
+        return None  # the request asked for this engine
+    now = plan(pair=pair, asked=asked, load=load)
+    if now.mode != SpeculativeMode.OFF:
+        return None
+    return Plan(mode=now.mode, handed_over=True,
+                reason=f"{planned.reason}; handed over to the main alone from token {generated + 1}, {load} running "
+                       f"here ({now.reason})")
 
 
 def _join(*parts: str) -> str:

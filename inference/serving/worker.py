@@ -199,15 +199,18 @@ class Answer:
             self.pending = []
 
     def _consider_handover(self) -> None:
-        """Stop this request to go on elsewhere if the load now calls for another engine (greedy only,
-        and no stop strings: the library would not see one that began before the handover)."""
-        if self.moving_to or self.request.stop_requested or self.params.stop or self.params.temperature > 0:
+        """Stop this request to go on elsewhere if the load now calls for another engine (greedy, or
+        sampled on the exact engine; no stop strings: the library would not see one that began before
+        the handover)."""
+        exact = self.planned.exact_sampling
+        if (self.moving_to or self.request.stop_requested or self.params.stop
+                or (self.params.temperature > 0 and not exact)):
             return
         slug = self.generation.pair.slug
         rates, running = ENGINES.rates_of(slug), ENGINES.active_requests(slug=slug)
         rates.note_load(running)
         load = rates.recent_peak() or running  # the load a request joining now plans for (0: live figures off)
-        if load > speculation.HANDOVER_MAX_STREAMS:
+        if load > speculation.HANDOVER_MAX_STREAMS and not exact:
             return  # no move at this load: not worth working out figures (or starting an exploration) for
         self.moving_to = speculation.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
