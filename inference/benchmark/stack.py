@@ -33,6 +33,7 @@ from inference import selectors, transport
 from inference.api.auth import set_new_key
 from inference.benchmark.inprocess import Progress, Prompt, Sample, Variant, percentile
 from inference.celery_worker import worker_command
+from inference.engines.rates import LOAD_MEMORY_S
 from inference.limits import ServingState
 from inference.models import ApiKey, Generation, ModelPair
 
@@ -351,22 +352,35 @@ def concurrency_sweep(
     *, stream: StreamFn, prompts: list[Prompt], levels: list[int], variants: list[Variant], max_new_tokens: int,
     repeats: int, progress: Progress | None = None,
 ) -> list[dict]:
-    """Bursts of N simultaneous streams, interleaved repeat -> level -> variant; one record per burst.
-    Each variant first runs once unrecorded: a worker loads an engine on its first use (the main alone,
-    the exact engine), and that load must not count as the first level's throughput."""
+    """Bursts of N simultaneous streams, interleaved repeat -> level -> variant, the variants' order turned
+    by one each repeat (the host's speed drifts within a minute here: a line always run last would carry
+    it); one record per burst. Each variant first runs once unrecorded: a worker loads an engine on its
+    first use (the main alone, the exact engine), and that load must not count as the first level's."""
     records, total = [], repeats * len(levels) * len(variants)
     for variant in variants:
         asyncio.run(_burst(stream=stream, prompts=prompts, level=1, variant=variant,
                            max_new_tokens=min(8, max_new_tokens)))
+    previous = sys.maxsize
     for repeat in range(repeats):
         for level in levels:
-            for variant in variants:
+            previous = _load_memory_faded(previous=previous, level=level)
+            turn = repeat % len(variants)
+            for variant in variants[turn:] + variants[:turn]:
                 record = asyncio.run(_burst(stream=stream, prompts=prompts, level=level, variant=variant,
                                             max_new_tokens=max_new_tokens))
                 records.append({**record, "repeat": repeat})
                 if progress:
                     progress(len(records), total, f"{level} streams {variant.name} repeat {repeat + 1}/{repeats}")
     return records
+
+
+def _load_memory_faded(*, previous: int, level: int) -> int:
+    """Waits, before a smaller load than the last, until the worker no longer plans for the last: its
+    requests plan for the most streams it ran in the last LOAD_MEMORY_S (engines/rates.py), and a
+    1-stream burst run 3 s after one of 16 was planned for 4+ streams. Returns the load now measured."""
+    if level < previous:
+        time.sleep(LOAD_MEMORY_S)
+    return level
 
 
 async def _burst(*, stream: StreamFn, prompts: list[Prompt], level: int, variant: Variant,
@@ -401,8 +415,9 @@ def steady_sweep(*, stream: StreamFn, prompts: list[Prompt], levels: list[int], 
     long, the same lengths for every variant: answers of one length, run at one speed, end together and
     send their next requests in clumps (a burst each time). Counted: the requests sent while every client
     was in its loop, not the ramp up or down."""
-    rows, total = [], len(levels) * len(variants)
+    rows, total, previous = [], len(levels) * len(variants), sys.maxsize
     for level in levels:
+        previous = _load_memory_faded(previous=previous, level=level)
         for variant in variants:
             rows.append(asyncio.run(_steady(stream=stream, prompts=prompts, level=level, variant=variant,
                                             max_new_tokens=max_new_tokens, rounds=rounds)))
