@@ -1,6 +1,7 @@
 """Sampled answers are drawn from the main model's own distribution, on every path the product
-serves them from: the exact engine at several K and sampling settings. The library's own sampling
-with a draft is not, today: a test says so, and fails the day an upgrade fixes it."""
+serves them from: the exact engine at several K and sampling settings, and an answer it began that
+the main alone goes on with. The library's own sampling with a draft is not, today: a test says so,
+and fails the day an upgrade fixes it."""
 
 from __future__ import annotations
 
@@ -23,16 +24,19 @@ PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
 SPEC = PairSpec(slug="distribution", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"))
 
 
-def sampler(engine, **sampling):
+def sampler(engine, new_tokens: int = NEW_TOKENS, **sampling):
     def sample(seed: int) -> tuple[int, ...]:
-        params = DecodingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, seed=seed, **sampling)
-        request = engine.submit(prompt=PROMPT, params=params)
-        tokens: list[int] = []
-        while not isinstance(event := request.events.get(timeout=120), Finished):
-            tokens += event.token_ids
-        assert event.finish_reason == "length", event
-        return tuple(tokens)
+        params = DecodingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=seed, **sampling)
+        return drain(engine.submit(prompt=PROMPT, params=params))
     return sample
+
+
+def drain(request) -> tuple[int, ...]:
+    tokens: list[int] = []
+    while not isinstance(event := request.events.get(timeout=120), Finished):
+        tokens += event.token_ids
+    assert event.finish_reason == "length", event
+    return tuple(tokens)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +65,29 @@ def test_exact_engine_samples_follow_the_main_alone(main_alone, exact, sampling)
     report = compare(tested, reference)
     assert not differs(report), report
     assert len(set(tested)) > 20  # a spread-out distribution, or the test would prove little
+
+
+def test_an_answer_handed_over_from_the_exact_engine_to_the_main_alone_follows_the_main_alone(main_alone, exact):
+    """As the load rises the worker moves a sampled answer off the exact engine: the main alone goes on
+    from the prompt's ids and the tokens so far, with the request's own settings and seed. Two tokens
+    from the exact engine, then two from the main alone: all four, and the pair across the handover,
+    follow the main alone's own distribution."""
+    sampling = {"temperature": 0.8}
+
+    def handed_over(seed: int) -> tuple[int, ...]:
+        begun = exact.submit(prompt=PROMPT, params=DecodingParams(
+            max_new_tokens=2, ignore_eos=True, seed=seed, num_assistant_tokens=3, **sampling))
+        so_far = drain(begun)
+        return so_far + drain(main_alone.submit(prompt_ids=begun.prompt_ids + list(so_far), params=DecodingParams(
+            max_new_tokens=2, ignore_eos=True, seed=seed, **sampling)))
+
+    reference = samples(sampler(main_alone, new_tokens=4, **sampling), range(N), threads=16)
+    tested = samples(handed_over, range(30_000, 30_000 + N))
+    whole = compare(tested, reference, positions=4)
+    # the joint of the exact engine's last token and the main alone's first
+    across = compare([s[1:] for s in tested], [s[1:] for s in reference], positions=1)
+    assert not differs(whole) and not differs(across), (whole, across)
+    assert len(set(tested)) > 20
 
 
 def test_the_librarys_own_sampling_with_a_draft_is_still_inexact(main_alone):

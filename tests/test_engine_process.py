@@ -142,3 +142,27 @@ def test_an_engine_due_for_renewal_waits_for_a_quiet_moment_unless_far_past_due(
     assert registry.renewed == 1
     for held in (renewed, registry.get(spec)):
         held.close()
+
+
+FRESH_PROCESS_BURST = """
+import sys, threading
+from concurrent.futures import ThreadPoolExecutor
+from inference.engines.base import load_tokenizer, prompt_token_ids
+tokenizer = load_tokenizer(sys.argv[1])
+together = threading.Barrier(16)
+def encode(i):
+    together.wait()
+    return prompt_token_ids(tokenizer, prompt=f"def f{i}(x):", add_special_tokens=True, prompt_ids=None)
+with ThreadPoolExecutor(16) as pool:
+    list(pool.map(encode, range(16)))
+"""
+
+
+def test_a_burst_of_requests_at_a_fresh_worker_tokenizes_from_many_threads_at_once():
+    """The first tensor turned into numpy in openvino's bindings sets up their numpy API, and threads
+    doing that at once deadlock: a fresh process whose 16 threads encode together hung forever (4 of 4
+    without the engines' first encode, 0 of 36 with it), as a burst's task threads at a new worker would."""
+    for _ in range(4):
+        fresh = subprocess.run([sys.executable, "-c", FRESH_PROCESS_BURST, SPEC.main_dir], cwd=settings.BASE_DIR,
+                               timeout=60, check=False)
+        assert fresh.returncode == 0

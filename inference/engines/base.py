@@ -138,6 +138,16 @@ class DecodingParams(Sampling):
         return cfg
 
 
+def load_tokenizer(folder: str | Path) -> og.Tokenizer:
+    """The folder's OpenVINO tokenizer, used once before any other thread can use it: the first tensor
+    turned into numpy in openvino's bindings sets up their numpy API, and threads doing that at once
+    deadlock (seen: a fresh process whose 16 threads encode together hangs; tests/test_engine_process.py):
+    a burst at a fresh worker would hang its task threads."""
+    tokenizer = og.Tokenizer(str(folder))
+    prompt_token_ids(tokenizer, prompt="warm-up", add_special_tokens=True, prompt_ids=None)
+    return tokenizer
+
+
 def prompt_token_ids(tokenizer, *, prompt: str, add_special_tokens: bool, prompt_ids: list[int] | None) -> list[int]:
     """What a request starts from: `prompt_ids` as they are (an answer handed over from another engine
     goes on from its prompt and its tokens so far), else the prompt encoded."""

@@ -26,9 +26,16 @@ from pathlib import Path
 
 import numpy as np
 import openvino as ov
-import openvino_genai as og
 
-from inference.engines.base import ActiveRequest, DecodingParams, Finished, PairSpec, StepTokens, prompt_token_ids
+from inference.engines.base import (
+    ActiveRequest,
+    DecodingParams,
+    Finished,
+    PairSpec,
+    StepTokens,
+    load_tokenizer,
+    prompt_token_ids,
+)
 from inference.limits import DEFAULT_K
 
 log = logging.getLogger(__name__)
@@ -126,7 +133,7 @@ class ExactEngine:
         props = spec.device_properties()
         self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device, props)
         self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.device, props)
-        self.tokenizer = og.Tokenizer(spec.main_dir)
+        self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
         self.load_seconds = time.perf_counter() - started
         self._active: dict[int, ActiveRequest] = {}

@@ -31,7 +31,15 @@ import numpy as np
 import openvino as ov
 import openvino_genai as og
 
-from inference.engines.base import ActiveRequest, DecodingParams, Finished, PairSpec, StepTokens, prompt_token_ids
+from inference.engines.base import (
+    ActiveRequest,
+    DecodingParams,
+    Finished,
+    PairSpec,
+    StepTokens,
+    load_tokenizer,
+    prompt_token_ids,
+)
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 600
@@ -87,7 +95,7 @@ class PairEngine:
             self._conn.close()
             raise EngineProcessError(detail)
         self.load_seconds = time.perf_counter() - started
-        self.tokenizer = og.Tokenizer(spec.main_dir)
+        self.tokenizer = load_tokenizer(spec.main_dir)
         self._send_lock = threading.Lock()
         self._active: dict[int, ActiveRequest] = {}
         self._k: dict[int, int | None] = {}  # request id -> its K (0: no draft; None: a confidence threshold)

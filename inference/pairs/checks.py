@@ -14,6 +14,7 @@ from pathlib import Path
 from django.conf import settings
 
 from inference import limits
+from inference.engines import base as engines_base
 
 REQUIRED_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
 PROBE_STRINGS = (
@@ -51,9 +52,7 @@ def resolve_model_dir(relative: str, *, root: Path | None = None) -> Path:
 @lru_cache(maxsize=32)
 def load_tokenizer(folder: str):
     """The folder's OpenVINO tokenizer; cheap to keep, used by the web process to count prompt tokens."""
-    import openvino_genai
-
-    return openvino_genai.Tokenizer(folder)
+    return engines_base.load_tokenizer(folder)
 
 
 def tokenizer_differences(main: Path, draft: Path) -> list[str]:
