@@ -129,10 +129,6 @@ CELERY_TASK_ACKS_LATE = True  # a generation is acknowledged once it finished
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True  # results travel through the token stream and the database
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-# A task lasts its whole answer: a worker reserves no more tasks than it has threads, so that a burst
-# spreads over the pair's workers (with Celery's default of 4 per thread, one worker took a whole burst
-# while another stood idle).
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A running answer goes on through a broker outage (its tokens reach Redis by retries; the task is acked at the end).
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False

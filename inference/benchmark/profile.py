@@ -78,8 +78,7 @@ def measure_profile(*, stream: StreamFn, prompts: list[Prompt], options: Profile
                                     variants=variants(ks=options.ks, temperature=temperature),
                                     max_new_tokens=options.max_new_tokens, repeats=options.repeats, progress=progress)
         rows = summarize_concurrency(records)
-        sweeps[mode] = {"rows": rows, "profile": best_k_by_level(rows),
-                        "best_fixed_k": best_fixed_k(rows)}
+        sweeps[mode] = {"rows": rows, "profile": best_k_by_level(rows), "best_fixed_k": best_fixed_k(rows)}
     return sweeps
 
 
