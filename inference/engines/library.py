@@ -49,10 +49,11 @@ def build_pipeline(spec: PairSpec) -> og.ContinuousBatchingPipeline:
     scheduler = og.SchedulerConfig()
     scheduler.cache_size = spec.cache_size_gb
     scheduler.dynamic_split_fuse = not spec.prefill_first
-    if spec.step_budget:
-        scheduler.max_num_batched_tokens = spec.step_budget
+    budget = spec.step_budget  # reads the model's config.json
+    if budget:
+        scheduler.max_num_batched_tokens = budget
         # the library requires max_num_seqs <= max_num_batched_tokens
-        scheduler.max_num_seqs = min(scheduler.max_num_seqs, spec.step_budget)
+        scheduler.max_num_seqs = min(scheduler.max_num_seqs, budget)
     props: dict = dict(spec.device_properties())
     if spec.uses_draft:
         props["draft_model"] = og.draft_model(spec.draft_dir, spec.device, **spec.device_properties())
