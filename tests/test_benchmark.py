@@ -189,7 +189,12 @@ def test_profile_stores_the_best_k_per_load_and_checks_the_adaptive_line(demo_pa
     fixed = run.results["sweeps"]["greedy"]["best_fixed_k"]
     assert lines == {(v, c) for v in ("plain", f"K={fixed}", "adaptive") for c in (1, 2)}
     assert all(r["lost"] == 0 and r["failed"] == 0 for r in run.results["lines"]["greedy"])
+    served = {(r["variant"], r["concurrency"]): r["paths"] for r in run.results["lines"]["greedy"]}
+    assert served[("plain", 2)] == {"plain": 2} and served[(f"K={fixed}", 2)] == {f"K={fixed}": 2}
+    assert all(sum(served["adaptive", level].values()) == level for level in (1, 2))
+    assert {b["verdict"] for b in run.results["bars"]} <= {"pass", "same path", "miss"}
     assert "main alone / best fixed K / adaptive" in printed and "streams: plain" in printed
+    assert "adaptive served: " in printed
     adaptive = Generation.objects.filter(params__asked__k=None, params__asked__speculative=True)
     assert adaptive.exists() and all("measured" in g.speculative_reason or g.speculative_mode == "off"
                                      for g in adaptive)

@@ -159,6 +159,7 @@ class Sample:
     repeat: int = 0
     generation_id: str = ""  # through the stack: the Generation it made, for the TTFT profile
     sent_wall: float | None = None  # through the stack: time.time() when the request was sent
+    path: str = ""  # through the stack: the path the worker served it on (stack.served_path)
 
     @property
     def tokens_per_s(self) -> float:
@@ -176,7 +177,7 @@ class Sample:
                 "duration_s": self.duration_s, "tokens_per_s": self.tokens_per_s, "ttft_ms": self.ttft_ms,
                 "token_latency_ms": self.token_latency_ms, "main_steps": self.main_steps,
                 "accepted": self.accepted, "proposed": self.proposed, "generation_id": self.generation_id,
-                "sent_wall": self.sent_wall}
+                "sent_wall": self.sent_wall, "path": self.path}
 
 
 @dataclass

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,11 +32,12 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 
 from inference import selectors, transport
 from inference.api.auth import set_new_key
-from inference.benchmark.inprocess import Progress, Prompt, Sample, Variant, percentile
+from inference.benchmark.inprocess import PLAIN, Progress, Prompt, Sample, Variant, percentile
 from inference.celery_worker import worker_command
 from inference.engines.rates import LOAD_MEMORY_S
-from inference.limits import ServingState
+from inference.limits import ServingState, SpeculativeMode
 from inference.models import ApiKey, Generation, ModelPair
+from inference.serving.speculation import HANDED_OVER
 
 BENCHMARK_USERNAME = "specchat-benchmark"  # has no password: only the benchmark logs in as it
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=600)
@@ -281,7 +283,16 @@ def _stack_sample(*, prompt: Prompt, text: str, done: dict, started: float, firs
         token_latency_ms=(ended - first_at) * 1000 / (tokens - 1) if tokens > 1 else None,
         main_steps=done.get("main_steps") or 0, accepted=done.get("accepted_tokens"),
         proposed=done.get("draft_tokens"), generation_id=generation_id, sent_wall=sent_wall,
+        path=served_path(done),
     )
+
+
+def served_path(done: dict) -> str:
+    """The path the worker served an answer on, named as the benchmark names its variants ("plain",
+    "K=3"), from its usage: what an adaptive request was given, to compare with the fixed lines."""
+    mode, k = done.get("speculative_mode"), done.get("speculative_k")
+    final = PLAIN.name if mode in (None, SpeculativeMode.OFF) else f"K={k}" if k else str(mode)
+    return f"moved to {final}" if HANDED_OVER in (done.get("speculative_reason") or "") else final
 
 
 CLIENTS = {"websocket": websocket_client, "sse": sse_client}
@@ -462,8 +473,9 @@ async def _steady(*, stream: StreamFn, prompts: list[Prompt], level: int, varian
 
 
 def summarize_concurrency(records: list[dict]) -> list[dict]:
-    """Per variant and level: throughput (median and spread over bursts), its scaling over one
-    stream, speculative over plain at the same level, latencies, and lost/failed streams."""
+    """Per variant and level: throughput (median and spread over bursts, and per repeat for paired
+    comparisons), its scaling over one stream, speculative over plain at the same level, latencies,
+    the paths the answers were served on, and lost/failed streams."""
     groups: dict[tuple[str, int], list[dict]] = {}
     for record in records:
         groups.setdefault((record["variant"], record["concurrency"]), []).append(record)
@@ -477,6 +489,8 @@ def summarize_concurrency(records: list[dict]) -> list[dict]:
             "streams": level * len(bursts),
             "throughput": statistics.median(b["throughput"] for b in bursts),
             "throughput_spread": [min(b["throughput"] for b in bursts), max(b["throughput"] for b in bursts)],
+            "throughput_by_repeat": [b["throughput"] for b in sorted(bursts, key=lambda b: b.get("repeat", 0))],
+            "paths": dict(Counter(s.get("path", "") for s in samples).most_common()),
             "stream_tokens_per_s_p50": percentile([s["tokens_per_s"] for s in samples], 50),
             "ttft_ms_p50": percentile([s["ttft_ms"] for s in samples], 50),
             "ttft_ms_p95": percentile([s["ttft_ms"] for s in samples], 95),

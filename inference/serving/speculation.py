@@ -206,6 +206,7 @@ def _highest_load_k(pair: ModelPair) -> int | None:
 # alone at the main's 1-stream speed); by this worker's recent figures, either way.
 HANDOVER_MAX_STREAMS = 2
 HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the prefill
+HANDED_OVER = "handed over to"  # in the reason of an answer that moved (the benchmark reads it)
 
 
 def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
@@ -227,7 +228,7 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
         return None
     to = f"K={now.k}" if now.speculative else "the main alone"
     return Plan(mode=now.mode, k=now.k, measured_here=now.measured_here, handed_over=True,
-                reason=f"{planned.reason}; handed over to {to} from token {generated + 1}, {load} running here "
+                reason=f"{planned.reason}; {HANDED_OVER} {to} from token {generated + 1}, {load} running here "
                        f"({now.reason})")
 
 
@@ -242,7 +243,7 @@ def _off_the_exact_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load:
     if now.mode != SpeculativeMode.OFF:
         return None
     return Plan(mode=now.mode, handed_over=True,
-                reason=f"{planned.reason}; handed over to the main alone from token {generated + 1}, {load} running "
+                reason=f"{planned.reason}; {HANDED_OVER} the main alone from token {generated + 1}, {load} running "
                        f"here ({now.reason})")
 
 

@@ -73,12 +73,18 @@ class Command(BaseCommand):
             self.stdout.write(f"\n{mode}: tokens/s through the stack (SSE), best K per streams "
                               f"{sweep['profile']}, best fixed K {sweep['best_fixed_k']}")
             self.stdout.write(_table(sweep["rows"]))
-        self.stdout.write("\nmain alone / best fixed K / adaptive:")
+        self.stdout.write("\nmain alone / best fixed K / adaptive (paired ratios: median and range over repeats):")
         for bar in profile.adaptive_bars(lines):
+            paths = ", ".join(f"{path} {count}" for path, count in bar["adaptive_paths"].items())
             self.stdout.write(
-                f"  {'PASS' if bar['pass'] else 'MISS'} {bar['mode']:7} {bar['streams']:>2} streams: plain "
-                f"{bar['plain']:6.1f}  fixed {bar['best_fixed']:6.1f}  adaptive {bar['adaptive']:6.1f} tok/s "
-                f"({bar['vs_plain']:.2f}x plain, {bar['vs_fixed']:.2f}x fixed)")
+                f"  {bar['verdict'].upper():9} {bar['mode']:7} {bar['streams']:>2} streams: plain "
+                f"{bar['plain']:6.1f}  {bar['fixed_variant']} {bar['best_fixed']:6.1f}  "
+                f"adaptive {bar['adaptive']:6.1f} tok/s ({_ratio(bar['vs_plain'], bar['vs_plain_range'])} plain, "
+                f"{_ratio(bar['vs_fixed'], bar['vs_fixed_range'])} fixed); adaptive served: {paths}")
+
+
+def _ratio(median: float, spread: list[float]) -> str:
+    return f"{median:.2f}x [{spread[0]:.2f}-{spread[1]:.2f}]"
 
 
 def _table(rows: list[dict]) -> str:
