@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass
 from django.utils import timezone
 
 from inference.benchmark.inprocess import ADAPTIVE, PLAIN, Progress, Prompt, Variant, k_variant, timestamp
-from inference.benchmark.stack import StreamFn, concurrency_sweep, summarize_concurrency
+from inference.benchmark.stack import StreamFn, concurrency_sweep, steady_sweep, summarize_concurrency
 from inference.models import BenchmarkRun, ModelPair
 from inference.serving.speculation import quickest_k
 
 SAMPLED_TEMPERATURE = 0.8
+LOADS = ("bursts", "steady")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +28,22 @@ class ProfileOptions:
     max_new_tokens: int = 96
     repeats: int = 1
     sampled: bool = True
+    load: str = "bursts"  # or "steady": N clients that ask again as soon as their answer ends (stack.steady_sweep)
+    rounds: int = 6  # answers each client asks under a steady load
+
+
+def sweep_under_load(*, stream: StreamFn, prompts: list[Prompt], options: ProfileOptions, variants: list[Variant],
+                     progress: Progress | None = None) -> list[dict]:
+    """Rows per variant and streams (throughput, per repeat, and the paths answers were served on) under
+    the options' load: bursts of N requests at once (the worst case for time to first token, every
+    prefill together), or a steady N (a team's load, where requests join a running batch; the two can
+    rank the paths differently)."""
+    if options.load == "steady":
+        return steady_sweep(stream=stream, prompts=prompts, levels=list(options.levels), variants=variants,
+                            max_new_tokens=options.max_new_tokens, rounds=options.rounds, progress=progress)
+    return summarize_concurrency(concurrency_sweep(
+        stream=stream, prompts=prompts, levels=list(options.levels), variants=variants,
+        max_new_tokens=options.max_new_tokens, repeats=options.repeats, progress=progress))
 
 
 def variants(*, ks: tuple[int, ...], temperature: float) -> list[Variant]:
@@ -74,10 +91,8 @@ def measure_profile(*, stream: StreamFn, prompts: list[Prompt], options: Profile
     modes = {"greedy": 0.0, **({"sampled": SAMPLED_TEMPERATURE} if options.sampled else {})}
     sweeps = {}
     for mode, temperature in modes.items():
-        records = concurrency_sweep(stream=stream, prompts=prompts, levels=list(options.levels),
-                                    variants=variants(ks=options.ks, temperature=temperature),
-                                    max_new_tokens=options.max_new_tokens, repeats=options.repeats, progress=progress)
-        rows = summarize_concurrency(records)
+        rows = sweep_under_load(stream=stream, prompts=prompts, options=options,
+                     variants=variants(ks=options.ks, temperature=temperature), progress=progress)
         sweeps[mode] = {"rows": rows, "profile": best_k_by_level(rows), "best_fixed_k": best_fixed_k(rows)}
     return sweeps
 
@@ -104,9 +119,8 @@ def validate_profile(*, stream: StreamFn, prompts: list[Prompt], options: Profil
         candidates = [Variant(PLAIN.name, False, temperature=temperature, seed=seed),
                       Variant(f"K={fixed}", True, num_assistant_tokens=fixed, temperature=temperature, seed=seed),
                       Variant(ADAPTIVE, True, temperature=temperature, seed=seed)]
-        records = concurrency_sweep(stream=stream, prompts=prompts, levels=list(options.levels), variants=candidates,
-                                    max_new_tokens=options.max_new_tokens, repeats=options.repeats, progress=progress)
-        lines[mode] = summarize_concurrency(records)
+        lines[mode] = sweep_under_load(stream=stream, prompts=prompts, options=options, variants=candidates,
+                                       progress=progress)
     return lines
 
 

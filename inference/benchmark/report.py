@@ -35,7 +35,8 @@ CONCURRENCY_COLUMNS: tuple[Column, ...] = (
 STEADY_COLUMNS: tuple[Column, ...] = (
     ("variant", "variant", ""), ("streams", "concurrency", ""), ("requests counted", "requests", ""),
     ("TTFT p50", "ttft_ms_p50", ".1f"), ("TTFT p95", "ttft_ms_p95", ".1f"), ("TTFT vs 1 stream", "ttft_vs_one", ".2f"),
-    ("stream tok/s p50", "stream_tokens_per_s_p50", ".1f"), ("failed", "failed", ""),
+    ("stream tok/s p50", "stream_tokens_per_s_p50", ".1f"), ("tok/s total", "throughput", ".1f"),
+    ("failed", "failed", ""),
 )
 STEADY_TITLE = "Steady load: requests arrive while others run"
 SET_COLUMNS: tuple[Column, ...] = (("set", "set", ""), *tuple(c for c in TABLE_COLUMNS if c[1] != "path"))

@@ -425,15 +425,18 @@ def steady_sweep(*, stream: StreamFn, prompts: list[Prompt], levels: list[int], 
     is the worst case for time to first token: N prefills at once.) Answers are 0.5-1.5x `max_new_tokens`
     long, the same lengths for every variant: answers of one length, run at one speed, end together and
     send their next requests in clumps (a burst each time). Counted: the requests sent while every client
-    was in its loop, not the ramp up or down."""
+    was in its loop, not the ramp up or down; throughput from them by Little's law."""
     rows, total, previous = [], len(levels) * len(variants), sys.maxsize
-    for level in levels:
+    for position, level in enumerate(levels):
         previous = _load_memory_faded(previous=previous, level=level)
-        for variant in variants:
+        turn = position % len(variants)  # as in concurrency_sweep: no line always runs last
+        for variant in variants[turn:] + variants[:turn]:
             rows.append(asyncio.run(_steady(stream=stream, prompts=prompts, level=level, variant=variant,
                                             max_new_tokens=max_new_tokens, rounds=rounds)))
             if progress:
                 progress(len(rows), total, f"steady {level} streams {variant.name}")
+    names = [variant.name for variant in variants]
+    rows.sort(key=lambda row: (levels.index(row["concurrency"]), names.index(row["variant"])))
     ttft_at_one = {r["variant"]: r["ttft_ms_p50"] for r in rows if r["concurrency"] == 1}
     for row in rows:
         one = ttft_at_one.get(row["variant"])
@@ -465,7 +468,11 @@ async def _steady(*, stream: StreamFn, prompts: list[Prompt], level: int, varian
     all_in = max((a[0].started_at for a in answers), default=0.0)  # the last client's first request
     first_out = min((a[-1].started_at + a[-1].duration_s for a in answers), default=0.0)  # the first one done
     counted = [s for a in answers for s in a if all_in <= s.started_at <= first_out]
-    return {"variant": variant.name, "concurrency": level, "requests": len(counted),
+    # Little's law for N clients that ask again at once: N answers in flight, each taking its duration
+    throughput = level * sum(s.tokens for s in counted) / sum(s.duration_s for s in counted) if counted else 0.0
+    return {"variant": variant.name, "concurrency": level, "requests": len(counted), "throughput": throughput,
+            "throughput_by_repeat": [throughput],  # one window: a steady cell is one repeat
+            "paths": dict(Counter(s.path for s in counted).most_common()),
             "ttft_ms_p50": percentile([s.ttft_ms for s in counted], 50),
             "ttft_ms_p95": percentile([s.ttft_ms for s in counted], 95),
             "stream_tokens_per_s_p50": percentile([s.tokens_per_s for s in counted], 50),

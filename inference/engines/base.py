@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+import openvino as ov
 import openvino_genai as og
 
 
@@ -138,14 +140,23 @@ class DecodingParams(Sampling):
         return cfg
 
 
+def _set_up_numpy_in_openvino() -> None:
+    """openvino's bindings set up their numpy API on the first tensor turned into numpy, and threads doing
+    that at once deadlock the whole process, its heartbeat included (tests/test_engine_process.py). Seen:
+    a fresh process whose 16 threads encode at once hung 4 times in 4; with each tokenizer encoding once
+    as it loaded, a fresh process whose threads load the main's and the draft's tokenizers at once (a
+    fresh worker loading its pair as the first request of the other path arrives) hung 3 times in 12.
+    So once per process, at import: every engine and the web's checks import this module, and the
+    import is complete before any thread of theirs can hold a tensor."""
+    _ = ov.Tensor(np.zeros(1, dtype=np.int64)).data
+
+
+_set_up_numpy_in_openvino()
+
+
 def load_tokenizer(folder: str | Path) -> og.Tokenizer:
-    """The folder's OpenVINO tokenizer, used once before any other thread can use it: the first tensor
-    turned into numpy in openvino's bindings sets up their numpy API, and threads doing that at once
-    deadlock (seen: a fresh process whose 16 threads encode together hangs; tests/test_engine_process.py):
-    a burst at a fresh worker would hang its task threads."""
-    tokenizer = og.Tokenizer(str(folder))
-    prompt_token_ids(tokenizer, prompt="warm-up", add_special_tokens=True, prompt_ids=None)
-    return tokenizer
+    """The folder's OpenVINO tokenizer, safe to use from many threads at once (see above)."""
+    return og.Tokenizer(str(folder))
 
 
 def prompt_token_ids(tokenizer, *, prompt: str, add_special_tokens: bool, prompt_ids: list[int] | None) -> list[int]:

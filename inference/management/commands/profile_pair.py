@@ -21,6 +21,11 @@ class Command(BaseCommand):
         parser.add_argument("--ks", type=runs.int_list, default=defaults.ks, help="K values to try, e.g. 2,3,4,6")
         parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
         parser.add_argument("--repeats", type=int, default=defaults.repeats)
+        parser.add_argument("--load", choices=profile.LOADS, default=defaults.load,
+                            help="bursts of N requests at once, or a steady N clients that ask again as each "
+                                 "answer ends (a team's load)")
+        parser.add_argument("--rounds", type=int, default=defaults.rounds,
+                            help="answers each client asks under a steady load")
         parser.add_argument("--greedy-only", action="store_true", help="skip the sampled (T=0.8) profile")
         parser.add_argument("--prompts", default="code", help="held-out prompt sets, comma-separated")
         parser.add_argument("--url", help="profile this running server instead of starting daphne and a worker")
@@ -32,7 +37,8 @@ class Command(BaseCommand):
         if pair is None:
             raise CommandError(f"No pair '{o['pair']}'.")
         options = profile.ProfileOptions(levels=o["levels"], ks=o["ks"], max_new_tokens=o["max_new_tokens"],
-                                         repeats=o["repeats"], sampled=not o["greedy_only"])
+                                         repeats=o["repeats"], sampled=not o["greedy_only"], load=o["load"],
+                                         rounds=o["rounds"])
         try:
             stored = profile.stored_sweeps(pair=pair, options=options) if o["validate_only"] else None
         except ValueError as exc:
@@ -94,6 +100,6 @@ def _table(rows: list[dict]) -> str:
     lines = ["  streams " + "".join(f"{n:>10}" for n in names) + "   lost/failed"]
     for level in levels:
         cells = "".join(f"{by[(n, level)]['throughput']:>10.1f}" if (n, level) in by else f"{'':>10}" for n in names)
-        problems = sum(by[(n, level)]["lost"] + by[(n, level)]["failed"] for n in names if (n, level) in by)
+        problems = sum(by[(n, level)].get("lost", 0) + by[(n, level)]["failed"] for n in names if (n, level) in by)
         lines.append(f"  {level:>7} {cells}   {problems}")
     return "\n".join(lines)
