@@ -243,7 +243,7 @@ def test_a_profile_measured_under_a_steady_load(demo_pair, celery_worker, live_s
     answers counted while all were in their loop, and the validation's lines under the same load."""
     out = io.StringIO()
     call_command("profile_pair", "demo-code", "--url", live_server_url, "--levels", "1,2", "--ks", "2",
-                 "--max-new-tokens", "12", "--greedy-only", "--load", "steady", "--rounds", "3", stdout=out)
+                 "--max-new-tokens", "12", "--greedy-only", "--load", "steady", "--rounds", "3", "--repeats", "2", stdout=out)
     demo_pair.refresh_from_db()
     run = demo_pair.profile_run
     assert run.results["options"]["load"] == "steady"
@@ -251,7 +251,8 @@ def test_a_profile_measured_under_a_steady_load(demo_pair, celery_worker, live_s
     for rows in (run.results["sweeps"]["greedy"]["rows"], run.results["lines"]["greedy"]):
         assert {r["concurrency"] for r in rows} == {1, 2}
         for row in rows:
-            assert row["requests"] >= 1 and row["failed"] == 0 and row["throughput"] > 0
+            assert row["requests"] >= 2 and row["failed"] == 0 and row["throughput"] > 0
+            assert len(row["throughput_by_repeat"]) == 2  # one window per repeat, paired in the bars
             assert sum(row["paths"].values()) == row["requests"]  # every counted answer names its path
     served = {(r["variant"], r["concurrency"]): r["paths"] for r in run.results["lines"]["greedy"]}
     assert set(served[("plain", 2)]) == {"plain"} and set(served[("K=2", 2)]) == {"K=2"}

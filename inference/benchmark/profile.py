@@ -40,7 +40,8 @@ def sweep_under_load(*, stream: StreamFn, prompts: list[Prompt], options: Profil
     rank the paths differently)."""
     if options.load == "steady":
         return steady_sweep(stream=stream, prompts=prompts, levels=list(options.levels), variants=variants,
-                            max_new_tokens=options.max_new_tokens, rounds=options.rounds, progress=progress)
+                            max_new_tokens=options.max_new_tokens, rounds=options.rounds, repeats=options.repeats,
+                            progress=progress)
     return summarize_concurrency(concurrency_sweep(
         stream=stream, prompts=prompts, levels=list(options.levels), variants=variants,
         max_new_tokens=options.max_new_tokens, repeats=options.repeats, progress=progress))

@@ -419,24 +419,29 @@ async def _burst(*, stream: StreamFn, prompts: list[Prompt], level: int, variant
 
 
 def steady_sweep(*, stream: StreamFn, prompts: list[Prompt], levels: list[int], variants: list[Variant],
-                 max_new_tokens: int, rounds: int, progress: Progress | None = None) -> list[dict]:
+                 max_new_tokens: int, rounds: int, repeats: int = 1, progress: Progress | None = None) -> list[dict]:
     """N clients that each ask again as soon as their answer ends, their first requests spread over one
     lone answer's time: a team's load, where a request arrives while the others run. (A burst, above,
     is the worst case for time to first token: N prefills at once.) Answers are 0.5-1.5x `max_new_tokens`
     long, the same lengths for every variant: answers of one length, run at one speed, end together and
     send their next requests in clumps (a burst each time). Counted: the requests sent while every client
-    was in its loop, not the ramp up or down; throughput from them by Little's law."""
-    rows, total, previous = [], len(levels) * len(variants), sys.maxsize
-    for position, level in enumerate(levels):
-        previous = _load_memory_faded(previous=previous, level=level)
-        turn = position % len(variants)  # as in concurrency_sweep: no line always runs last
-        for variant in variants[turn:] + variants[:turn]:
-            rows.append(asyncio.run(_steady(stream=stream, prompts=prompts, level=level, variant=variant,
-                                            max_new_tokens=max_new_tokens, rounds=rounds)))
-            if progress:
-                progress(len(rows), total, f"steady {level} streams {variant.name}")
-    names = [variant.name for variant in variants]
-    rows.sort(key=lambda row: (levels.index(row["concurrency"]), names.index(row["variant"])))
+    was in its loop, not the ramp up or down; throughput from them by Little's law. One window per
+    repeat, interleaved and turned as concurrency_sweep's bursts are."""
+    windows: dict[tuple[str, int], list[dict]] = {}
+    total, done, previous = repeats * len(levels) * len(variants), 0, sys.maxsize
+    for repeat in range(repeats):
+        for position, level in enumerate(levels):
+            previous = _load_memory_faded(previous=previous, level=level)
+            turn = (repeat + position) % len(variants)
+            for variant in variants[turn:] + variants[:turn]:
+                windows.setdefault((variant.name, level), []).append(asyncio.run(_steady(
+                    stream=stream, prompts=prompts, level=level, variant=variant, max_new_tokens=max_new_tokens,
+                    rounds=rounds)))
+                done += 1
+                if progress:
+                    progress(done, total, f"steady {level} streams {variant.name} repeat {repeat + 1}/{repeats}")
+    rows = [_steady_row(variant=variant.name, level=level, windows=windows[(variant.name, level)])
+            for level in levels for variant in variants]
     ttft_at_one = {r["variant"]: r["ttft_ms_p50"] for r in rows if r["concurrency"] == 1}
     for row in rows:
         one = ttft_at_one.get(row["variant"])
@@ -446,6 +451,7 @@ def steady_sweep(*, stream: StreamFn, prompts: list[Prompt], levels: list[int], 
 
 async def _steady(*, stream: StreamFn, prompts: list[Prompt], level: int, variant: Variant, max_new_tokens: int,
                   rounds: int) -> dict:
+    """One window: {"counted": the samples counted, "throughput": tok/s, "failed": error texts}."""
     lone = await stream(prompt=prompts[0], variant=variant, max_new_tokens=max_new_tokens)
     spacing = lone.duration_s / level
 
@@ -470,8 +476,15 @@ async def _steady(*, stream: StreamFn, prompts: list[Prompt], level: int, varian
     counted = [s for a in answers for s in a if all_in <= s.started_at <= first_out]
     # Little's law for N clients that ask again at once: N answers in flight, each taking its duration
     throughput = level * sum(s.tokens for s in counted) / sum(s.duration_s for s in counted) if counted else 0.0
-    return {"variant": variant.name, "concurrency": level, "requests": len(counted), "throughput": throughput,
-            "throughput_by_repeat": [throughput],  # one window: a steady cell is one repeat
+    return {"counted": counted, "throughput": throughput, "failed": failed}
+
+
+def _steady_row(*, variant: str, level: int, windows: list[dict]) -> dict:
+    counted = [s for window in windows for s in window["counted"]]
+    failed = [error for window in windows for error in window["failed"]]
+    return {"variant": variant, "concurrency": level, "requests": len(counted),
+            "throughput": statistics.median(w["throughput"] for w in windows),
+            "throughput_by_repeat": [w["throughput"] for w in windows],
             "paths": dict(Counter(s.path for s in counted).most_common()),
             "ttft_ms_p50": percentile([s.ttft_ms for s in counted], 50),
             "ttft_ms_p95": percentile([s.ttft_ms for s in counted], 95),

@@ -20,7 +20,8 @@ class Command(BaseCommand):
         parser.add_argument("--levels", type=runs.int_list, default=defaults.levels, help="streams, e.g. 1,2,4,8,16")
         parser.add_argument("--ks", type=runs.int_list, default=defaults.ks, help="K values to try, e.g. 2,3,4,6")
         parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-        parser.add_argument("--repeats", type=int, default=defaults.repeats)
+        parser.add_argument("--repeats", type=int, default=defaults.repeats,
+                            help="bursts (or steady windows) per cell, run interleaved; the bars pair them")
         parser.add_argument("--load", choices=profile.LOADS, default=defaults.load,
                             help="bursts of N requests at once, or a steady N clients that ask again as each "
                                  "answer ends (a team's load)")
