@@ -93,7 +93,7 @@ def measure_profile(*, stream: StreamFn, prompts: list[Prompt], options: Profile
     sweeps = {}
     for mode, temperature in modes.items():
         rows = sweep_under_load(stream=stream, prompts=prompts, options=options,
-                     variants=variants(ks=options.ks, temperature=temperature), progress=progress)
+                                variants=variants(ks=options.ks, temperature=temperature), progress=progress)
         sweeps[mode] = {"rows": rows, "profile": best_k_by_level(rows), "best_fixed_k": best_fixed_k(rows)}
     return sweeps
 
