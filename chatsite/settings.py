@@ -1,6 +1,7 @@
 """All settings, read from the environment with defaults that work on a developer's machine."""
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -24,7 +25,9 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (DEV_SECRET_KEY if DEBUG els
 if not SECRET_KEY or (not DEBUG and SECRET_KEY == DEV_SECRET_KEY):
     raise ImproperlyConfigured(
         "Set DJANGO_SECRET_KEY to a secret of your own (or DJANGO_DEBUG=1 on a developer's machine).")
-ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
+# Django's test client's host only on a developer's machine (Django's test runner adds it for tests).
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS",
+                               "localhost,127.0.0.1,[::1]" + (",testserver" if DEBUG else "")).split(",")
 # Origins other than the site's own (scheme://host[:port]) that may post forms and open the chat's
 # websocket: the public origin when a proxy passes another Host.
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
@@ -52,6 +55,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "channels",
     "inference",
     "chatsite.chat",
@@ -66,6 +70,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "chatsite.csp.content_security_policy",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into its refusal page
 ]
 # The REST API authenticates by key and keeps no session: it skips the browser's middleware, each of
 # which costs two thread hops per request under ASGI (~4 ms of every API call measured here).
@@ -108,6 +113,13 @@ if os.environ.get("DATABASE_TEST_NAME"):
     DATABASES["default"]["TEST"] = {"NAME": os.environ["DATABASE_TEST_NAME"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Login throttling (django-axes): after AXES_FAILURE_LIMIT wrong passwords for one username from one
+# address, logins there are refused, the right password too, for the cool-off; a success resets the count.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("SPECCHAT_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("SPECCHAT_LOGIN_COOLOFF_MIN", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # one address cannot lock everyone else out
+AXES_RESET_ON_SUCCESS = True
 AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -135,6 +147,8 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # --- Models and generation
 MODELS_ROOT = Path(os.environ.get("SPECCHAT_MODELS_ROOT", BASE_DIR / "inference" / "models")).resolve()
+# Downloads kept between clones (the real pairs' checked GGUF files), never in git.
+CACHE_DIR = Path(os.environ.get("SPECCHAT_CACHE_DIR", Path.home() / ".cache" / "specchat"))
 DEMO_PAIR_DIR = "demo-code"
 STREAM_FLUSH_MS = env_int("SPECCHAT_STREAM_FLUSH_MS", 40)  # batch accepted tokens for this long
 STREAM_TTL_S = env_int("SPECCHAT_STREAM_TTL_S", 3600)  # a finished answer can be re-read this long
@@ -144,6 +158,9 @@ WORKER_SLOTS = env_int("SPECCHAT_WORKER_SLOTS", 16)  # concurrent generations pe
 CHAT_MAX_CONCURRENT = env_int("SPECCHAT_CHAT_MAX_CONCURRENT", 2)  # answers one user may have in flight in the chat
 CHAT_ABANDON_GRACE_S = env_int("SPECCHAT_CHAT_ABANDON_GRACE_S", 10)  # closed chat's answers await a reconnect
 ACCESS_RECHECK_S = env_int("SPECCHAT_ACCESS_RECHECK_S", 5)  # open streams re-check their key or user this often
+# An answer's final write is retried on fresh connections this long (a database restarting, SQLite
+# locked); then its readers get an error event all the same.
+FINAL_WRITE_RETRY_S = env_int("SPECCHAT_FINAL_WRITE_RETRY_S", 30)
 STALL_TIMEOUT_S = env_int("SPECCHAT_STALL_TIMEOUT_S", 15)  # a queued answer nobody picks up fails after this
 # A queued answer whose task never reached a worker (a Redis without persistence restarted, a worker
 # died after prefetching it) is sent again after this long by a worker with a free slot...
@@ -152,6 +169,11 @@ RETENTION_DAYS = env_int("SPECCHAT_RETENTION_DAYS", 90)  # `manage.py purge_hist
 QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if still queued after this
 # A worker replaces a pipeline after this many requests (openvino-genai keeps memory per request served); 0: never.
 ENGINE_RENEW_AFTER_REQUESTS = env_int("SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS", 200)
+# A pair's main alone and exact engine each hold another copy of the main: freed after this long unused; 0: kept.
+RELEASE_EXTRA_ENGINES_AFTER_S = env_int("SPECCHAT_RELEASE_EXTRA_ENGINES_AFTER_S", 120)
+# A step process that sends no step for this long while requests wait (plus as much again per 512 prompt
+# tokens still to prefill) is killed and its answers failed; the next request loads it again. 0: no watchdog.
+STEP_TIMEOUT_S = env_int("SPECCHAT_STEP_TIMEOUT_S", 120)
 # A worker plans a request's K from what its engines delivered at that load over this many seconds,
 # where it measured both the main alone and a K there (inference/engines/rates.py); 0: the profile alone.
 LIVE_FIGURES_S = env_int("SPECCHAT_LIVE_FIGURES_S", 600)
@@ -159,6 +181,11 @@ LIVE_FIGURES_MIN_STEP_MS = env_int("SPECCHAT_LIVE_FIGURES_MIN_STEP_MS", 2000)  #
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin
 CONTROL_QUEUE = "control"  # Celery queue of jobs tied to no pair (imports): consumed by a worker with the train extra
 IMPORT_DISK_RESERVE_GB = env_int("SPECCHAT_IMPORT_DISK_RESERVE_GB", 1)  # an import must leave this much free
+
+# /metrics: with a token, for `Authorization: Bearer <token>` only; without, open with DEBUG on or
+# SPECCHAT_METRICS_OPEN=1 (a scraper on an internal network), else refused.
+METRICS_TOKEN = os.environ.get("SPECCHAT_METRICS_TOKEN", "")
+METRICS_OPEN = env_bool("SPECCHAT_METRICS_OPEN", DEBUG)
 
 LOGGING = {
     "version": 1,

@@ -17,6 +17,7 @@ from inference.api.auth import set_new_key
 from inference.benchmark import report, runs
 from inference.benchmark.inprocess import table
 from inference.celery_worker import worker_command_line
+from inference.limits import K_MAX, K_MIN
 from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, ModelPair
 from inference.pairs import importer
 
@@ -30,21 +31,26 @@ class ExtraStyle:
 @admin.register(ModelPair)
 class ModelPairAdmin(admin.ModelAdmin):
     list_display = ("name", "slug", "main_dir", "draft_dir", "device", "num_assistant_tokens",
-                    "assistant_confidence_threshold", "enabled", "serving_state")
+                    "assistant_confidence_threshold", "precision_mode", "enabled", "is_default", "serving_state")
     list_filter = ("enabled", "device")
     prepopulated_fields = {"slug": ("name",)}
     readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark",
-                       "profile_run", "live_figures")
+                       "profile_run", "live_figures", "precision_mode")
     actions = ("load_on_worker", "unload_from_worker", "run_benchmark")
     Media = ExtraStyle
     fieldsets = (
-        (None, {"fields": ("name", "slug", "enabled", "serving_state", "load_error")}),
+        (None, {"fields": ("name", "slug", "enabled", "is_default", "description", "completes_text", "serving_state",
+                           "load_error")}),
         ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device")}),
         ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold",
                                              "allow_inexact_sampling", "speculation_profile", "profile_run",
                                              "live_figures")}),
-        ("Limits and precision", {"fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens",
-                                             "prefill_first", "inference_precision", "kv_cache_precision")}),
+        ("Limits and precision", {
+            "fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens", "prefill_first",
+                       "inference_precision", "kv_cache_precision", "precision_mode"),
+            "description": "Exact mode (f32 and an f32 KV cache): greedy answers with the draft are the main alone's, "
+                           "token for token. Fast mode (the device's defaults, both empty): the fastest main alone, "
+                           "where answers with the draft can differ in near-ties; they say so."}),
         ("Latest benchmark", {"fields": ("latest_benchmark",)}),
     )
 
@@ -60,7 +66,9 @@ class ModelPairAdmin(admin.ModelAdmin):
         if workers is None:
             workers = selectors.live_workers(client=transport.sync_client())
         state = selectors.pair_state(pair=pair, workers=workers)
-        return f"{state.state} ({state.error})" if state.error else f"{state.state} on {', '.join(state.workers)}"
+        if state.error:
+            return f"{state.state} ({state.detail or state.error})"
+        return f"{state.state} on {', '.join(state.workers)}"
 
     @admin.display(description="measured lately on the workers")
     def live_figures(self, pair: ModelPair) -> str:
@@ -139,15 +147,19 @@ class GenerationAdmin(admin.ModelAdmin):
 
 class ImportJobForm(forms.ModelForm):
     weight_format = forms.ChoiceField(choices=[(f, f) for f in importer.WEIGHT_FORMATS], initial="int8")
+    draft_weight_format = forms.ChoiceField(choices=[("", "as the main"), *((f, f) for f in importer.WEIGHT_FORMATS)],
+                                            required=False, initial="")
     kv_cache_precision = forms.ChoiceField(choices=ModelPair.KvPrecision.choices, required=False,
                                            initial=ModelPair._meta.get_field("kv_cache_precision").default)
     device = forms.ChoiceField(choices=ModelPair.Device.choices, initial=ModelPair.Device.CPU)
 
     class Meta:
         model = ImportJob
-        fields = ("name", "slug", "main_source", "draft_source", "weight_format", "kv_cache_precision", "device")
+        fields = ("name", "slug", "main_source", "draft_source", "weight_format", "draft_weight_format",
+                  "main_sha256", "draft_sha256", "kv_cache_precision", "device")
         help_texts = {
-            "main_source": "Hugging Face id (downloaded by the worker) or a folder on the worker's machine.",
+            "main_source": "Hugging Face id (downloaded by the worker), a folder or a GGUF file on the worker's "
+                           "machine.",
             "draft_source": "The same for the draft; it must share the main's tokenizer. Empty: main alone.",
         }
 
@@ -218,6 +230,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 # ------------------------------------------------------------------ benchmarks
+MAX_PROMPTS_PER_SET = 50  # the held-out sets hold at most 16 prompts each
+MAX_THRESHOLDS = 10
+
+
 class BenchmarkForm(forms.Form):
     """What a benchmark started from the admin measures: in-process, on the worker's own engines
     (the stack and the concurrency sweep need `manage.py benchmark`)."""
@@ -225,11 +241,40 @@ class BenchmarkForm(forms.Form):
     _defaults = runs.BenchmarkOptions()
     max_new_tokens = forms.IntegerField(min_value=2, max_value=4096, initial=_defaults.max_new_tokens)
     repeats = forms.IntegerField(min_value=1, max_value=20, initial=_defaults.repeats)
-    ks = forms.CharField(initial="1-8", help_text="K values, e.g. 1-8 or 2,4,6.")
+    ks = forms.CharField(initial="1-8", max_length=200,
+                         help_text=f"K values, e.g. 1-8 or 2,4,6 (each {K_MIN}-{K_MAX}).")
     thresholds = forms.CharField(initial=",".join(f"{t:g}" for t in _defaults.thresholds), required=False,
-                                 help_text="Confidence thresholds, e.g. 0.3,0.5; empty for none.")
-    prompts_per_set = forms.IntegerField(min_value=1, initial=_defaults.prompts_per_set,
+                                 max_length=200, help_text="Confidence thresholds, e.g. 0.3,0.5; empty for none.")
+    prompts_per_set = forms.IntegerField(min_value=1, max_value=MAX_PROMPTS_PER_SET, initial=_defaults.prompts_per_set,
                                          help_text="Held-out prompts from each of the code and prose sets.")
+
+    def clean_ks(self) -> tuple[int, ...]:
+        """Each range's bounds are checked before it is expanded: `1-2000000` made 2 million K values
+        (107 MiB) in the web process."""
+        values: list[int] = []
+        for part in filter(None, self.cleaned_data["ks"].replace(" ", "").split(",")):
+            low, _, high = part.partition("-")
+            try:
+                first, last = int(low), int(high or low)
+            except ValueError:
+                raise forms.ValidationError(
+                    f"Invalid options: {part[:20]!r} is neither a K nor a range such as 1-8.") from None
+            if not K_MIN <= first <= last <= K_MAX:
+                raise forms.ValidationError(
+                    f"Invalid options: K values must be within {K_MIN}-{K_MAX}, low to high: not {part[:20]}.")
+            values += [k for k in range(first, last + 1) if k not in values]
+        if not values:
+            raise forms.ValidationError("Invalid options: name at least one K.")
+        return tuple(values)
+
+    def clean_thresholds(self) -> tuple[float, ...]:
+        try:
+            values = runs.float_list(self.cleaned_data["thresholds"])
+        except ValueError:
+            raise forms.ValidationError("Invalid options: thresholds are numbers in (0, 1), e.g. 0.3,0.5.") from None
+        if len(values) > MAX_THRESHOLDS or not all(0 < t < 1 for t in values):
+            raise forms.ValidationError(f"Invalid options: at most {MAX_THRESHOLDS} thresholds, each in (0, 1).")
+        return values
 
     def clean(self):
         data = super().clean()
@@ -237,8 +282,8 @@ class BenchmarkForm(forms.Form):
             return data
         try:
             data["options"] = runs.BenchmarkOptions(
-                max_new_tokens=data["max_new_tokens"], repeats=data["repeats"], ks=runs.int_list(data["ks"]),
-                thresholds=runs.float_list(data["thresholds"]), prompts_per_set=data["prompts_per_set"],
+                max_new_tokens=data["max_new_tokens"], repeats=data["repeats"], ks=data["ks"],
+                thresholds=data["thresholds"], prompts_per_set=data["prompts_per_set"],
                 clients=(), concurrency=())
         except ValueError as exc:
             raise forms.ValidationError(f"Invalid options: {exc}") from exc

@@ -26,4 +26,4 @@ def worker_command(*, queues: list[str], concurrency: int | None = None, name: s
 
 def worker_command_line(*, queues: list[str]) -> str:
     """The command a user types to serve `queues` (shown in errors and the admin)."""
-    return shlex.join(["celery", *worker_command(queues=queues)[4:-2]])
+    return shlex.join(["celery", *worker_command(queues=queues)[3:-2]])

@@ -48,6 +48,11 @@ class InvalidKey(ServiceError):
     code = "invalid_api_key"
 
 
+class Forbidden(ServiceError):
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(ServiceError):
     status = 404
     code = "not_found"

@@ -4,8 +4,13 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
+
+# The `model` name API clients use, a folder and a queue name: model names carry dots ("qwen2.5-coder-1.5b"),
+# but a name may not start with one (hidden folders, "..").
+pair_slug = RegexValidator(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*\Z", "Enter a name of letters, numbers, dots, hyphens or "
+                           "underscores that starts with a letter or a number.")
 
 
 class ModelPair(models.Model):
@@ -28,7 +33,7 @@ class ModelPair(models.Model):
         F32 = "f32"
 
     name = models.CharField(max_length=100, unique=True)
-    slug = models.SlugField(max_length=60, unique=True,
+    slug = models.CharField(max_length=60, unique=True, validators=[pair_slug],
                             help_text="The `model` name API clients use; also names the Celery queue.")
     main_dir = models.CharField(max_length=500,
                                 help_text="Folder of the main model's OpenVINO IR, relative to the models root.")
@@ -75,6 +80,15 @@ class ModelPair(models.Model):
         help_text="f32 keeps speculative greedy output identical to the main alone (u8 flipped 1 in 48 here)."
     )
     enabled = models.BooleanField(default=True)
+    is_default = models.BooleanField(
+        default=False, help_text="The chat's pair for a new conversation (at most one: setting it here unsets it "
+        "elsewhere). None set: the first enabled pair by name.")
+    description = models.TextField(
+        blank=True, help_text="What the pair is for, in a sentence or two: shown in the chat's picker and empty "
+        "conversation.")
+    completes_text = models.BooleanField(
+        default=False, help_text="A completion model (code): its answers continue the user's text, so the chat "
+        "shows prompt and answer as one code block.")
     # Last load reported by a worker (the live state comes from worker heartbeats).
     load_error = models.TextField(blank=True)
     load_reported_at = models.DateTimeField(null=True, blank=True)
@@ -86,9 +100,24 @@ class ModelPair(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args, **kwargs) -> None:
+        """One default pair: a pair made the default takes the mark from the others."""
+        super().save(*args, **kwargs)
+        if self.is_default:
+            ModelPair.objects.filter(is_default=True).exclude(pk=self.pk).update(is_default=False)
+
     @property
     def queue(self) -> str:
         return f"pair.{self.slug}"
+
+    EXACT, FAST = "exact", "fast"
+
+    @property
+    def precision_mode(self) -> str:
+        """Exact: f32 activations and KV cache, so greedy answers with the draft are the main alone's token for
+        token; fast: the device's defaults (the fastest main alone), where near-ties can flip."""
+        exact = self.inference_precision == self.Precision.F32 and self.kv_cache_precision == self.KvPrecision.F32
+        return self.EXACT if exact else self.FAST
 
     @property
     def is_speculative(self) -> bool:
@@ -105,6 +134,10 @@ class ModelPair(models.Model):
             assistant_confidence_threshold=self.assistant_confidence_threshold,
             max_new_tokens_cap=self.max_new_tokens_cap,
         )
+        from inference.serving.speculation import profile_errors
+
+        if problems := profile_errors(self.speculation_profile):
+            errors["speculation_profile"] = "Invalid profile: " + "; ".join(problems) + "."
         if errors:
             raise ValidationError(errors)
 
@@ -211,19 +244,23 @@ class BenchmarkRun(models.Model):
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return f"benchmark of {self.pair_id} ({self.status})"
+        return f"Benchmark #{self.pk} of {self.pair.name} ({self.status})"
 
 
 class ImportJob(models.Model):
-    """Export of a Hugging Face main/draft pair to OpenVINO IR and its registration, run by a worker."""
+    """Export of a main/draft pair (Hugging Face or GGUF) to OpenVINO IR and its registration, run by a worker."""
 
     Status = JobStatus
 
     name = models.CharField(max_length=100)
-    slug = models.SlugField(max_length=60)
-    main_source = models.CharField(max_length=500, help_text="Hugging Face id or local folder.")
+    slug = models.CharField(max_length=60, validators=[pair_slug])
+    main_source = models.CharField(max_length=500, help_text="Hugging Face id, local folder or GGUF file.")
     draft_source = models.CharField(max_length=500, blank=True)
     weight_format = models.CharField(max_length=8, default="int8")
+    draft_weight_format = models.CharField(max_length=8, blank=True, help_text="Empty: the main's weight format.")
+    main_sha256 = models.CharField(max_length=64, blank=True,
+                                   help_text="A GGUF file's published sha256; the import refuses other bytes.")
+    draft_sha256 = models.CharField(max_length=64, blank=True)
     kv_cache_precision = models.CharField(max_length=8, blank=True)
     device = models.CharField(max_length=8, default="CPU")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)

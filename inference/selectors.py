@@ -31,8 +31,9 @@ def live_workers(*, client: redis.Redis) -> list[dict]:
 @dataclass(frozen=True)
 class PairState:
     state: ServingState
-    error: str = ""
+    error: str = ""  # what any client may read
     workers: tuple[str, ...] = ()
+    detail: str = ""  # a load failure's own words (paths, the library's message): the admin's only
 
     @property
     def served(self) -> bool:
@@ -51,7 +52,8 @@ def pair_state(*, pair: ModelPair, workers: list[dict]) -> PairState:
         return PairState(ServingState.AVAILABLE, workers=names)
     failed = [s["error"] for s in states if s.get("state") == LoadState.FAILED]
     if failed and len(failed) == len(states):
-        return PairState(ServingState.UNAVAILABLE, f"failed to load: {failed[0]}", names)
+        return PairState(ServingState.UNAVAILABLE, "failed to load: an admin can see why on the pair's page",
+                         names, detail=f"failed to load: {failed[0]}")
     return PairState(ServingState.LOADING, workers=names)
 
 

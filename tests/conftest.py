@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
@@ -286,3 +287,10 @@ async def chat_socket(user, *, origin: str = "http://127.0.0.1", host: str = "12
         await sync_to_async(client.force_login)(user)
         headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
     return WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+
+
+def in_thread(query):
+    """A database query while the browser runs: Playwright's sync API keeps an event loop in the test's
+    thread, where Django refuses synchronous queries."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(query).result()

@@ -319,15 +319,19 @@ def test_stream_resumes_after_last_event_id_without_loss(live_server_url, demo_p
     assert first.status_code == 200 and first.headers["Content-Type"].startswith("text/event-stream")
     generation_id = first.headers["X-Generation-Id"]
     received, last_id = [], None
+    received_chunks = []
     for event_id, data in sse_events(first):
         received.append(chunk_text(data))
+        received_chunks.append(data)
         last_id = event_id or last_id
         if len(received) == 2:
             break
     first.close()  # the connection drops; background: true keeps the generation running
     assert last_id
 
-    rest = requests.get(f"{live_server_url}/v1/completions/{generation_id}/events", stream=True, timeout=120,
+    chunk_id = json.loads(received_chunks[0])["id"]
+    assert chunk_id == f"cmpl-{generation_id}"
+    rest = requests.get(f"{live_server_url}/v1/completions/{chunk_id}/events", stream=True, timeout=120,
                         headers={"Authorization": f"Bearer {api_key.secret}", "Last-Event-ID": last_id})
     assert rest.status_code == 200
     resumed = list(sse_events(rest))
@@ -384,7 +388,7 @@ def test_per_key_concurrency_limit_answers_429_and_cancel_frees_it(live_server_u
     assert refused.value.body["code"] == "concurrency_limit_exceeded"
     assert Generation.objects.count() == 1
 
-    cancelled = post(live_server_url, f"/v1/completions/{generation_id}/cancel", api_key.secret, {})
+    cancelled = post(live_server_url, f"/v1/completions/cmpl-{generation_id}/cancel", api_key.secret, {})  # as returned
     assert cancelled.status_code == 200 and cancelled.json()["id"] == f"cmpl-{generation_id}"
     generation = wait_until_done(generation_id)
     assert generation.status == Generation.Status.STOPPED and generation.completion_tokens < 900

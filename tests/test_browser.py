@@ -33,10 +33,14 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     lengths = {n for n in page.evaluate("window.streamedLengths") if n}
     assert len(lengths) >= 2, "the text should grow while the answer streams"
     assert answer.locator(".body").inner_text().strip()
-    metrics = answer.locator(".meta").inner_text()
-    assert "tok/s" in metrics and "TTFT" in metrics and "acceptance" in metrics and "tokens/step" in metrics
-    assert "speculation: draft" in metrics
+    meta = answer.locator(".meta")  # in words, the figures in full on hover
+    assert "tokens at" in meta.inner_text() and "% of draft tokens accepted" in meta.inner_text()
+    assert "fewer main-model steps" in meta.inner_text() and "K=" in meta.inner_text()
+    details = meta.get_attribute("title")
+    assert "tok/s" in details and "first token after" in details and "tokens/step" in details
+    assert "speculation: draft" in details
     assert "/c/" in page.url  # the conversation is kept, and listed in the sidebar after a reload
+    page.click(".options summary")  # the finer settings wait behind "Options"
     page.check("#show-steps")
     assert answer.locator(".step .main").count() >= 2
     page.screenshot(path=str(tmp_path / "answer.png"))
@@ -47,11 +51,13 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     page.wait_for_selector("body[data-connected='1']")
     page.fill("#prompt", "class Stack:\n    def __init__(self):")  # runs to the token limit
     page.fill("#max-tokens", "500")
+    page.click(".options summary")
     page.uncheck("#speculative")  # the main alone: slower, so there is time to press Stop
     page.press("#prompt", "Control+Enter")  # sends; Enter alone is a new line of code
     second = page.locator("article.message.assistant").first
-    second.locator(".meta").filter(has_text="generating").wait_for()
+    second.locator(".meta").filter(has_text="writing").wait_for()
     page.locator("#stop").click()
-    second.locator(".meta").filter(has_text="finish: stopped").wait_for()
-    assert "speculation: off (speculative: false was asked)" in second.locator(".meta").inner_text()
+    second.locator(".meta").filter(has_text="stopped").wait_for()
+    assert "draft off, as asked" in second.locator(".meta").inner_text()
+    assert "speculation: off (speculative: false was asked)" in second.locator(".meta").get_attribute("title")
     assert not page.locator("#send").is_disabled()

@@ -167,3 +167,24 @@ def test_a_burst_of_requests_at_a_fresh_worker_tokenizes_from_many_threads_at_on
         fresh = subprocess.run([sys.executable, "-c", FRESH_PROCESS_BURST, SPEC.main_dir, SPEC.draft_dir],
                                cwd=settings.BASE_DIR, timeout=60, check=False)
         assert fresh.returncode == 0
+
+
+def test_a_pairs_extra_engines_are_freed_when_idle_and_its_default_engine_stays():
+    """The main alone and the exact engine each hold another copy of the main's weights: a worker frees
+    them once unused for a while (never while they run a request), and loads them again when needed."""
+    registry = EngineRegistry(release_extra_after_s=0.5)
+    default = registry.get(SPEC)
+    main_alone = registry.get(replace(SPEC, speculative=False))
+    running = main_alone.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=2000, ignore_eos=True))
+    assert isinstance(running.events.get(timeout=60), StepTokens)
+    time.sleep(0.6)
+    assert registry.release_idle_extras() == []  # it runs a request
+    running.stop()
+    drain(running)
+    assert registry.release_idle_extras() == [replace(SPEC, speculative=False)]
+    assert main_alone._process.wait(30) == 0  # its step process ended, its memory with it
+    assert [e["speculative"] for e in registry.loaded()] == [True] and default.alive
+    again = registry.get(replace(SPEC, speculative=False))
+    tokens, finished = drain(again.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=4)))
+    assert finished.finish_reason == "length" and len(tokens) == 4
+    registry.unload(SPEC.slug)

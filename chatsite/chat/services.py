@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from chatsite.chat import selectors
-from chatsite.chat.models import Conversation, Message
+from chatsite.chat.models import TITLE_MAX_LENGTH, Conversation, Message
 from inference import errors, transport
 from inference.models import Generation
 from inference.serving import web
@@ -35,13 +35,13 @@ def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str
     pair = web.find_pair(slug=pair_slug)
     with answer_slot(user=user), transaction.atomic():
         if conversation_id:
-            conversation = selectors.conversation_for(user=user, conversation_id=conversation_id)
-            if conversation is None:
-                raise errors.NotFound("No such conversation.", param="conversation")
+            conversation = _owned(user=user, conversation_id=conversation_id)
             conversation.pair = pair
-            conversation.save(update_fields=["pair", "updated_at"])
+            if not conversation.messages.exists():  # made first for its system prompt: titled by this message
+                conversation.title = _title_from(text)
+            conversation.save(update_fields=["pair", "title", "updated_at"])
         else:
-            conversation = Conversation.objects.create(user=user, pair=pair, title=text.strip()[:80])
+            conversation = Conversation.objects.create(user=user, pair=pair, title=_title_from(text))
         Message.objects.create(conversation=conversation, role=Message.Role.USER, content=text)
         prompt = web.chat_prompt(pair=pair, messages=selectors.history(conversation=conversation))
         generation = web.start_generation(pair=pair, prompt=prompt, options=options, user=user,
@@ -68,6 +68,79 @@ def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Mess
         message.save(update_fields=["generation"])
         conversation.save(update_fields=["updated_at"])
     return message
+
+
+def edit_and_resend(*, user, conversation_id: int, text: str, options: web.GenerationOptions) -> Message:
+    """The conversation's last user message rewritten and answered anew: the answers after it leave
+    the conversation (their generations stay until purge_history, as any unlisted answer's do)."""
+    web.check_prompt_text(text, param="text")
+    conversation = _owned(user=user, conversation_id=conversation_id)
+    message = conversation.messages.filter(role=Message.Role.USER).last()
+    if message is None:
+        raise errors.InvalidValue("This conversation has no message to edit.", param="conversation")
+    later = conversation.messages.filter(id__gt=message.id).select_related("generation")
+    if any(m.generation and not m.generation.is_done for m in later):
+        raise errors.InvalidValue("Its answer is still being written; stop it first.", param="conversation")
+    pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
+    with answer_slot(user=user), transaction.atomic():
+        if conversation.title == _title_from(message.content):
+            conversation.title = _title_from(text)
+        message.content = text
+        message.save(update_fields=["content"])
+        later.delete()
+        prompt = web.chat_prompt(pair=pair, messages=selectors.history(conversation=conversation))
+        generation = web.start_generation(pair=pair, prompt=prompt, options=options, user=user,
+                                          source=Generation.Source.CHAT, add_special_tokens=False)
+        conversation.save(update_fields=["title", "updated_at"])
+        return Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
+
+
+def new_conversation(*, user, system_prompt: str) -> Conversation:
+    """An empty conversation, made before its first message when that message needs a system prompt;
+    the first message titles it."""
+    web.check_prompt_text(system_prompt, param="system_prompt")
+    return Conversation.objects.create(user=user, title="New chat", system_prompt=system_prompt)
+
+
+def rename_conversation(*, user, conversation_id: int, title: str) -> Conversation:
+    title = " ".join(title.split())
+    if not title:
+        raise errors.InvalidValue("A conversation needs a title.", param="title")
+    if len(title) > TITLE_MAX_LENGTH:
+        raise errors.InvalidValue(f"A title has at most {TITLE_MAX_LENGTH} characters.", param="title")
+    conversation = _owned(user=user, conversation_id=conversation_id)
+    conversation.title = title
+    conversation.save(update_fields=["title", "updated_at"])
+    return conversation
+
+
+def set_system_prompt(*, user, conversation_id: int, system_prompt: str) -> Conversation:
+    """Used for the answers written from now on (the kept answers stay as they were written)."""
+    if "\x00" in system_prompt:
+        raise errors.InvalidValue("The system prompt contains a NUL character.", param="system_prompt")
+    conversation = _owned(user=user, conversation_id=conversation_id)
+    conversation.system_prompt = system_prompt.strip()
+    conversation.save(update_fields=["system_prompt", "updated_at"])
+    return conversation
+
+
+def delete_conversation(*, user, conversation_id: int) -> None:
+    """Its answers still being written are stopped first: nobody could see them any more."""
+    conversation = _owned(user=user, conversation_id=conversation_id)
+    for generation in Generation.objects.filter(message__conversation=conversation, status__in=web.IN_FLIGHT):
+        web.request_stop(generation=generation)
+    conversation.delete()
+
+
+def _owned(*, user, conversation_id: int) -> Conversation:
+    conversation = selectors.conversation_for(user=user, conversation_id=conversation_id)
+    if conversation is None:
+        raise errors.NotFound("No such conversation.", param="conversation")
+    return conversation
+
+
+def _title_from(text: str) -> str:
+    return " ".join(text.split())[:80]
 
 
 def stop_all_answers(*, user) -> None:

@@ -1,9 +1,15 @@
-from django.contrib.auth.decorators import login_required
-from django.http import Http404
-from django.shortcuts import render
+import json
+from collections.abc import Callable
 
-from chatsite.chat import selectors
-from inference.models import ModelPair
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.utils.text import slugify
+from django.views.decorators.http import require_POST
+
+from chatsite.chat import selectors, services
+from inference import errors
+from inference.serving import web
 
 
 def answer_json(message) -> dict:
@@ -32,13 +38,96 @@ def chat(request, conversation_id: int | None = None):
         if conversation is None:
             raise Http404("No such conversation")
         messages = [answer_json(m) for m in selectors.messages_of(conversation=conversation)]
-    pairs = list(ModelPair.objects.filter(enabled=True).values("slug", "name", "num_assistant_tokens",
-                                                                "assistant_confidence_threshold", "max_new_tokens_cap",
-                                                                "draft_dir", "prompt_lookup"))
+    pairs = selectors.chat_pairs()
     selected = conversation.pair.slug if conversation and conversation.pair else (pairs[0]["slug"] if pairs else "")
     return render(request, "chat/chat.html", {
         "conversation": conversation,
         "conversations": selectors.conversations_for(user=request.user),
         "page_data": {"conversation": conversation.id if conversation else None, "messages": messages,
-                      "pairs": pairs, "pair": selected},
+                      "pairs": pairs, "pair": selected,
+                      "system_prompt": conversation.system_prompt if conversation else ""},
     })
+
+
+def _json_action(action: Callable[[dict], dict]):
+    """A POST of a JSON object answered with JSON; a ServiceError becomes {"error": {message, param,
+    code}} with its status, as the API and the socket word them."""
+    @login_required
+    @require_POST
+    def view(request, **kwargs):
+        try:
+            body = json.loads(request.body or b"{}")
+            if not isinstance(body, dict):
+                raise errors.InvalidJson("The body must be a JSON object.")
+            return JsonResponse(action({**body, **kwargs, "user": request.user}))
+        except ValueError:
+            error: errors.ServiceError = errors.InvalidJson("The body must be JSON.")
+        except errors.ServiceError as exc:
+            error = exc
+        return JsonResponse({"error": {"message": error.message, "param": error.param, "code": error.code}},
+                            status=error.status)
+    return view
+
+
+def _text(body: dict, name: str) -> str:
+    value = body.get(name, "")
+    if not isinstance(value, str):
+        raise errors.InvalidType(f"{name} must be a string.", param=name)
+    return value
+
+
+def _options(body: dict) -> web.GenerationOptions:
+    settings = body.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise errors.InvalidType("settings must be an object.", param="settings")
+    return web.parse_options(settings)
+
+
+@_json_action
+def new_conversation(body: dict) -> dict:
+    conversation = services.new_conversation(user=body["user"], system_prompt=_text(body, "system_prompt"))
+    return {"conversation": conversation.id}
+
+
+@_json_action
+def rename(body: dict) -> dict:
+    conversation = services.rename_conversation(user=body["user"], conversation_id=body["conversation_id"],
+                                                title=_text(body, "title"))
+    return {"title": conversation.title}
+
+
+@_json_action
+def system_prompt(body: dict) -> dict:
+    conversation = services.set_system_prompt(user=body["user"], conversation_id=body["conversation_id"],
+                                              system_prompt=_text(body, "system_prompt"))
+    return {"system_prompt": conversation.system_prompt}
+
+
+@_json_action
+def delete(body: dict) -> dict:
+    services.delete_conversation(user=body["user"], conversation_id=body["conversation_id"])
+    return {"deleted": body["conversation_id"]}
+
+
+@_json_action
+def edit(body: dict) -> dict:
+    """The answer is started here; the page follows its events on its websocket as any other's."""
+    message = services.edit_and_resend(user=body["user"], conversation_id=body["conversation_id"],
+                                       text=_text(body, "text"), options=_options(body))
+    return {"message": message.id, "generation": str(message.generation_id)}
+
+
+@login_required
+def export(request, conversation_id: int, fmt: str):
+    conversation = selectors.conversation_for(user=request.user, conversation_id=conversation_id)
+    if conversation is None:
+        raise Http404("No such conversation")
+    if fmt == "json":
+        content = json.dumps(selectors.export_json(conversation=conversation), indent=2, ensure_ascii=False)
+        content_type = "application/json"
+    else:
+        content, content_type = selectors.export_markdown(conversation=conversation), "text/markdown; charset=utf-8"
+    response = HttpResponse(content, content_type=content_type)
+    name = slugify(conversation.title)[:60] or f"conversation-{conversation.id}"
+    response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
+    return response

@@ -11,6 +11,7 @@ import hashlib
 import secrets
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -58,6 +59,19 @@ def authenticate(*, authorization: str) -> ApiKey:
     if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
         ApiKey.objects.filter(id=api_key.id).update(last_used_at=now)  # not a write per request
     return api_key
+
+
+def check_metrics_access(*, authorization: str) -> None:
+    """/metrics names the pairs and their load: with METRICS_TOKEN set, only a scraper sending it as a
+    bearer token reads them; without, only with METRICS_OPEN (DEBUG, or an internal network)."""
+    if settings.METRICS_TOKEN:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
+                                                                      settings.METRICS_TOKEN.encode()):
+            raise errors.InvalidKey("The metrics need `Authorization: Bearer <SPECCHAT_METRICS_TOKEN>`.")
+    elif not settings.METRICS_OPEN:
+        raise errors.Forbidden("The metrics are not served here: set SPECCHAT_METRICS_TOKEN (or "
+                               "SPECCHAT_METRICS_OPEN=1 on an internal network).")
 
 
 def start_for_key(*, api_key: ApiKey, **start_kwargs) -> Generation:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from inference import limits
+from inference.api.ids import AnswerIdConverter
 
 DESCRIPTION = """\
 OpenAI-compatible completions and chat completions served by speculative decoding (a draft model
@@ -30,9 +31,8 @@ which does not draw from the main model's distribution).
 **Streaming and resuming.** `stream: true` answers Server-Sent Events in OpenAI's chunk format,
 ending with `data: [DONE]`. Each event carries `id:`; a client that lost the connection gets the
 rest with `GET /v1/completions/{generation_id}/events` (or `/v1/chat/completions/...`) and the
-header `Last-Event-ID: <last id it received>`, without loss or repetition. The generation id is in
-the `X-Generation-Id` response header and in every chunk's `id` after the `cmpl-` or `chatcmpl-`
-prefix.
+header `Last-Event-ID: <last id it received>`, without loss or repetition. `{generation_id}` is the
+answer's `id` as returned (`cmpl-…`, `chatcmpl-…`) or the bare uuid of the `X-Generation-Id` header.
 
 **Disconnecting cancels.** When the client that started a generation disconnects, the generation
 is stopped at the worker's next step. A request with `background: true` keeps running instead (so
@@ -157,7 +157,9 @@ def _generate(chat: bool) -> dict:
 
 def _generation_route(chat: bool, action: str) -> dict:
     kind = "chat completion" if chat else "completion"
-    params = [{"name": "generation_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}]
+    params = [{"name": "generation_id", "in": "path", "required": True,
+               "description": "the answer's id as returned (cmpl-<uuid>, chatcmpl-<uuid>) or the bare uuid",
+               "schema": {"type": "string", "pattern": f"^{AnswerIdConverter.regex}$"}}]
     if action == "events":
         params += [
             {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string"},

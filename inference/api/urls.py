@@ -1,14 +1,17 @@
-from django.urls import include, path, re_path
+from django.urls import include, path, re_path, register_converter
 
 from inference.api import views
+from inference.api.ids import AnswerIdConverter
+
+register_converter(AnswerIdConverter, "answer_id")
 
 versioned = [
     path("completions", views.completions),
     path("chat/completions", views.chat_completions),
-    path("completions/<uuid:generation_id>/events", views.events, {"chat": False}),
-    path("chat/completions/<uuid:generation_id>/events", views.events, {"chat": True}),
-    path("completions/<uuid:generation_id>/cancel", views.cancel, {"chat": False}),
-    path("chat/completions/<uuid:generation_id>/cancel", views.cancel, {"chat": True}),
+    path("completions/<answer_id:generation_id>/events", views.events, {"chat": False}),
+    path("chat/completions/<answer_id:generation_id>/events", views.events, {"chat": True}),
+    path("completions/<answer_id:generation_id>/cancel", views.cancel, {"chat": False}),
+    path("chat/completions/<answer_id:generation_id>/cancel", views.cancel, {"chat": True}),
     path("models", views.models),
     path("config", views.config),
     path("openapi.json", views.openapi_document),

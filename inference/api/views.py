@@ -190,6 +190,7 @@ async def health(request):
 
 @api_view("GET")
 async def metrics(request):
+    auth.check_metrics_access(authorization=request.headers.get("Authorization", ""))
     text = await sync_to_async(exposition)(client=transport.sync_client())
     return HttpResponse(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -14,6 +14,7 @@ measured and the theoretical speedup can be traced to acceptance or to step cost
 from __future__ import annotations
 
 import json
+import queue
 import re
 import statistics
 import time
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from inference.engines.base import DecodingParams, Finished, PairSpec, SpeculationStats, TextAssembler
+from inference.engines.base import DecodingParams, Engine, Finished, PairSpec, SpeculationStats, TextAssembler
 from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
 
@@ -245,19 +246,19 @@ class Engines:
     engine for a spec (a worker passes its registry's); without it each is built once here and
     freed by `close`."""
 
-    def __init__(self, spec: PairSpec, get: Callable[[PairSpec], PairEngine] | None = None):
+    def __init__(self, spec: PairSpec, get: Callable[[PairSpec], Engine] | None = None):
         self.spec = spec
         self._get = get
-        self._built: dict[PairSpec, PairEngine] = {}
+        self._built: dict[PairSpec, Engine] = {}
 
-    def _engine(self, spec: PairSpec) -> PairEngine | ExactEngine:
+    def _engine(self, spec: PairSpec) -> Engine:
         if self._get:
             return self._get(spec)
         if spec not in self._built:
             self._built[spec] = ExactEngine(spec) if spec.exact_sampling else PairEngine(spec)
         return self._built[spec]
 
-    def pair(self, *, speculative: bool, exact_sampling: bool = False) -> PairEngine | ExactEngine:
+    def pair(self, *, speculative: bool, exact_sampling: bool = False) -> Engine:
         return self._engine(replace(self.spec, speculative=speculative,
                                     exact_sampling=exact_sampling and bool(self.spec.draft_dir)))
 
@@ -271,7 +272,10 @@ class Engines:
         self._built.clear()
 
 
-def run_once(engine: PairEngine, *, prompt: str, params: DecodingParams) -> tuple[str, SpeculationStats, float]:
+TOKEN_TIMEOUT_S = 300  # a generation silent this long is not coming back
+
+
+def run_once(engine: Engine, *, prompt: str, params: DecodingParams) -> tuple[str, SpeculationStats, float]:
     """One generation on an engine: its text, step stats, and when it was submitted."""
     speculative = engine.spec.uses_draft or engine.spec.uses_prompt_lookup
     fixed_k = params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
@@ -279,9 +283,13 @@ def run_once(engine: PairEngine, *, prompt: str, params: DecodingParams) -> tupl
                              max_new_tokens=params.max_new_tokens)
     text = TextAssembler(engine.tokenizer)
     request = engine.submit(prompt=prompt, params=params)
-    while not isinstance(item := request.events.get(timeout=300), Finished):
-        stats.add_step(len(item.token_ids), item.at)
-        text.add(item.token_ids)
+    try:
+        while not isinstance(item := request.events.get(timeout=TOKEN_TIMEOUT_S), Finished):
+            stats.add_step(len(item.token_ids), item.at)
+            text.add(item.token_ids)
+    except queue.Empty:
+        raise TimeoutError(f"The benchmark stopped: the engine wrote no token for {TOKEN_TIMEOUT_S} s (an "
+                           "overloaded worker, or an engine that hangs).") from None
     if item.finish_reason == "error":
         raise RuntimeError(item.error)
     text.finish()

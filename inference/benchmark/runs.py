@@ -297,6 +297,11 @@ def start_benchmark_run(*, pair: ModelPair, options: BenchmarkOptions) -> Benchm
     return run
 
 
+def _failure(exc: Exception) -> str:
+    """The run's error as the admin shows it: a timeout's own sentence, else the exception named."""
+    return str(exc) if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+
+
 def execute_benchmark_run(*, run_id: int) -> None:
     """The worker's side: measure in-process on this worker's own engines for the pair (shared
     with any live traffic, which the notes say), write the report, keep the results."""
@@ -326,7 +331,7 @@ def execute_benchmark_run(*, run_id: int) -> None:
     except Exception as exc:
         log.exception("benchmark run %s failed", run_id)
         BenchmarkRun.objects.filter(id=run_id).update(status=BenchmarkRun.Status.FAILED, finished_at=timezone.now(),
-                                                      error=f"{type(exc).__name__}: {exc}")
+                                                      error=_failure(exc))
         return
     BenchmarkRun.objects.filter(id=run_id).update(status=BenchmarkRun.Status.FINISHED, results=results,
                                                   report_dir=str(report_dir), progress="done",

@@ -35,6 +35,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from inference import selectors
+from inference.benchmark import memory
 from inference.benchmark.inprocess import heldout_prompts
 from inference.benchmark.stack import BENCHMARK_USERNAME, Credentials, StackError, free_port, wait_for_port
 from inference.celery_worker import worker_command
@@ -154,27 +155,10 @@ class PrivateStack:
         self.wait_served(self.start_worker(index))
         self._killing.discard(index)
 
-    def rss_mb(self, index: int) -> tuple[int, float]:
-        """(pid, resident MB) of a worker with its step processes (the pipelines live there); 0 MB if gone."""
+    def pss_mb(self, index: int) -> tuple[int, float]:
+        """(pid, PSS in MB) of a worker with its step processes (the pipelines live there); 0 MB if gone."""
         pid = self.workers[index].pid
-        return pid, sum(_rss_kb(p) for p in (pid, *_children(pid))) / 1024
-
-
-def _rss_kb(pid: int) -> int:
-    with suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS"):
-                return int(line.split()[1])
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state: ppid
-                found.append(int(stat.parent.name))
-    return found
+        return pid, sum(memory.tree_pss(pid).values()) / 2**20
 
 
 @contextmanager
@@ -429,14 +413,14 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
                        requests=[{**r, "kind": "sse", "behaviour": "plain"} for r in plan[:2 * top]]))
     if any(o.ended != "done" for o in warm):
         raise StackError(f"the stack does not answer: {next(o.error for o in warm if o.ended != 'done')}")
-    measured_pid, worker_mb = stack.rss_mb(1)  # the worker the soak does not kill
-    baseline = {"worker_rss_mb": worker_mb, "redis_used_mb": _redis_mb(stack)}
+    measured_pid, worker_mb = stack.pss_mb(1)  # the worker the soak does not kill
+    baseline = {"worker_pss_mb": worker_mb, "redis_used_mb": _redis_mb(stack)}
     outcomes: list[Outcome] = []
     faults: list[dict] = []
     # Mid-phase (not between phases, when nothing runs): answers are being written when it happens.
     triggers = {int(len(plan) * 0.45): "kill_worker" if options.kill_worker else None,
                 int(len(plan) * 0.8): "restart_redis" if options.restart_redis else None}
-    rss_by_phase: list[float] = []
+    pss_by_phase: list[float] = []
 
     def on_progress(count: int) -> None:
         fault = triggers.pop(count, None)
@@ -449,18 +433,18 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
         chunks = _split(plan, len(options.concurrency))
         for level, chunk in zip(options.concurrency, chunks, strict=True):
             await _phase(client=client, requests=chunk, concurrency=level, done=outcomes, progress=on_progress)
-            rss_by_phase.append(stack.rss_mb(1)[1])
+            pss_by_phase.append(stack.pss_mb(1)[1])
 
     began = time.monotonic()
     asyncio.run(run_all())
     elapsed = time.monotonic() - began
     settled = _wait_settled(stack=stack, since_wall=started_wall, timeout=60 + options.stream_ttl_s)
     figures = check(outcomes=outcomes, stack=stack, since_wall=started_wall, credentials=credentials)
-    end_pid, worker_mb = stack.rss_mb(1)
-    end = {"worker_rss_mb": worker_mb, "redis_used_mb": _redis_mb(stack)}
+    end_pid, worker_mb = stack.pss_mb(1)
+    end = {"worker_pss_mb": worker_mb, "redis_used_mb": _redis_mb(stack)}
     memory = {**{f"baseline_{k}": v for k, v in baseline.items()}, **{f"end_{k}": v for k, v in end.items()},
-              "worker_rss_mb_after_each_phase": rss_by_phase, "same_worker": end_pid == measured_pid,
-              "worker_growth_mb": end["worker_rss_mb"] - baseline["worker_rss_mb"],
+              "worker_pss_mb_after_each_phase": pss_by_phase, "same_worker": end_pid == measured_pid,
+              "worker_growth_mb": end["worker_pss_mb"] - baseline["worker_pss_mb"],
               "redis_growth_mb": end["redis_used_mb"] - baseline["redis_used_mb"]}
     figures.update(elapsed_s=elapsed, unplanned_worker_exits=stack.unplanned_exits, settled=settled, memory=memory,
                    faults=[{k: v for k, v in f.items() if k != "at"} for f in faults])
@@ -557,8 +541,8 @@ def verdicts(figures: dict) -> list[tuple[str, bool, str]]:
          f"max {figures['failure_surfaced_max_s']:.1f} s"),
         ("0 phantom in-flight slots", figures["phantom_in_flight"] == 0, f"{figures['phantom_in_flight']}"),
         ("worker memory back to baseline (+10% or +64 MB)", memory["same_worker"] and
-         memory["worker_growth_mb"] <= max(64, 0.1 * memory["baseline_worker_rss_mb"]),
-         f"{memory['baseline_worker_rss_mb']:.0f} -> {memory['end_worker_rss_mb']:.0f} MB"),
+         memory["worker_growth_mb"] <= max(64, 0.1 * memory["baseline_worker_pss_mb"]),
+         f"{memory['baseline_worker_pss_mb']:.0f} -> {memory['end_worker_pss_mb']:.0f} MB"),
         ("Redis memory back to baseline (+2 MB)", memory["redis_growth_mb"] <= 2,
          f"{memory['baseline_redis_used_mb']:.1f} -> {memory['end_redis_used_mb']:.1f} MB"),
     ]

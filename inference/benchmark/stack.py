@@ -76,7 +76,7 @@ def stack_credentials(*, max_concurrent: int) -> Iterator[Credentials]:
         raise StackError(f"a user '{BENCHMARK_USERNAME}' with a password exists; the benchmark will not use it")
     store = import_module(settings.SESSION_ENGINE).SessionStore()
     store[SESSION_KEY] = str(user.pk)
-    store[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[0]
+    store[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[-1]  # the one that loads users (axes only guards)
     store[HASH_SESSION_KEY] = user.get_session_auth_hash()
     store.create()
     api_key = ApiKey(name="benchmark", user=user, max_concurrent=max_concurrent)

@@ -13,7 +13,7 @@ import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import openvino as ov
@@ -200,6 +200,27 @@ class ActiveRequest:
         if self.on_stop:
             with contextlib.suppress(OSError, EOFError):  # the engine is gone: its reader ends the request
                 self.on_stop()
+
+
+class Engine(Protocol):
+    """What the worker, the registry and the benchmark use of an engine: the library's pipeline in a step
+    process of its own (engines/library.py) and the exact speculative sampler (engines/exact.py)."""
+
+    spec: PairSpec
+    tokenizer: og.Tokenizer
+    load_seconds: float
+    submitted: int  # requests taken: the registry renews an engine after many
+
+    @property
+    def active_count(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def submit(self, *, prompt: str = "", params: DecodingParams, add_special_tokens: bool = True,
+               prompt_ids: list[int] | None = None) -> ActiveRequest: ...
+
+    def close(self) -> None: ...
 
 
 class TextAssembler:

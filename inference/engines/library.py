@@ -43,6 +43,8 @@ from inference.engines.base import (
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 600
+WATCH_EVERY_S = 1.0  # how often the reader looks for a stalled step process
+PREFILL_TOKENS_PER_BUDGET = 512  # each this many prompt tokens waiting for their prefill add one step budget
 
 
 def build_pipeline(spec: PairSpec) -> og.ContinuousBatchingPipeline:
@@ -74,8 +76,11 @@ class PairEngine:
     main step, then Finished, by a reader thread that takes the step process's messages. `on_step`
     hears of each step whose requests all share one K (0 on the main alone)."""
 
-    def __init__(self, spec: PairSpec, *, on_step: StepObserver | None = None):
+    def __init__(self, spec: PairSpec, *, on_step: StepObserver | None = None, step_timeout_s: float = 0):
         self.spec, self.on_step = spec, on_step
+        self.step_timeout_s = step_timeout_s  # 0: no watchdog (see _stalled)
+        self._progress_at = time.monotonic()  # the last step, or the submit that woke an idle engine
+        self._stalled_for = 0.0
         started = time.perf_counter()
         # A new interpreter, not fork (the worker runs threads) nor multiprocessing's spawn (it re-runs the
         # caller's __main__, which breaks unguarded scripts): `python -m inference.engines.library FD`.
@@ -126,6 +131,8 @@ class PairEngine:
         request = ActiveRequest(request_id, prompt_ids, time.perf_counter(),
                                 on_stop=lambda: self._send(("stop", request_id)))
         self.submitted += 1
+        if not self._active:
+            self._progress_at = time.monotonic()  # idle time is not a stall
         self._active[request_id] = request
         self._k[request_id] = (params.num_assistant_tokens if params.assistant_confidence_threshold is None else None) \
             if self.spec.uses_draft else 0
@@ -150,9 +157,14 @@ class PairEngine:
     def _read_steps(self) -> None:
         while True:
             try:
+                if not self._conn.poll(WATCH_EVERY_S):
+                    if self._stalled():
+                        self._process.kill()  # its requests end below, as for any exit; the registry reloads it
+                    continue
                 _, at, seconds, outputs = self._conn.recv()  # ("step", when, took, [(id, tokens, finished)])
             except (EOFError, OSError):
                 break
+            self._progress_at = time.monotonic()
             self._observe(outputs, seconds)
             for request_id, token_ids, finished in outputs:
                 request = self._active.get(request_id)
@@ -173,9 +185,27 @@ class PairEngine:
         self._conn.close()
         if not self._closed or self._active:
             log.error("the step process of %s exited (code %s)", self.spec.slug, code)
+        reason = (f"the engine made no step in {self._stalled_for:.0f} s and was restarted" if self._stalled_for
+                  else f"the engine process exited (code {code})")
         for request in list(self._active.values()):
-            request.events.put(Finished("error", f"the engine process exited (code {code})"))
+            request.events.put(Finished("error", reason))
         self._active.clear()
+
+    def _stalled(self) -> bool:
+        """Requests wait and the step process, alive or not, sent no step within its budget: a hung step
+        would hold them (and their slots) forever. Prompts still to prefill widen the budget, since a
+        long prompt's prefill is one step."""
+        if not self.step_timeout_s or not self._active:
+            return False
+        prefilling = sum(r.prompt_tokens for i, r in list(self._active.items()) if i not in self._decoding)
+        budget = self.step_timeout_s * (1 + prefilling / PREFILL_TOKENS_PER_BUDGET)
+        waited = time.monotonic() - self._progress_at
+        if waited <= budget:
+            return False
+        log.error("the step process of %s made no step in %.0f s (budget %.0f s): killing it", self.spec.slug,
+                  waited, budget)
+        self._stalled_for = waited
+        return True
 
     def _observe(self, outputs: list, seconds: float) -> None:
         """Tell `on_step` of a decoding step: one where every request was past its prefill and got tokens

@@ -10,9 +10,10 @@ for the plans of requests."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
-from inference.engines.base import PairSpec
+from inference.engines.base import Engine, PairSpec
 from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
 from inference.engines.rates import StepRates
@@ -28,18 +29,23 @@ RENEW_WHEN_RUNNING_AT_MOST = 1
 class EngineRegistry:
     """The engines a worker process holds, loaded on first use and kept."""
 
-    def __init__(self, *, renew_after: int = 0, live_figures_s: float = 0, live_figures_min_step_s: float = 2.0):
+    def __init__(self, *, renew_after: int = 0, live_figures_s: float = 0, live_figures_min_step_s: float = 2.0,
+                 release_extra_after_s: float = 0, step_timeout_s: float = 0):
         self.renew_after = renew_after  # 0: never
+        self.step_timeout_s = step_timeout_s  # 0: no watchdog on the step processes
+        self.release_extra_after_s = release_extra_after_s  # 0: never (see release_idle_extras)
+        self._last_used: dict[PairSpec, float] = {}
         self.live_figures_s, self.live_figures_min_step_s = live_figures_s, live_figures_min_step_s  # see StepRates
         self.renewed = 0
         self._renewing: set[PairSpec] = set()
-        self._engines: dict[PairSpec, PairEngine | ExactEngine] = {}
+        self._engines: dict[PairSpec, Engine] = {}
         self._locks: dict[PairSpec, threading.Lock] = {}
         self._guard = threading.Lock()
         self.states: dict[str, dict] = {}  # slug -> {"state": loading|available|failed, "error": str}
         self.rates: dict[str, StepRates] = {}  # slug -> tokens/s its engines delivered lately, by K and load
 
-    def get(self, spec: PairSpec) -> PairEngine | ExactEngine:
+    def get(self, spec: PairSpec) -> Engine:
+        self._last_used[spec] = time.monotonic()
         engine = self._engines.get(spec)
         if engine and not engine.alive:  # its step process exited: load it again
             self._engines.pop(spec, None)
@@ -72,14 +78,16 @@ class EngineRegistry:
                 self.states[spec.slug] = {"state": LoadState.AVAILABLE, "error": ""}
             return engine
 
-    def _renewal_due(self, engine: PairEngine | ExactEngine) -> bool:
+    def _renewal_due(self, engine: Engine) -> bool:
         if not self.renew_after or engine.submitted < self.renew_after:
             return False
         quiet = self.active_requests(slug=engine.spec.slug) <= RENEW_WHEN_RUNNING_AT_MOST
         return quiet or engine.submitted >= 2 * self.renew_after
 
-    def _build(self, spec: PairSpec) -> PairEngine | ExactEngine:
-        return ExactEngine(spec) if spec.exact_sampling else PairEngine(spec, on_step=self._record_step)
+    def _build(self, spec: PairSpec) -> Engine:
+        if spec.exact_sampling:
+            return ExactEngine(spec)
+        return PairEngine(spec, on_step=self._record_step, step_timeout_s=self.step_timeout_s)
 
     def _record_step(self, engine: PairEngine, k: int, streams: int, tokens: int, seconds: float) -> None:
         if self.active_requests(slug=engine.spec.slug) > engine.active_count:
@@ -90,7 +98,7 @@ class EngineRegistry:
         return self.rates.setdefault(slug, StepRates(fresh_s=self.live_figures_s,
                                                      min_step_seconds=self.live_figures_min_step_s))
 
-    def _renew(self, spec: PairSpec, old: PairEngine | ExactEngine) -> None:
+    def _renew(self, spec: PairSpec, old: Engine) -> None:
         try:
             fresh = self._build(spec)
             if self._engines.get(spec) is old:
@@ -106,6 +114,30 @@ class EngineRegistry:
         """An edited pair loads a new engine: the one it replaces is freed once its requests end."""
         for stale in [s for s in self._engines if s.role == spec.role and s != spec]:
             self._engines.pop(stale).close()
+
+    def release_idle_extras(self) -> list[PairSpec]:
+        """Free a pair's extra engines (its main alone, its exact engine) once idle for `release_extra_after_s`:
+        each holds another copy of the main's weights (2.2 GB for Qwen2.5-Coder-1.5B in int8), which a worker
+        keeps only while requests need it. The pair's default engine stays."""
+        if not self.release_extra_after_s:
+            return []
+        idle_since = time.monotonic() - self.release_extra_after_s
+
+        def idle(spec: PairSpec, engine: Engine) -> bool:
+            return (not spec.is_pair_default and not engine.active_count
+                    and self._last_used.get(spec, 0) < idle_since and spec not in self._renewing)
+
+        released = []
+        for spec, engine in list(self._engines.items()):
+            if not idle(spec, engine):
+                continue
+            with self._guard:
+                lock = self._locks.setdefault(spec, threading.Lock())
+            with lock:  # asked again: a request may have taken it since the first look
+                if self._engines.get(spec) is engine and idle(spec, engine):
+                    self._engines.pop(spec).close()
+                    released.append(spec)
+        return released
 
     def loaded(self) -> list[dict]:
         return [{"slug": s.slug, "speculative": s.speculative, "exact_sampling": s.exact_sampling}

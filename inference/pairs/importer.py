@@ -1,5 +1,9 @@
-"""Import of a Hugging Face main/draft pair: export both to OpenVINO IR with optimum-intel, check that
-they share one tokenizer, and register the pair, all or nothing.
+"""Import of a main/draft pair: export both to OpenVINO IR with optimum-intel, check that they share
+one tokenizer, and register the pair, all or nothing.
+
+A source is a Hugging Face folder, a hub id, or a GGUF file (llama.cpp, Ollama, LM Studio): a GGUF file
+is checked (magic, architecture, the publisher's sha256 when given), dequantized into a Hugging Face
+folder inside the staging folder (pairs/gguf.py), and exported from there.
 
 The draft's tokenizer is checked before any export (minutes for a real model) by converting both
 Hugging Face tokenizers to OpenVINO ones (seconds) and comparing them as the registry compares
@@ -32,13 +36,14 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from inference.models import ImportJob, ModelPair
-from inference.pairs import checks
+from inference.pairs import checks, gguf
 
 log = logging.getLogger(__name__)
 
 WEIGHT_FORMATS = ("fp16", "int8", "int4")
 DEFAULT_NUM_ASSISTANT_TOKENS = 4  # a starting K; the benchmark finds the pair's best
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 LOG_CHARS = 64_000  # the tail of the export output kept on the job
 # Lines optimum-cli prints at known points of an export -> fraction of that export done.
@@ -57,7 +62,8 @@ def can_export() -> bool:
 
 
 def request_errors(*, name: str, slug: str, main_source: str, draft_source: str, weight_format: str,
-                   kv_cache_precision: str, device: str) -> dict[str, str]:
+                   kv_cache_precision: str, device: str, draft_weight_format: str = "", main_sha256: str = "",
+                   draft_sha256: str = "") -> dict[str, str]:
     """ImportJob field -> message for an import that cannot start (empty when it can)."""
     errors: dict[str, str] = {}
     pair = ModelPair(name=name, slug=slug)
@@ -69,9 +75,17 @@ def request_errors(*, name: str, slug: str, main_source: str, draft_source: str,
     if "slug" not in errors and (settings.MODELS_ROOT / slug).exists():
         errors["slug"] = f"{settings.MODELS_ROOT / slug} already exists: choose another slug or remove that folder."
     if not main_source.strip():
-        errors["main_source"] = "The main model is required: a Hugging Face id or a local folder."
+        errors["main_source"] = "The main model is required: a Hugging Face id, a local folder or a GGUF file."
     if weight_format not in WEIGHT_FORMATS:
         errors["weight_format"] = f"The weight format must be one of {', '.join(WEIGHT_FORMATS)}."
+    if draft_weight_format and draft_weight_format not in WEIGHT_FORMATS:
+        errors["draft_weight_format"] = f"The draft's weight format must be one of {', '.join(WEIGHT_FORMATS)}."
+    for field, digest, source in (("main_sha256", main_sha256, main_source),
+                                  ("draft_sha256", draft_sha256, draft_source)):
+        if digest and not SHA256.match(digest.strip()):
+            errors[field] = "A sha256 digest is 64 hexadecimal characters."
+        elif digest and not Path(source).expanduser().is_file():
+            errors[field] = "A digest can only be checked for a file (a GGUF source)."
     if kv_cache_precision not in ModelPair.KvPrecision.values:
         errors["kv_cache_precision"] = f"The KV cache precision must be one of {ModelPair.KvPrecision.values}."
     if device not in ModelPair.Device.values:
@@ -80,9 +94,14 @@ def request_errors(*, name: str, slug: str, main_source: str, draft_source: str,
 
 
 def local_source(source: str, *, role: str) -> Path:
-    """The local Hugging Face folder for `source`: the folder itself, or a hub id's download."""
+    """The local source for `source`: a folder or a GGUF file as they are, or a hub id's download."""
     path = Path(source).expanduser()
     if path.is_dir():
+        return path.resolve()
+    if path.is_file():
+        if not gguf.is_gguf(path):
+            raise ImportFailed(f"The {role} file {path.name} is not a GGUF file (its first bytes are not 'GGUF'): "
+                               "give a GGUF file or a Hugging Face model folder.")
         return path.resolve()
     if path.is_absolute() or source.startswith((".", "~")) or not HUB_ID.match(source):
         raise ImportFailed(f"The {role} folder {source} does not exist.")
@@ -151,14 +170,18 @@ def _weights_size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in WEIGHT_SUFFIXES)
 
 
-def check_disk(*, sources: list[Path], root: Path) -> None:
-    """The IR of a 16- or 32-bit source in fp16/int8/int4 is at most the size of its weights."""
-    need = sum(_weights_size(source) for source in sources)
+def _disk_need(source: Path, header: gguf.GgufHeader | None) -> int:
+    """The IR of a 16- or 32-bit source in fp16/int8/int4 is at most the size of its weights; a GGUF file
+    is first dequantized to float32 (kept until its export ends), and its IR is at most half that again."""
+    return header.dequantized_bytes * 3 // 2 if header else _weights_size(source)
+
+
+def check_disk(*, need: int, root: Path) -> None:
     reserve = settings.IMPORT_DISK_RESERVE_GB * 2**30
     free = shutil.disk_usage(root).free
     if free < need + reserve:
         raise ImportFailed(f"Not enough disk space under {root}: {free / 2**30:.1f} GB free, the export needs up to "
-                           f"{need / 2**30:.1f} GB (the size of the source weights) and "
+                           f"{need / 2**30:.1f} GB and "
                            f"{settings.IMPORT_DISK_RESERVE_GB} GB must stay free (SPECCHAT_IMPORT_DISK_RESERVE_GB).")
 
 
@@ -206,28 +229,71 @@ def _output_lines(stream: BufferedReader) -> Iterator[str]:
         yield pending.decode(errors="replace")
 
 
-def export(*, source: Path, target: Path, weight_format: str, role: str, progress: _Progress,
-           start: float, end: float) -> None:
-    """optimum-cli's OpenVINO export of a local folder (offline), its output streamed into the progress."""
-    stage = f"exporting the {role} ({weight_format})"
+def _run_stage(cmd: list[str], *, stage: str, failure: str, progress: _Progress, start: float, end: float,
+               milestones: tuple[tuple[str, float], ...] = ()) -> None:
+    """A conversion step in a process of its own (its memory goes back when it ends), offline, its output
+    streamed into the progress."""
     progress.step(stage, start)
-    cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", str(source),
-           "--task", "text-generation-with-past", "--weight-format", weight_format, str(target)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     tail: deque[str] = deque(maxlen=30)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as proc:
         for line in _output_lines(proc.stdout):  # type: ignore[arg-type]  # a PIPE, so not None
             tail.append(line)
             progress.line(line)
-            for marker, done in EXPORT_MILESTONES:
+            for marker, done in milestones:
                 if marker in line:
                     progress.step(stage, start + (end - start) * done)
     if proc.returncode:
         lines = [line.strip() for line in tail if line.strip()] or ["no output"]
         cause = next((line for line in reversed(lines) if re.search(r"(Error|Exception)\b", line)), lines[-1])
-        raise ImportFailed(f"Export of the {role} from {source} failed (optimum-cli exited with {proc.returncode}): "
-                           f"{cause}")
+        raise ImportFailed(f"{failure} exited with {proc.returncode}: {cause}")
     progress.step(stage, end)
+
+
+def export(*, source: Path, target: Path, weight_format: str, role: str, progress: _Progress,
+           start: float, end: float) -> None:
+    """optimum-cli's OpenVINO export of a local Hugging Face folder."""
+    cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", str(source),
+           "--task", "text-generation-with-past", "--weight-format", weight_format, str(target)]
+    _run_stage(cmd, stage=f"exporting the {role} ({weight_format})", progress=progress, start=start, end=end,
+               failure=f"Export of the {role} from {source} failed: optimum-cli", milestones=EXPORT_MILESTONES)
+
+
+def dequantize(*, source: Path, target: Path, role: str, progress: _Progress, start: float, end: float) -> None:
+    """A GGUF file turned into a Hugging Face folder (pairs/gguf.py)."""
+    _run_stage([sys.executable, "-m", "inference.pairs.gguf", str(source), str(target)],
+               stage=f"dequantizing the {role}'s GGUF file", progress=progress, start=start, end=end,
+               failure=f"Conversion of the {role}'s GGUF file {source.name} failed: the converter",
+               milestones=(("dequantizing", 0.1), ("saving", 0.8)))
+
+
+def _checked_source(source_text: str, *, digest: str, role: str,
+                    progress: _Progress) -> tuple[Path, gguf.GgufHeader | None]:
+    """A source that can be exported, and its GGUF header if it is a GGUF file, whose bytes are checked
+    against the publisher's digest when one is given."""
+    source = local_source(source_text, role=role)
+    if source.is_dir():
+        check_causal_lm(source, role=role)
+        return source, None
+    try:
+        header = gguf.read_header(source, role=role)
+        if digest:
+            progress.step(f"checking the {role}'s sha256", progress.fraction)
+            gguf.check_digest(source, expected=digest, role=role)
+    except gguf.GgufError as exc:
+        raise ImportFailed(str(exc)) from exc
+    return source, header
+
+
+def _hf_folder(source: Path, header: gguf.GgufHeader | None, *, staging: Path, role: str, progress: _Progress,
+               start: float, end: float) -> Path:
+    """The Hugging Face folder to export: the source itself, or its GGUF file dequantized into staging."""
+    if header is None:
+        return source
+    folder = staging / f"hf-{role}"
+    dequantize(source=source, target=folder, role=role, progress=progress, start=start, end=end)
+    check_causal_lm(folder, role=role)
+    return folder
 
 
 def _import(job: ImportJob, progress: _Progress) -> ModelPair:
@@ -236,35 +302,44 @@ def _import(job: ImportJob, progress: _Progress) -> ModelPair:
                            "(pip install torch==2.13.0 -e '.[train]').")
     errors = request_errors(name=job.name, slug=job.slug, main_source=job.main_source, draft_source=job.draft_source,
                             weight_format=job.weight_format, kv_cache_precision=job.kv_cache_precision,
-                            device=job.device)
+                            device=job.device, draft_weight_format=job.draft_weight_format,
+                            main_sha256=job.main_sha256, draft_sha256=job.draft_sha256)
     if errors:
         raise ImportFailed(" ".join(errors.values()))
     progress.step("checking the sources", 0.0)
-    main = local_source(job.main_source, role="main")
-    check_causal_lm(main, role="main")
-    draft = local_source(job.draft_source, role="draft") if job.draft_source else None
-    if draft:
-        check_causal_lm(draft, role="draft")
-        progress.step("comparing the tokenizers", 0.03)
-        problems = tokenizer_problems(main, draft)
-        if problems:
-            raise ImportFailed("The draft's tokenizer is not the main's: " + "; ".join(problems) +
-                               ". A draft must share the main's tokenizer.")
+    main, main_header = _checked_source(job.main_source, digest=job.main_sha256, role="main", progress=progress)
+    draft, draft_header = _checked_source(job.draft_source, digest=job.draft_sha256, role="draft",
+                                          progress=progress) if job.draft_source else (None, None)
     root = settings.MODELS_ROOT
     root.mkdir(parents=True, exist_ok=True)
-    check_disk(sources=[main, draft] if draft else [main], root=root)
+    need = _disk_need(main, main_header) + (_disk_need(draft, draft_header) if draft else 0)
+    check_disk(need=need, root=root)
 
     staging = root / f".import-{job.slug}-{uuid.uuid4().hex[:8]}"
     final = root / job.slug
     placed = staging
     try:
-        main_share = _weights_size(main) / max(1, _weights_size(main) + (_weights_size(draft) if draft else 0))
-        middle = 0.1 + 0.85 * main_share
-        export(source=main, target=staging / "main", weight_format=job.weight_format, role="main",
-               progress=progress, start=0.1, end=middle)
+        converting = 0.3 if main_header or draft_header else 0.0  # of the progress bar, for GGUF dequantizing
+        main = _hf_folder(main, main_header, staging=staging, role="main", progress=progress, start=0.02,
+                          end=0.02 + converting * 0.7)
         if draft:
-            export(source=draft, target=staging / "draft", weight_format=job.weight_format, role="draft",
-                   progress=progress, start=middle, end=0.95)
+            draft = _hf_folder(draft, draft_header, staging=staging, role="draft", progress=progress,
+                               start=0.02 + converting * 0.7, end=0.02 + converting)
+            progress.step("comparing the tokenizers", 0.03 + converting)
+            problems = tokenizer_problems(main, draft)
+            if problems:
+                raise ImportFailed("The draft's tokenizer is not the main's: " + "; ".join(problems) +
+                                   ". A draft must share the main's tokenizer.")
+        main_share = _weights_size(main) / max(1, _weights_size(main) + (_weights_size(draft) if draft else 0))
+        first = 0.1 + converting
+        middle = first + (0.95 - first) * main_share
+        export(source=main, target=staging / "main", weight_format=job.weight_format, role="main",
+               progress=progress, start=first, end=middle)
+        shutil.rmtree(staging / "hf-main", ignore_errors=True)  # float32 weights: gigabytes, needed no more
+        if draft:
+            export(source=draft, target=staging / "draft", weight_format=job.draft_weight_format or job.weight_format,
+                   role="draft", progress=progress, start=middle, end=0.95)
+            shutil.rmtree(staging / "hf-draft", ignore_errors=True)
         progress.step("checking and registering the pair", 0.95)
         try:
             staging.rename(final)

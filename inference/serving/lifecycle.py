@@ -77,6 +77,7 @@ def _beat_forever() -> None:
             if ENGINES.active_requests() < settings.WORKER_SLOTS:
                 resend_lost_generations(client=client, queues=list(_queues))
             _load_unloaded_pairs()
+            ENGINES.release_idle_extras()
         except Exception:
             log.exception("heartbeat failed")
         finally:

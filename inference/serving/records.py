@@ -1,19 +1,30 @@
-"""What both sides of a generation share: the engine spec a pair resolves to, and the one way a
-generation is failed (the web side fails stalled ones, workers fail their own and orphans)."""
+"""What both sides of a generation share: the engine spec a pair resolves to, the one way a
+generation is failed (the web side fails stalled ones, workers fail their own and orphans), and the
+final write of an answer, retried with fresh connections so a database that is briefly away (SQLite
+locked, PostgreSQL restarting) does not leave it `running` forever."""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from inference import transport
 from inference.engines.base import DecodingParams, PairSpec
 from inference.models import Generation, ModelPair
 from inference.serving.speculation import Plan
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+NOT_SAVED = "This answer could not be saved (the database did not answer): send it again."
 
 
 def pair_spec(*, pair: ModelPair, speculative: bool = True, exact_sampling: bool = False) -> PairSpec:
@@ -39,12 +50,50 @@ def planned_decoding(params: DecodingParams, planned: Plan) -> DecodingParams:
     return replace(params, num_assistant_tokens=planned.k, assistant_confidence_threshold=planned.threshold)
 
 
+def with_fresh_connections(write: Callable[[], T], *, what: str) -> T:
+    """`write()`, tried again on a fresh connection while the database errors, for up to
+    FINAL_WRITE_RETRY_S; then its error is raised. Not retried inside a transaction (its connection
+    cannot be replaced there)."""
+    deadline = time.monotonic() + settings.FINAL_WRITE_RETRY_S
+    pause = 0.2
+    while True:
+        try:
+            return write()
+        except (OperationalError, InterfaceError):
+            if connection.in_atomic_block or time.monotonic() + pause > deadline:
+                raise
+            log.warning("%s failed: trying again on a fresh connection", what, exc_info=True)
+        with suppress(DatabaseError):
+            connection.close()  # the next query opens a new one
+        time.sleep(pause)
+        pause = min(2 * pause, 2.0)
+
+
+def finish_generation(*, generation_id, status: str, **fields) -> bool:
+    """The answer's record written as it ended (retried, see with_fresh_connections); False if it was no
+    longer running (failed meanwhile by another process). Raises DatabaseError if it cannot be written."""
+    return bool(with_fresh_connections(
+        lambda: Generation.objects.filter(id=generation_id, status=Generation.Status.RUNNING).update(
+            status=status, **fields),
+        what=f"the final write of generation {generation_id}"))
+
+
 def fail_generation(*, generation_id, message: str) -> str | None:
-    """Mark a generation failed and put the error on its stream; None if it had already ended."""
-    with transaction.atomic():
-        updated = Generation.objects.filter(
-            id=generation_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
-        ).update(status=Generation.Status.FAILED, error=message, finish_reason="error", finished_at=timezone.now())
+    """Mark a generation failed and put the error on its stream; None if it had already ended. If the
+    database cannot be written (retried first), the error still goes on the stream, so its readers end."""
+    def write() -> int:
+        with transaction.atomic():
+            return Generation.objects.filter(
+                id=generation_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
+            ).update(status=Generation.Status.FAILED, error=message, finish_reason="error",
+                     finished_at=timezone.now())
+
+    try:
+        updated = with_fresh_connections(write, what=f"failing generation {generation_id}")
+    except DatabaseError:
+        log.exception("generation %s could not be marked failed: its readers get the error all the same",
+                      generation_id)
+        updated = 1
     if not updated:
         return None
     client = transport.sync_client()

@@ -12,13 +12,18 @@ where it measured only one of them at a load of 4 or more streams, it tries the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import logging
+from dataclasses import dataclass, replace
 
-from inference.limits import DEFAULT_K, SpeculativeMode
+from inference.limits import DEFAULT_K, K_MAX, K_MIN, SpeculativeMode
 from inference.models import ModelPair
 
+log = logging.getLogger(__name__)
 EXACT_THRESHOLD = "the confidence threshold applies to greedy requests; exact sampling takes K"
 INEXACT_ALLOWED = "allowed by the pair: answers are not drawn from the main model's distribution"
+# The device's default precision quantizes activations differently for one token and for K+1 verified at once.
+FAST_MODE = "fast mode: tokens may differ from the main alone's where two are near-tied"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,8 +65,39 @@ def measured_k(*, pair: ModelPair, sampled: bool, load: int) -> tuple[int, int] 
     return k, streams
 
 
+PROFILE_MODES = ("greedy", "sampled")
+
+
+def profile_errors(profile) -> list[str]:
+    """What is wrong with a speculation profile ({"greedy": {"<streams>": K, ...}, "sampled": {...}},
+    K 0 for the main alone or K_MIN..K_MAX); empty if nothing. The pair's validation refuses one with
+    errors, and a stored one with errors is ignored at request time rather than failing every request."""
+    if profile in (None, {}):
+        return []
+    if not isinstance(profile, dict):
+        return ["it must be an object such as {\"greedy\": {\"1\": 4, \"8\": 2}}"]
+    problems = [f"unknown mode {json.dumps(mode)[:40]} (use {' or '.join(PROFILE_MODES)})"
+                for mode in profile if mode not in PROFILE_MODES]
+    for mode in PROFILE_MODES:
+        table = profile.get(mode) or {}
+        if not isinstance(table, dict):
+            problems.append(f"{mode} must be an object of streams to K")
+            continue
+        for streams, k in table.items():
+            if not (isinstance(streams, str) and streams.isdigit() and 0 < int(streams) <= 100_000):
+                problems.append(f"{mode}: {json.dumps(streams)[:40]} is not a number of streams (1 or more)")
+            if isinstance(k, bool) or not isinstance(k, int) or not (k == 0 or K_MIN <= k <= K_MAX):
+                problems.append(f"{mode}[{json.dumps(streams)[:40]}]: K must be 0 (the main alone) or an integer "
+                                f"in [{K_MIN}, {K_MAX}], not {json.dumps(k)[:40]}")
+    return problems
+
+
 def _profile(pair: ModelPair, *, sampled: bool) -> list[tuple[int, int]]:
-    """The pair's measured (streams, best K) entries for greedy or sampled requests, by streams."""
+    """The pair's measured (streams, best K) entries for greedy or sampled requests, by streams; none if
+    the stored profile is invalid (saved around the pair's validation)."""
+    if profile_errors(pair.speculation_profile):
+        log.warning("pair %s: its speculation profile is invalid, the default K serves", pair.slug)
+        return []
     table = (pair.speculation_profile or {}).get("sampled" if sampled else "greedy") or {}
     return sorted((int(streams), int(k)) for streams, k in table.items())
 
@@ -107,7 +143,16 @@ def plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | N
          exploring: bool = False) -> Plan:
     """The plan for a request joining a worker that already runs `load - 1` of the pair's requests;
     `live` is what the worker's engines delivered lately at that load, {K: tokens/s} (0: the main alone);
-    `exploring`: the worker tries the path it has no figure for at this load (StepRates.exploring)."""
+    `exploring`: the worker tries the path it has no figure for at this load (StepRates.exploring).
+    A greedy answer with a draft on a pair in the fast mode says so (FAST_MODE)."""
+    planned = _plan(pair=pair, asked=asked, load=load, live=live, exploring=exploring)
+    if planned.mode == SpeculativeMode.DRAFT and pair.precision_mode == ModelPair.FAST:
+        return replace(planned, reason=_join(planned.reason, FAST_MODE))
+    return planned
+
+
+def _plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | None,
+          exploring: bool) -> Plan:
     if not asked.speculative:
         return Plan(mode=SpeculativeMode.OFF, reason="speculative: false was asked")
     if not pair.is_speculative:
@@ -151,8 +196,10 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, mode: SpeculativeMode, load:
         if pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None and not exact:
             return Plan(mode=mode, threshold=pair.assistant_confidence_threshold,
                         reason=_join(allowed, "the pair's default threshold"))
+        invalid = profile_errors(pair.speculation_profile)
+        why = "its speculation profile is invalid" if invalid else "no measured profile"
         return Plan(mode=mode, k=pair.num_assistant_tokens or DEFAULT_K,
-                    reason=_join(allowed, "the pair's default K (no measured profile)"))
+                    reason=_join(allowed, f"the pair's default K ({why})"))
     k, streams = best
     if k == 0:
         return Plan(mode=SpeculativeMode.OFF, reason=f"the main alone is faster at {streams}+ streams (measured); "

@@ -227,8 +227,9 @@ def start_generation(
     # Just after a Redis restart the heartbeats are not back yet: queue it; the stall checks judge it later.
     if not state.served and selectors.heartbeats_settled(client=client):
         raise errors.ModelUnavailable(
-            f"Nobody can serve '{pair.slug}' now: {state.error}. Start one with "
-            f"`{worker_command_line(queues=[pair.queue])}`.",
+            f"Nobody serves '{pair.slug}' now ({state.error}). An admin can load it with the pair's \"Load on "
+            f"every live worker\" action, or restart `python manage.py serve` (`make run`), which serves every "
+            f"enabled pair; or start a worker for it: `{worker_command_line(queues=[pair.queue])}`.",
             param="model",
         )
     generation = Generation.objects.create(

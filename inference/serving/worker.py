@@ -12,27 +12,45 @@ from datetime import timedelta
 
 from celery import current_app
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 
 from inference import selectors, transport
-from inference.engines.base import ActiveRequest, DecodingParams, Finished, SpeculationStats, StepTokens, TextAssembler
-from inference.engines.exact import ExactEngine
-from inference.engines.library import PairEngine
+from inference.engines.base import (
+    ActiveRequest,
+    DecodingParams,
+    Engine,
+    Finished,
+    SpeculationStats,
+    StepTokens,
+    TextAssembler,
+)
 from inference.engines.registry import EngineRegistry
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
 from inference.serving import speculation
-from inference.serving.records import fail_generation, pair_spec, planned_decoding, queue_timeout, worker_died
+from inference.serving.records import (
+    NOT_SAVED,
+    fail_generation,
+    finish_generation,
+    pair_spec,
+    planned_decoding,
+    queue_timeout,
+    worker_died,
+)
 
 log = logging.getLogger(__name__)
 
 ENGINES = EngineRegistry(renew_after=settings.ENGINE_RENEW_AFTER_REQUESTS, live_figures_s=settings.LIVE_FIGURES_S,
-                         live_figures_min_step_s=settings.LIVE_FIGURES_MIN_STEP_MS / 1000)
+                         live_figures_min_step_s=settings.LIVE_FIGURES_MIN_STEP_MS / 1000,
+                         release_extra_after_s=settings.RELEASE_EXTRA_ENGINES_AFTER_S,
+                         step_timeout_s=settings.STEP_TIMEOUT_S)
 RUNNING: dict[str, ActiveRequest] = {}  # generation id -> its request in this worker's engine
+WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
 
 
 def load_engine(*, pair: ModelPair, speculative: bool = True,
-                exact_sampling: bool = False) -> PairEngine | ExactEngine:
+                exact_sampling: bool = False) -> Engine:
     """This worker's engine for the pair, loaded on first use; the last load result is kept on the pair."""
     try:
         engine = ENGINES.get(pair_spec(pair=pair, speculative=speculative, exact_sampling=exact_sampling))
@@ -66,9 +84,11 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     try:
         engine = load_engine(pair=generation.pair, speculative=planned.speculative,
                              exact_sampling=planned.exact_sampling)
-    except Exception as exc:
+    except Exception:  # the details (paths, the library's words) go to the log and the pair's admin page
+        log.exception("pair %s failed to load for generation %s", generation.pair.slug, generation.id)
         fail_generation(generation_id=generation.id,
-                        message=f"Pair '{generation.pair.slug}' failed to load: {type(exc).__name__}: {exc}")
+                        message=f"Pair '{generation.pair.slug}' failed to load on its worker: an admin can see why "
+                                "on the pair's page.")
         return
     decoding = generation.params["decoding"]
     params = planned_decoding(DecodingParams(**{**decoding, "stop": tuple(decoding["stop"])}), planned)
@@ -85,12 +105,12 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
                         engine=engine, request=request)
         request = None  # the answer owns it (and any engine it is handed over to) from here
         answer.run()
-    except Exception as exc:  # whatever went wrong, the reader gets an error instead of waiting forever
+    except Exception:  # whatever went wrong, the reader gets an error instead of waiting forever
         log.exception("generation %s failed", generation.id)
         running = RUNNING.get(str(generation.id)) or request
         if running is not None:
             running.stop()
-        fail_generation(generation_id=generation.id, message=f"The worker failed: {type(exc).__name__}: {exc}")
+        fail_generation(generation_id=generation.id, message=WORKER_FAILED)
     finally:
         RUNNING.pop(str(generation.id), None)
 
@@ -141,7 +161,7 @@ class Answer:
     from the prompt and the tokens so far, and the reader sees one answer."""
 
     def __init__(self, *, generation: Generation, writer: transport.StreamWriter, params: DecodingParams,
-                 asked: speculation.Asked, planned: speculation.Plan, engine: PairEngine | ExactEngine,
+                 asked: speculation.Asked, planned: speculation.Plan, engine: Engine,
                  request: ActiveRequest):
         self.generation, self.writer, self.params = generation, writer, params
         self.asked, self.planned, self.engine, self.request = asked, planned, engine, request
@@ -155,7 +175,7 @@ class Answer:
         self.moving_to: speculation.Plan | None = None
 
     @staticmethod
-    def _fixed_k(engine: PairEngine | ExactEngine, params: DecodingParams) -> int | None:
+    def _fixed_k(engine: Engine, params: DecodingParams) -> int | None:
         if not (engine.spec.uses_draft or engine.spec.uses_prompt_lookup):
             return None
         return params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
@@ -232,9 +252,9 @@ class Answer:
         try:
             engine = load_engine(pair=self.generation.pair, speculative=planned.speculative)
             request = engine.submit(prompt_ids=self.prompt_ids + self.text.ids, params=params)
-        except Exception as exc:
+        except Exception:
             log.exception("generation %s could not be handed over", self.generation.id)
-            return Finished("error", f"The answer could not go on ({planned.reason}): {type(exc).__name__}: {exc}")
+            return Finished("error", f"The answer could not go on ({planned.reason}): {WORKER_FAILED}")
         self.engine, self.request, self.planned = engine, request, planned
         RUNNING[str(self.generation.id)] = request
         self.stats.hand_over(num_assistant_tokens=self._fixed_k(engine, params), speculative=engine.spec.uses_draft)
@@ -249,10 +269,16 @@ class Answer:
             finished.finish_reason, Generation.Status.FINISHED
         )
         prompt_tokens = len(self.prompt_ids)
-        ended = Generation.objects.filter(id=generation.id, status=Generation.Status.RUNNING).update(
-            status=status, text=self.text.text, steps=self.steps, finish_reason=finished.finish_reason,
-            error=finished.error, prompt_tokens=prompt_tokens, finished_at=timezone.now(), **metrics,
-        )
+        try:
+            ended = finish_generation(
+                generation_id=generation.id, status=status, text=self.text.text, steps=self.steps,
+                finish_reason=finished.finish_reason, error=finished.error, prompt_tokens=prompt_tokens,
+                finished_at=timezone.now(), **metrics)
+        except DatabaseError:
+            # Retried for FINAL_WRITE_RETRY_S: its readers end with an error rather than wait forever.
+            log.exception("generation %s ended but its record could not be written", generation.id)
+            writer.send({"type": "error", "message": NOT_SAVED})
+            return
         if not ended:
             # Failed meanwhile (this worker was taken for dead): its readers already got that error, and a
             # `done` after it would contradict the record.

@@ -235,3 +235,15 @@ def test_a_worker_that_measured_one_path_at_a_load_tries_the_other_once_per_figu
     assert (back.mode, back.k) == (SpeculativeMode.DRAFT, 2)  # the profile's highest-load K
     assert plan(pair=profiled, asked=Asked(sampled=True), load=8, live={0: 80.0}, exploring=True).mode == \
         SpeculativeMode.OFF  # sampled requests follow their own profile
+
+
+def test_a_greedy_answer_with_the_draft_on_a_pair_in_the_fast_mode_says_it_may_differ():
+    from inference.serving.speculation import FAST_MODE
+
+    fast = pair(inference_precision="", kv_cache_precision="")
+    assert fast.precision_mode == ModelPair.FAST and pair().precision_mode == ModelPair.EXACT
+    assert FAST_MODE in plan(pair=fast, asked=Asked(k=3), load=1).reason
+    assert FAST_MODE not in plan(pair=pair(), asked=Asked(k=3), load=1).reason
+    # the main alone and exact sampling are the main's own output in either mode
+    assert FAST_MODE not in plan(pair=fast, asked=Asked(speculative=False), load=1).reason
+    assert FAST_MODE not in plan(pair=fast, asked=Asked(k=3, sampled=True), load=1).reason

@@ -67,7 +67,8 @@ def test_pair_state_from_heartbeats():
     assert pair_state(pair=pair, workers=[beat, available]).state == limits.ServingState.AVAILABLE
     failed = {**beat, "pairs": {"p": {"state": "failed", "error": "no file"}}}
     state = pair_state(pair=pair, workers=[failed])
-    assert state.state == limits.ServingState.UNAVAILABLE and "no file" in state.error and not state.served
+    assert state.state == limits.ServingState.UNAVAILABLE and not state.served
+    assert "no file" in state.detail and "no file" not in state.error  # the worker's words are the admin's only
     pair.enabled = False
     assert "disabled" in pair_state(pair=pair, workers=[available]).error
 

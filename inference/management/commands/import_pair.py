@@ -7,23 +7,30 @@ from inference.pairs import importer
 
 
 class Command(BaseCommand):
-    help = ("Export a Hugging Face main model and its draft (hub ids or local folders) to OpenVINO IR under the "
-            "models root and register the pair. Needs the train extra (torch, transformers, optimum-intel).")
+    help = ("Export a main model and its draft (Hugging Face ids, local folders or GGUF files) to OpenVINO IR under "
+            "the models root and register the pair. Needs the train extra (torch, transformers, optimum-intel).")
 
     def add_arguments(self, parser):
         parser.add_argument("--name", required=True, help="Display name of the pair.")
         parser.add_argument("--slug", required=True, help="The `model` name API clients use; also the folder name.")
-        parser.add_argument("--main", required=True, help="Hugging Face id or local folder of the main model.")
-        parser.add_argument("--draft", default="", help="Hugging Face id or local folder of the draft model.")
+        parser.add_argument("--main", required=True, help="Hugging Face id, local folder or GGUF file of the main.")
+        parser.add_argument("--draft", default="", help="Hugging Face id, local folder or GGUF file of the draft.")
         parser.add_argument("--weight-format", choices=importer.WEIGHT_FORMATS, default="int8")
+        parser.add_argument("--draft-weight-format", choices=importer.WEIGHT_FORMATS, default="",
+                            help="The draft's own weight format (default: --weight-format).")
+        parser.add_argument("--main-sha256", default="", help="The main GGUF file's published sha256: other bytes "
+                            "are refused.")
+        parser.add_argument("--draft-sha256", default="", help="The same for the draft's GGUF file.")
         parser.add_argument("--kv-cache-precision", choices=[v for v in ModelPair.KvPrecision.values if v],
                             default=ModelPair._meta.get_field("kv_cache_precision").default)
         parser.add_argument("--device", choices=ModelPair.Device.values, default=ModelPair.Device.CPU)
 
-    def handle(self, *args, name, slug, main, draft, weight_format, kv_cache_precision, device, **options):
+    def handle(self, *args, name, slug, main, draft, weight_format, draft_weight_format, main_sha256, draft_sha256,
+               kv_cache_precision, device, **options):
         fields = {"name": name, "slug": slug, "main_source": main, "draft_source": draft,
-                  "weight_format": weight_format,
-                      "kv_cache_precision": kv_cache_precision, "device": device}
+                  "weight_format": weight_format, "draft_weight_format": draft_weight_format,
+                  "main_sha256": main_sha256, "draft_sha256": draft_sha256,
+                  "kv_cache_precision": kv_cache_precision, "device": device}
         errors = importer.request_errors(**fields)
         if errors:
             raise CommandError(" ".join(errors.values()))
@@ -39,7 +46,8 @@ class Command(BaseCommand):
             except importer.ImportFailed as exc:
                 raise CommandError(str(exc)) from exc
         k = f", K={pair.num_assistant_tokens}" if pair.draft_dir else ""
+        formats = weight_format + (f"/{draft_weight_format}" if draft_weight_format else "")
         self.stdout.write(self.style.SUCCESS(
             f"registered pair '{pair.slug}' ({pair.main_dir}{' + ' + pair.draft_dir if pair.draft_dir else ''}, "
-            f"{weight_format}{k}).\nServe it: {worker_command_line(queues=[pair.queue])} "
+            f"{formats}{k}).\nServe it: {worker_command_line(queues=[pair.queue])} "
             f"(or restart manage.py serve)."))

@@ -24,6 +24,10 @@ class Command(BaseCommand):
             demo_main.build(out=self.stdout.write)
         pair = ModelPair.objects.filter(slug="demo-code").first() or ModelPair(slug="demo-code")
         pair.name = "Demo code pair"
+        pair.description = ("Completes Python code: type the start of a function (its def line) and it writes the "
+                            "body. A small model trained for the demo: it does not answer questions.")
+        pair.completes_text = True
+        pair.is_default = pair.is_default or not ModelPair.objects.filter(is_default=True).exists()
         pair.main_dir = f"{settings.DEMO_PAIR_DIR}/{demo_main.TARGET.name if main == 'large' else 'main'}"
         pair.draft_dir = f"{settings.DEMO_PAIR_DIR}/draft"
         pair.num_assistant_tokens = measured.get("best_k") or 4

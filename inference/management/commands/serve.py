@@ -4,7 +4,7 @@ import sys
 import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from inference.celery_worker import worker_command
 from inference.models import ModelPair
@@ -17,9 +17,20 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--pair", default="", help="Serve this pair alone, as the chat's default.")
 
-    def handle(self, *args, host: str, port: int, **options):
-        queues = [pair.queue for pair in ModelPair.objects.filter(enabled=True)] or ["pair.none"]
+    def handle(self, *args, host: str, port: int, pair: str, **options):
+        pairs = ModelPair.objects.filter(enabled=True)
+        if pair:
+            chosen = pairs.filter(slug=pair).first()
+            if chosen is None:
+                known = ", ".join(pairs.values_list("slug", flat=True)) or "none"
+                raise CommandError(f"No enabled pair '{pair}' (registered: {known}); the real pair is installed by "
+                                   "`make real-pair`.")
+            chosen.is_default = True
+            chosen.save(update_fields=["is_default"])
+            pairs = pairs.filter(pk=chosen.pk)
+        queues = [p.queue for p in pairs] or ["pair.none"]
         if importer.can_export():
             queues.append(settings.CONTROL_QUEUE)  # the train extra is here: take the admin's imports too
         command = worker_command(queues=queues, concurrency=settings.WORKER_SLOTS)

@@ -1,0 +1,148 @@
+"""A pair's two precision modes, each against both baselines: what speculation buys in the exact mode
+(f32 activations and KV cache, no dynamic quantization: greedy answers identical to the main alone's)
+and in the fast mode (the device's defaults, the fastest way to run the main alone here, where near-ties
+can flip between one token and K+1 verified at once), and what one inference of n tokens costs the main
+in each (the curve that decides which K can pay).
+
+Every line runs in-process on the product's own engine (engines/library.py), interleaved prompt by prompt
+with the order turned each repeat, and is compared as ratios within the run. Answers end at the model's
+EOS (real answers, not a fixed count), and each line says how many answers loop."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+
+from inference.benchmark.inprocess import repeated_ngram_share
+from inference.engines.base import DecodingParams, Finished, PairSpec
+from inference.engines.library import PairEngine
+
+MODES = {"exact": ("f32", "f32"), "fast": ("", "")}  # (inference precision, KV cache precision): "" = the device's
+LOOPING = 0.5  # an answer whose 4-grams are mostly repeats is stuck in a loop
+
+
+@dataclass
+class Line:
+    mode: str
+    k: int  # 0: the main alone
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    accepted: int = 0
+    proposed: int = 0
+    identical: int = 0
+    looping: int = 0
+    answers: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode} {'main alone' if not self.k else f'K={self.k}'}"
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def mode_spec(spec: PairSpec, mode: str, *, speculative: bool) -> PairSpec:
+    precision, kv = MODES[mode]
+    return replace(spec, inference_precision=precision, kv_cache_precision=kv, speculative=speculative,
+                   exact_sampling=False)
+
+
+def answer(engine: PairEngine, prompt: str, *, k: int, max_new_tokens: int) -> tuple[list[int], float, int]:
+    """Token ids, seconds from submit to the end, and the steps that verified draft tokens."""
+    started = time.perf_counter()
+    request = engine.submit(prompt=prompt, add_special_tokens=False,
+                            params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k or None))
+    tokens: list[int] = []
+    steps = 0
+    while not isinstance(event := request.events.get(timeout=600), Finished):
+        tokens += event.token_ids
+        steps += 1
+    if event.finish_reason not in {"stop", "length"}:
+        raise RuntimeError(f"an answer failed: {event.error}")
+    return tokens, time.perf_counter() - started, steps
+
+
+def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], max_new_tokens: int,
+                  repeats: int, say=print) -> list[Line]:
+    engines = {(mode, speculative): PairEngine(mode_spec(spec, mode, speculative=speculative))
+               for mode in MODES for speculative in (False, True)}
+    lines = [Line(mode, k) for mode in MODES for k in (0, *ks)]
+    try:
+        for repeat in range(repeats):
+            for index, prompt in enumerate(prompts):
+                order = lines[(repeat + index) % len(lines):] + lines[:(repeat + index) % len(lines)]
+                texts: dict[str, list[int]] = {}
+                for line in order:
+                    engine = engines[(line.mode, bool(line.k))]
+                    tokens, seconds, steps = answer(engine, prompt, k=line.k, max_new_tokens=max_new_tokens)
+                    texts[line.name] = tokens
+                    line.tokens, line.seconds, line.answers = line.tokens + len(tokens), line.seconds + seconds, \
+                        line.answers + 1
+                    line.looping += repeated_ngram_share(engine.tokenizer.decode(tokens)) > LOOPING
+                    if line.k:
+                        decoding = max(steps - 1, 0)  # the first step is the prefill's
+                        line.steps += decoding
+                        line.accepted += max(len(tokens) - 1 - decoding, 0)
+                        line.proposed += decoding * line.k
+                for line in lines:
+                    line.identical += texts[line.name] == texts[f"{line.mode} main alone"]
+                say(f"repeat {repeat + 1}/{repeats}, prompt {index + 1}/{len(prompts)}: " + ", ".join(
+                    f"{line.name} {line.tokens_per_s:.1f}" for line in lines))
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return lines
+
+
+def infer_cost(*, main_dir: str, mode: str, sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256,
+               repeats: int = 12) -> dict[int, float]:
+    """Median ms of one inference of n new tokens on a warm KV cache of `context` tokens (raw OpenVINO,
+    the stateful IR as exported): the cost of verifying K = n - 1 draft tokens."""
+    precision, kv = MODES[mode]
+    props = {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": kv,
+             "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"} if precision else {}
+    request = ov.Core().compile_model(str(Path(main_dir) / "openvino_model.xml"), "CPU", props).create_infer_request()
+    rng = np.random.default_rng(0)
+
+    def infer(ids: np.ndarray, start: int) -> float:
+        began = time.perf_counter()
+        request.infer({"input_ids": ids, "attention_mask": np.ones((1, start + ids.shape[1]), np.int64),
+                       "position_ids": np.arange(start, start + ids.shape[1])[None], "beam_idx": np.zeros(1, np.int32)})
+        return time.perf_counter() - began
+
+    costs: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats // 4):
+        request.reset_state()
+        infer(rng.integers(100, 20_000, size=(1, context)), 0)
+        position = context
+        for _ in range(4):  # sizes interleaved, so drift hits all alike
+            for n in sizes:
+                costs[n].append(infer(rng.integers(100, 20_000, size=(1, n)), position))
+                position += n
+    return {n: statistics.median(values) * 1000 for n, values in costs.items()}
+
+
+def report(lines: list[Line], costs: dict[str, dict[int, float]]) -> str:
+    fastest = max(line.tokens_per_s for line in lines if not line.k)
+    rows = [("| line | tok/s | vs its mode's main alone | vs the fastest main alone | acceptance | tokens per step "
+             "| identical to its mode's main alone | looping |"), "| --- |" + " ---: |" * 7]
+    for line in lines:
+        alone = next(m for m in lines if m.mode == line.mode and not m.k)
+        acceptance = f"{line.accepted / line.proposed:.2f}" if line.proposed else "-"
+        per_step = f"{line.tokens / max(line.steps + line.answers, 1):.2f}" if line.k else "1.00"
+        rows.append(f"| {line.name} | {line.tokens_per_s:.1f} | {line.tokens_per_s / alone.tokens_per_s:.2f}x | "
+                    f"{line.tokens_per_s / fastest:.2f}x | {acceptance} | {per_step} | "
+                    f"{line.identical}/{line.answers} | {line.looping}/{line.answers} |")
+    rows += ["", "The main's cost of one inference of n new tokens (ms, and x one token):", "",
+             "| mode | " + " | ".join(f"n={n}" for n in next(iter(costs.values()))) + " |",
+             "| --- |" + " ---: |" * len(next(iter(costs.values())))]
+    for mode, cost in costs.items():
+        rows.append(f"| {mode} | " + " | ".join(f"{ms:.0f} ({ms / cost[1]:.2f}x)" for ms in cost.values()) + " |")
+    return "\n".join(rows)

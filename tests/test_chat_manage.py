@@ -1,0 +1,87 @@
+"""Conversation management over its JSON endpoints: only the owner's conversations, clear errors
+for bad input, the system prompt in the model's prompt, exports that keep the text verbatim."""
+
+import json
+
+import pytest
+from django.test import Client
+
+from chatsite.chat import selectors
+from chatsite.chat.models import Conversation, Message
+from tests.test_site_security import finished_generation, running_generation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def post(client: Client, url: str, body: dict):
+    return client.post(url, json.dumps(body), content_type="application/json")
+
+
+@pytest.fixture
+def alice(client, user):
+    client.force_login(user)
+    return client
+
+
+def test_another_users_conversation_is_not_found(demo_pair, user, other_user):
+    conversation = finished_generation(pair=demo_pair, user=user).message.conversation
+    bob = Client()
+    bob.force_login(other_user)
+    for action, body in (("rename", {"title": "mine"}), ("system", {"system_prompt": "x"}), ("delete", {}),
+                         ("edit", {"text": "def g():"})):
+        response = post(bob, f"/c/{conversation.id}/{action}/", body)
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", action
+    for fmt in ("md", "json"):
+        assert bob.get(f"/c/{conversation.id}/export.{fmt}").status_code == 404
+    conversation.refresh_from_db()
+    assert conversation.title == "def f():" and conversation.messages.count() == 2
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"title": "   "}, "title", "needs a title"),
+    ({"title": "x" * 201}, "title", "at most 200"),
+    ({"title": 5}, "title", "must be a string"),
+])
+def test_rename_refuses_bad_titles(alice, demo_pair, user, body, param, words):
+    conversation = finished_generation(pair=demo_pair, user=user).message.conversation
+    response = post(alice, f"/c/{conversation.id}/rename/", body)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == param and words in error["message"], error
+    assert Conversation.objects.get().title == "def f():"
+
+
+def test_a_get_or_a_body_that_is_not_json_is_refused(alice, demo_pair, user):
+    conversation = finished_generation(pair=demo_pair, user=user).message.conversation
+    assert alice.get(f"/c/{conversation.id}/rename/").status_code == 405
+    response = alice.post(f"/c/{conversation.id}/rename/", "not json", content_type="application/json")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+def test_editing_while_the_answer_is_written_is_refused(alice, demo_pair, user):
+    generation = running_generation(pair=demo_pair, user=user)
+    conversation = Conversation.objects.create(user=user, pair=demo_pair, title="def f():")
+    Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
+    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
+    response = post(alice, f"/c/{conversation.id}/edit/", {"text": "def g():"})
+    assert response.status_code == 400 and "stop it first" in response.json()["error"]["message"]
+    assert conversation.messages.first().content == "def f():"
+
+
+def test_the_system_prompt_comes_first_in_the_history(alice, demo_pair, user):
+    conversation = finished_generation(pair=demo_pair, user=user).message.conversation
+    assert post(alice, f"/c/{conversation.id}/system/", {"system_prompt": "  Be brief.  "}).json() == {
+        "system_prompt": "Be brief."}
+    history = selectors.history(conversation=Conversation.objects.get())
+    assert history[0] == {"role": "system", "content": "Be brief."} and history[1]["role"] == "user"
+
+
+def test_exports_keep_the_text_verbatim(alice, demo_pair, user):
+    conversation = finished_generation(pair=demo_pair, user=user, text="    return 1\n```\nnot code").message.conversation
+    Message.objects.filter(role="user").update(content="def f():\n```python\nx = 1\n```")
+    markdown = alice.get(f"/c/{conversation.id}/export.md").content.decode()
+    # The user's own fence inside is longer-fenced, so it cannot close the quote early.
+    assert "## You\n\n````\ndef f():\n```python\nx = 1\n```\n````\n" in markdown
+    assert "## Answer\n\n    return 1\n```\nnot code\n" in markdown
+    exported = json.loads(alice.get(f"/c/{conversation.id}/export.json").content)
+    assert exported["messages"][1]["content"] == "    return 1\n```\nnot code"
+    assert exported["messages"][1]["answer"]["status"] == "finished"

@@ -1,0 +1,242 @@
+"""The real pair, Qwen2.5-Coder-1.5B-Instruct with its 0.5B draft (`make real-pair`), through every part a
+user touches: GGUF import, the exact engine's distribution, greedy identity with and without the draft
+through the live API, the chat in a browser, the official client with a system prompt, several turns and
+non-ASCII text, and what a worker holds in memory. Run by `make test-real` (`pytest -m real`).
+
+The prompts are chat requests written for these tests, not ones anything was tuned on."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+
+from inference.engines.base import DecodingParams, PairSpec
+from inference.engines.exact import ExactEngine
+from inference.engines.library import PairEngine
+from inference.models import Generation, ModelPair
+from inference.pairs import catalog
+from tests.conftest import Worker, in_thread, log_in
+from tests.distribution import compare, differs, samples
+from tests.test_chat_ui import SHOTS
+
+pytestmark = pytest.mark.real
+
+SLUG = catalog.QWEN_CODER.slug
+FOLDER = Path(settings.MODELS_ROOT) / SLUG
+REQUESTS = [
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "In one paragraph, what is the difference between a process and a thread?",
+    "Write a SQL query that lists the five customers with the highest total order amount from orders(customer, amount).",
+    "Fix this code: `for i in range(10) print(i)`",
+]
+
+
+def client(base_url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def real_folder():
+    if not (FOLDER / "main" / "openvino_model.xml").is_file():
+        pytest.fail(f"The real pair is not installed in {FOLDER}: run `make real-pair` first (make test-real does).")
+    return FOLDER
+
+
+@pytest.fixture
+def real_pair(transactional_db, real_folder):
+    """The real pair registered as `make real-pair` registers it (its IR is already there: seconds)."""
+    call_command("install_pair", SLUG, stdout=io.StringIO())
+    pair = ModelPair.objects.get(slug=SLUG)
+    yield pair
+    in_flight = Generation.objects.filter(status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING])
+    deadline = time.monotonic() + 60
+    while in_flight.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def real_worker(stack_env, redis_client, real_folder, tmp_path_factory):
+    worker = Worker(stack_env, f"pair.{SLUG}", tmp_path_factory.mktemp("real-worker") / "worker.log")
+    worker.name = worker.wait_ready(redis_client)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def key(api_key):
+    api_key.max_concurrent = 8
+    api_key.save()
+    return api_key.secret
+
+
+# ------------------------------------------------------------------ import
+def test_a_gguf_file_is_imported_and_generates(db, settings, tmp_path):
+    """The draft's own GGUF file (Qwen's, checked by its digest), imported as a main alone in int4."""
+    settings.MODELS_ROOT = tmp_path / "models"
+    draft = catalog.fetch(catalog.QWEN_CODER.draft, cache=catalog.cache_dir(), say=lambda _: None)
+    out = io.StringIO()
+    call_command("import_pair", name="Qwen coder 0.5B", slug="qwen-0.5b", main=str(draft), weight_format="int4",
+                 main_sha256=catalog.QWEN_CODER.draft.sha256, stdout=out)
+    pair = ModelPair.objects.get(slug="qwen-0.5b")
+    assert [p.name for p in (tmp_path / "models" / "qwen-0.5b").iterdir()] == ["main"]  # no float32 copy left
+    engine = PairEngine(PairSpec(slug="imported", main_dir=str(settings.MODELS_ROOT / pair.main_dir),
+                                 speculative=False))
+    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": REQUESTS[0]}],
+                                                  add_generation_prompt=True)
+    text = engine.tokenizer.decode(drain(engine.submit(prompt=prompt, add_special_tokens=False,
+                                                       params=DecodingParams(max_new_tokens=48))))
+    engine.close()
+    assert "def " in text and "fib" in text.lower(), text
+
+
+def drain(request) -> list[int]:
+    from inference.engines.base import Finished
+
+    tokens: list[int] = []
+    while not isinstance(event := request.events.get(timeout=300), Finished):
+        tokens += event.token_ids
+    assert event.finish_reason in {"length", "stop"}, event
+    return tokens
+
+
+# ------------------------------------------------------------------ sampled answers: the exact engine's distribution
+def test_the_exact_engine_samples_from_the_main_alones_distribution(real_pair):
+    """At T = 0.7 the exact engine's first three tokens follow the main alone's, on the 151,936-token
+    vocabulary (the same test as the demo pair's, tests/test_distribution.py)."""
+    from inference.serving.records import pair_spec
+
+    spec = pair_spec(pair=real_pair)
+    main_alone = PairEngine(PairSpec(**{**spec.__dict__, "speculative": False}))
+    exact = ExactEngine(PairSpec(**{**spec.__dict__, "exact_sampling": True}))
+    prompt = main_alone.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name a programming language and say why people like it."}],
+        add_generation_prompt=True)
+
+    def sampler(engine, **extra):
+        def sample(seed: int) -> tuple[int, ...]:
+            params = DecodingParams(max_new_tokens=3, ignore_eos=True, seed=seed, temperature=0.7, **extra)
+            return tuple(drain(engine.submit(prompt=prompt, params=params, add_special_tokens=False)))
+        return sample
+
+    try:
+        reference = samples(sampler(main_alone), range(240), threads=8)
+        tested = samples(sampler(exact, num_assistant_tokens=3), range(10_000, 10_240), threads=2)
+    finally:
+        main_alone.close()
+    report = compare(tested, reference)
+    assert not differs(report), report
+    assert len(set(tested)) > 10, "a spread-out distribution, or the test would prove little"
+
+
+# ------------------------------------------------------------------ greedy identity and the API, through the live stack
+@pytest.mark.usefixtures("real_worker")
+def test_greedy_answers_are_the_main_alones_with_and_without_the_draft(live_server_url, real_pair, key):
+    api = client(live_server_url, key)
+    for request in REQUESTS:
+        messages = [{"role": "user", "content": request}]
+        plain = api.chat.completions.create(model=SLUG, messages=messages, max_tokens=96, temperature=0,
+                                            extra_body={"speculative": False})
+        for extra in ({}, {"num_assistant_tokens": 2}, {"num_assistant_tokens": 5}):
+            drafted = api.chat.completions.create(model=SLUG, messages=messages, max_tokens=96, temperature=0,
+                                                  extra_body=extra)
+            usage = drafted.usage.model_dump()
+            assert usage["speculative_mode"] == "draft", usage
+            assert drafted.choices[0].message.content == plain.choices[0].message.content, (request, extra)
+    assert usage["accepted_tokens"] > 0
+
+
+@pytest.mark.usefixtures("real_worker")
+def test_the_official_client_chats_with_a_system_prompt_over_several_turns(live_server_url, real_pair, key):
+    api = client(live_server_url, key)
+    question = {"role": "user", "content": "Que fait le mot-clé « yield » en Python ? Réponds en une phrase."}
+    system = ("You are a terse assistant for a team of French engineers: always answer in French, whatever the "
+              "language of the question, in one or two sentences.")
+    messages = [{"role": "system", "content": system}, question]
+    chunks = list(api.chat.completions.create(model=SLUG, messages=messages, max_tokens=120, stream=True,
+                                              stream_options={"include_usage": True}))
+    answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["stop"], (finish, answer)  # it ended at <|im_end|>, on its own
+    assert "<|im_end|>" not in answer and "\ufffd" not in answer
+    assert re.search(r"[éèàçù]", answer), f"not French: {answer}"  # multi-byte characters streamed whole
+    without_system = api.chat.completions.create(model=SLUG, messages=[question], max_tokens=1)
+    # Sent in place of Qwen's default system prompt ("You are Qwen, created by Alibaba Cloud...", 10 tokens shorter)
+    assert chunks[-1].usage.prompt_tokens > without_system.usage.prompt_tokens + 5
+
+    messages += [{"role": "assistant", "content": answer},
+                 {"role": "user", "content": "Now give a three-line Python example of it, only the code."}]
+    follow_up = api.chat.completions.create(model=SLUG, messages=messages, max_tokens=120, temperature=0)
+    assert "yield" in follow_up.choices[0].message.content, follow_up.choices[0].message.content
+    assert follow_up.choices[0].finish_reason == "stop"
+
+
+# ------------------------------------------------------------------ the chat in a browser
+@pytest.mark.usefixtures("real_worker")
+def test_the_chat_streams_a_coherent_answer_in_the_browser(live_server_url, real_pair, user, page):
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    page.select_option("#pair", SLUG)
+    page.fill("#prompt", "Write a Python function is_even(n) that returns True for even numbers.")
+    page.press("#prompt", "Control+Enter")
+    answer = page.locator("article.message.assistant").last
+    answer.wait_for()
+    page.wait_for_function("() => document.querySelector('article.assistant:not(.streaming)')", timeout=300_000)
+    generation = in_thread(Generation.objects.get)
+    assert generation.status == Generation.Status.FINISHED, generation.error
+    assert "def is_even" in generation.text and "%" in generation.text, generation.text
+    assert "def is_even" in answer.inner_text()  # rendered, code block and all
+    page.screenshot(path=str(SHOTS / "real-pair-1280.png"), full_page=True)
+
+
+# ------------------------------------------------------------------ memory
+def test_a_worker_holds_one_copy_of_the_main_once_its_extra_engines_are_idle(
+        stack_env, redis_client, live_server_url, real_pair, key, tmp_path):
+    """50 mixed requests (greedy with the draft, speculation off, sampled on the exact engine) through a
+    worker of its own; its PSS, summed over its step processes, while all its engines are loaded and once
+    the extra ones were idle long enough to be freed. The figures are printed (`-s`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inference.benchmark.memory import ir_bytes, tree_pss
+
+    # Released after 30 s idle: long enough that the extra engines are surely loaded when `loaded` is taken
+    # (a 10 s release freed the main alone during a slow run's tail, so both figures were the same tree).
+    worker = Worker({**stack_env, "SPECCHAT_RELEASE_EXTRA_ENGINES_AFTER_S": "30"}, f"pair.{SLUG}",
+                    tmp_path / "worker.log")
+    try:
+        worker.wait_ready(redis_client)
+        api = client(live_server_url, key)
+        kinds = [{}, {"extra_body": {"speculative": False}}, {"temperature": 0.8, "seed": 1}]
+
+        def ask(index: int) -> str:
+            answer = api.chat.completions.create(model=SLUG, max_tokens=24, messages=[
+                {"role": "user", "content": REQUESTS[index % len(REQUESTS)]}], **kinds[index % len(kinds)])
+            return answer.usage.model_dump()["speculative_mode"]
+
+        with ThreadPoolExecutor(4) as pool:
+            modes = list(pool.map(ask, range(50)))
+        assert {"draft", "off", "draft-exact-sampling"} <= set(modes), modes
+        for index in (1, 2):  # the main alone and the exact engine, used just now
+            ask(index)
+        loaded_tree = tree_pss(worker.proc.pid)
+        loaded = sum(loaded_tree.values())
+        deadline = time.monotonic() + 120
+        while (settled := tree_pss(worker.proc.pid)) and len(settled) > 2 and time.monotonic() < deadline:
+            time.sleep(1)  # the worker and one step process: the extra engines were freed
+        settled_bytes = sum(settled.values())
+    finally:
+        worker.stop()
+    ir = ir_bytes(FOLDER / "main", FOLDER / "draft")
+    print(f"\nIR files {ir / 2**30:.2f} GiB; worker PSS after 50 mixed requests {loaded / 2**30:.2f} GiB "
+          f"({loaded / ir:.2f}x), once idle {settled_bytes / 2**30:.2f} GiB ({settled_bytes / ir:.2f}x)")
+    assert len(loaded_tree) == 3, f"the worker, its pipeline and its main alone should run: {loaded_tree}"
+    assert len(settled) == 2, f"the extra engines were not freed: {settled}"
+    assert settled_bytes < loaded, "freeing the extra engines gave no memory back"
+    # The 1.5x bar is a target, reported (docs/benchmark.md), not asserted: PSS splits the IR's mapped pages
+    # with any other process mapping them (the module's own worker here), so the figure depends on the run.
