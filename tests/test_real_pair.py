@@ -152,6 +152,45 @@ def test_greedy_answers_are_the_main_alones_with_and_without_the_draft(live_serv
     assert usage["accepted_tokens"] > 0
 
 
+SNIPPET = {"type": "object", "additionalProperties": False, "required": ["name", "language", "lines", "tags"],
+           "properties": {"name": {"type": "string", "maxLength": 40}, "language": {"type": "string", "maxLength": 20},
+                          "lines": {"type": "integer", "minimum": 1},
+                          "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 20}}}}
+TASKS = ["reverses a string in Python", "counts words in Rust", "finds duplicate emails in SQL",
+         "backs up a folder in bash", "debounces a JavaScript callback", "answers an HTTP health check in Go",
+         "parses a CSV file in Python", "merges two sorted lists in C", "retries a failed request in TypeScript",
+         "computes a SHA-256 digest in Java", "flattens a nested list in Python", "reads environment variables in Go",
+         "validates an email address in PHP", "sorts a map by value in Kotlin", "tails a log file in bash",
+         "caches a function's results in Python", "walks a directory tree in Rust", "paginates a SQL query",
+         "throttles events in JavaScript", "converts Celsius to Fahrenheit in Swift"]
+
+
+@pytest.mark.usefixtures("real_worker")
+def test_twenty_answers_held_to_a_json_schema_are_valid_and_the_main_alones(live_server_url, real_pair, key):
+    """Speculation stays exact under a grammar: the main's tokens are masked alike with and without the draft."""
+    import json
+
+    import jsonschema_rs
+
+    api = client(live_server_url, key)
+    response_format = {"type": "json_schema", "json_schema": {"name": "snippet", "schema": SNIPPET, "strict": True}}
+    accepted = drafted_tokens = 0
+    for task in TASKS:
+        messages = [{"role": "user", "content": f"Describe, as JSON, a snippet that {task}."}]
+        drafted, alone = (api.chat.completions.create(model=SLUG, messages=messages, max_tokens=160, temperature=0,
+                                                      response_format=response_format,
+                                                      extra_body={"speculative": speculative})
+                          for speculative in (True, False))
+        text = drafted.choices[0].message.content
+        assert jsonschema_rs.is_valid(SNIPPET, json.loads(text)), text
+        assert text == alone.choices[0].message.content, task
+        usage = drafted.usage.model_dump()
+        assert usage["speculative_mode"] == "draft", usage
+        accepted, drafted_tokens = accepted + usage["accepted_tokens"], drafted_tokens + usage["draft_tokens"]
+    print(f"\nunder the schema: {accepted} of {drafted_tokens} drafted tokens accepted "
+          f"({accepted / drafted_tokens:.0%})")
+
+
 @pytest.mark.usefixtures("real_worker")
 def test_the_official_client_chats_with_a_system_prompt_over_several_turns(live_server_url, real_pair, key):
     api = client(live_server_url, key)

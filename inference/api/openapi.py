@@ -91,6 +91,22 @@ def _sampling(*, models: list[str], max_tokens: int) -> dict:
         "background": {"type": "boolean", "nullable": True,
                        "description": "true: the generation keeps running if the client disconnects."},
         "n": {"type": "integer", "enum": [1], "nullable": True, "description": "One choice per request."},
+        "response_format": {
+            "type": "object", "nullable": True, "required": ["type"],
+            "description": "json_object or json_schema: every token is held to the schema (always strict). "
+                           "Greedy answers stay the main model's own; sampled ones run on the main alone.",
+            "properties": {
+                "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+                "json_schema": {"type": "object", "required": ["schema"], "properties": {
+                    "name": {"type": "string"}, "description": {"type": "string"},
+                    "schema": {"type": "object"}, "strict": {"type": "boolean", "nullable": True}}},
+            }},
+        "regex": {"type": "string", "minLength": 1, "nullable": True,
+                  "description": "The answer matches this regular expression (xgrammar's dialect: no lookaround). "
+                                 "Excludes response_format and grammar."},
+        "grammar": {"type": "string", "minLength": 1, "nullable": True,
+                    "description": "The answer follows this EBNF grammar (xgrammar's dialect, from rule root). "
+                                   "Excludes response_format and regex."},
     }
 
 

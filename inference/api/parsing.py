@@ -8,13 +8,15 @@ OpenAI's shapes have (prompt forms, messages, stream options, unsupported featur
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
 from inference import errors
+from inference.engines.grammar import Grammar, GrammarError
+from inference.engines.grammar import check as grammar_check
 from inference.models import ModelPair
 from inference.serving import web
 
@@ -100,9 +102,62 @@ def _check_supported(data: dict) -> None:
     for name in ("tools", "functions", "logit_bias"):
         if data.get(name):
             raise errors.UnsupportedValue(f"{name} is not supported by this server.", param=name)
+
+
+def _grammar(data: dict) -> tuple[Grammar, str] | None:
+    """The grammar the answer is held to, and the field that gave it: OpenAI's response_format
+    (json_object, json_schema), or this server's `regex` / `grammar` (EBNF, xgrammar's dialect)."""
+    given = [name for name in ("regex", "grammar") if data.get(name) is not None]
     response_format = data.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise errors.UnsupportedValue('Only response_format {"type": "text"} is supported.', param="response_format")
+    if response_format is not None:
+        if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
+            raise errors.InvalidType("response_format must be an object with a type.", param="response_format")
+        if response_format["type"] != "text":
+            given.insert(0, "response_format")
+    if len(given) > 1:
+        raise errors.InvalidValue(f"{' and '.join(given)} each set the answer's format: send one.", param=given[1])
+    if not given:
+        return None
+    name = given[0]
+    if name == "response_format":
+        return Grammar(kind="json_schema", text=_json_schema(data["response_format"])), name
+    text = data[name]
+    if not isinstance(text, str) or not text.strip():
+        raise errors.InvalidType(f"{name} must be a non-empty string.", param=name)
+    return Grammar(kind="regex" if name == "regex" else "ebnf", text=text), name
+
+
+def _json_schema(response_format: dict) -> str:
+    kind = response_format["type"]
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind != "json_schema":
+        raise errors.InvalidValue(f"response_format.type must be text, json_object or json_schema; got "
+                                  f"{json.dumps(kind)[:40]}.", param="response_format.type")
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise errors.MissingParameter("response_format.json_schema must be an object with a schema.",
+                                      param="response_format.json_schema")
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise errors.InvalidType("response_format.json_schema.schema must be a JSON schema object.",
+                                 param="response_format.json_schema.schema")
+    return json.dumps(schema)
+
+
+def _checked_grammar(data: dict) -> dict:
+    """GenerationOptions' grammar fields, once the library compiles the grammar (engines/grammar.py:
+    an uncompilable one would fail every request in its batch)."""
+    found = _grammar(data)
+    if found is None:
+        return {}
+    grammar, name = found
+    try:
+        grammar_check(grammar)
+    except GrammarError as exc:
+        param = "response_format.json_schema.schema" if name == "response_format" else name
+        raise errors.InvalidValue(f"{param} cannot be compiled: {exc}", param=param) from None
+    return {"grammar_kind": grammar.kind, "grammar_text": grammar.text}
 
 
 def _completion_prompt(data: dict) -> str:
@@ -169,7 +224,8 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
         raise errors.InvalidType("stream_options.include_usage must be a boolean.",
                                  param="stream_options.include_usage")
     background = _flag(data, "background")
-    options = web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens"))
+    options = replace(web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens")),
+                      **_checked_grammar(data))
     if chat:
         messages = _chat_messages(data)
         pair = web.find_pair(slug=model)

@@ -19,6 +19,8 @@ import numpy as np
 import openvino as ov
 import openvino_genai as og
 
+from inference.engines.grammar import Grammar
+
 
 @dataclass(frozen=True)
 class PairSpec:
@@ -101,6 +103,12 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    grammar_kind: str = ""  # output held to a grammar (engines/grammar.py): one of its FIELDS, or none
+    grammar_text: str = ""
+
+    @property
+    def grammar(self) -> Grammar | None:
+        return Grammar(kind=self.grammar_kind, text=self.grammar_text) if self.grammar_kind else None
 
     def sampling(self) -> dict:
         """These fields alone, to build another Sampling from this one."""
@@ -122,6 +130,8 @@ class DecodingParams(Sampling):
         cfg.ignore_eos = self.ignore_eos
         if self.stop:
             cfg.stop_strings = set(self.stop)
+        if self.grammar:
+            cfg.structured_output_config = self.grammar.config()
         if self.temperature > 0:
             cfg.do_sample = True
             cfg.temperature = self.temperature

@@ -166,6 +166,8 @@ class ExactEngine:
 
     def submit(self, *, prompt: str = "", params: DecodingParams, add_special_tokens: bool = True,
                prompt_ids: list[int] | None = None) -> ActiveRequest:
+        if params.grammar:  # the plan sends these to the main alone (speculation.CONSTRAINED_SAMPLING)
+            raise ValueError("the exact engine does not hold output to a grammar")
         prompt_ids = prompt_token_ids(self.tokenizer, prompt=prompt, add_special_tokens=add_special_tokens,
                                       prompt_ids=prompt_ids)
         request = ActiveRequest(next(self._ids), prompt_ids, time.perf_counter())

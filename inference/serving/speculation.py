@@ -21,6 +21,8 @@ from inference.models import ModelPair
 
 log = logging.getLogger(__name__)
 EXACT_THRESHOLD = "the confidence threshold applies to greedy requests; exact sampling takes K"
+CONSTRAINED_SAMPLING = ("sampled under a grammar: the exact engine does not apply one, so the main alone "
+                        "samples (the library's speculative sampling is not exact)")
 INEXACT_ALLOWED = "allowed by the pair: answers are not drawn from the main model's distribution"
 # The device's default precision quantizes activations differently for one token and for K+1 verified at once.
 FAST_MODE = "fast mode: tokens may differ from the main alone's where two are near-tied"
@@ -34,6 +36,7 @@ class Asked:
     k: int | None = None
     threshold: float | None = None
     sampled: bool = False
+    constrained: bool = False  # the output is held to a grammar (response_format, regex, grammar)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +163,8 @@ def _plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | 
     if not pair.draft_dir:  # prompt lookup samples from the main and compares with the n-gram: exact
         return Plan(mode=SpeculativeMode.PROMPT_LOOKUP, k=asked.k or pair.num_assistant_tokens or DEFAULT_K)
     exact = asked.sampled and not pair.allow_inexact_sampling
+    if exact and asked.constrained:
+        return Plan(mode=SpeculativeMode.OFF, reason=CONSTRAINED_SAMPLING)
     if asked.sampled:
         mode = SpeculativeMode.EXACT_SAMPLING if exact else SpeculativeMode.INEXACT_SAMPLING
     else:

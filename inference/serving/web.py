@@ -161,7 +161,8 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
 
 def asked(options: GenerationOptions) -> speculation.Asked:
     return speculation.Asked(speculative=options.speculative, k=options.num_assistant_tokens,
-                             threshold=options.assistant_confidence_threshold, sampled=options.temperature > 0)
+                             threshold=options.assistant_confidence_threshold, sampled=options.temperature > 0,
+                             constrained=bool(options.grammar_kind))
 
 
 def _check_float32_floor(value: float | None, param: str, *, zero_means: str = "") -> None:

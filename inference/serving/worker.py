@@ -221,9 +221,9 @@ class Answer:
     def _consider_handover(self) -> None:
         """Stop this request to go on elsewhere if the load now calls for another engine (greedy, or
         sampled on the exact engine; no stop strings: the library would not see one that began before
-        the handover)."""
+        the handover; no grammar: it would start again at the handover)."""
         exact = self.planned.exact_sampling
-        if (self.moving_to or self.request.stop_requested or self.params.stop
+        if (self.moving_to or self.request.stop_requested or self.params.stop or self.params.grammar
                 or (self.params.temperature > 0 and not exact)):
             return
         slug = self.generation.pair.slug

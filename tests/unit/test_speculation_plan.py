@@ -5,7 +5,14 @@ import pytest
 from inference.engines.rates import StepRates, streams_bucket
 from inference.limits import SpeculativeMode
 from inference.models import Generation, ModelPair
-from inference.serving.speculation import EXACT_THRESHOLD, Asked, handover, join_running_batch, plan
+from inference.serving.speculation import (
+    CONSTRAINED_SAMPLING,
+    EXACT_THRESHOLD,
+    Asked,
+    handover,
+    join_running_batch,
+    plan,
+)
 
 PROFILE = {"greedy": {"1": 4, "4": 2, "16": 0}, "sampled": {"1": 3, "8": 0}}
 
@@ -52,6 +59,17 @@ def test_sampling_never_takes_the_inexact_library_path_unless_the_pair_allows_it
     assert allowed.mode == SpeculativeMode.INEXACT_SAMPLING and "not drawn" in allowed.reason
     assert not allowed.exact_sampling
 
+
+
+def test_under_a_grammar_greedy_keeps_the_draft_and_sampling_runs_on_the_main_alone():
+    """The exact engine applies no grammar: a sampled answer under one is the main alone's, never the
+    library's inexact speculative sampling (unless the pair allows that)."""
+    greedy = plan(pair=pair(), asked=Asked(constrained=True), load=1)
+    assert (greedy.mode, greedy.k) == (SpeculativeMode.DRAFT, 5)
+    sampled = plan(pair=pair(), asked=Asked(sampled=True, constrained=True, k=3), load=1)
+    assert (sampled.mode, sampled.reason) == (SpeculativeMode.OFF, CONSTRAINED_SAMPLING)
+    allowed = plan(pair=pair(allow_inexact_sampling=True), asked=Asked(sampled=True, constrained=True), load=1)
+    assert allowed.mode == SpeculativeMode.INEXACT_SAMPLING
 
 @pytest.mark.parametrize(("fields", "asked", "mode"), [
     ({}, Asked(speculative=False), SpeculativeMode.OFF),

@@ -1,0 +1,64 @@
+"""Output held to a grammar: a JSON schema, a regular expression or an EBNF grammar, applied by
+openvino-genai's structured output (xgrammar inside) to every token the main model chooses.
+
+A grammar the library cannot compile does not fail its own request only: the pipeline step it first
+runs in raises, and every request in the batch fails with it. So a grammar is compiled before it is
+accepted (`check`): one token generated under it by the repository's own tiny draft model, which
+compiles the same grammar in milliseconds. Whether a grammar compiles does not depend on the vocabulary.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import openvino_genai as og
+
+# The library's StructuredOutputConfig field for each kind.
+FIELDS = {"json_schema": "json_schema", "regex": "regex", "ebnf": "grammar"}
+CHECKER_MODEL = Path(__file__).resolve().parents[1] / "models" / "demo-code" / "draft"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grammar:
+    kind: str  # a key of FIELDS
+    text: str  # the schema as JSON text, the regular expression or the EBNF grammar
+
+    def config(self) -> og.StructuredOutputConfig:
+        return og.StructuredOutputConfig(**{FIELDS[self.kind]: self.text})
+
+
+class GrammarError(ValueError):
+    """The library cannot compile the grammar; the message is its own sentence."""
+
+
+_check_lock = threading.Lock()
+
+
+@cache
+def _checker() -> og.LLMPipeline:
+    return og.LLMPipeline(str(CHECKER_MODEL), "CPU")
+
+
+def check(grammar: Grammar) -> None:
+    """Raise GrammarError unless the library compiles `grammar`."""
+    config = og.GenerationConfig()
+    config.max_new_tokens = 1
+    config.structured_output_config = grammar.config()
+    with _check_lock:  # one pipeline, one generation at a time
+        try:
+            _checker().generate("{", config)
+        except UnicodeDecodeError:  # the library's message cut a character of the grammar in two
+            raise GrammarError("the library's parser refused it (its message could not be read)") from None
+        except RuntimeError as exc:
+            raise GrammarError(_reason(str(exc))) from None
+
+
+def _reason(message: str) -> str:
+    """The library's sentence without its time and source path: '[00:19:40] /…/regex_converter.cc:75: Regex
+    parsing error at position 5: Unclosed '['' -> 'Regex parsing error at position 5: Unclosed '[''."""
+    last = (message.strip().splitlines() or [""])[-1]
+    return re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", last).strip()
