@@ -9,6 +9,7 @@ for the plans of requests."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,8 @@ from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
 from inference.engines.rates import StepRates
 from inference.limits import LoadState
+
+log = logging.getLogger(__name__)
 
 # Building a pipeline takes the cores for seconds (2 s for the demo pair on 2 cores), and the old one then
 # drains beside the new for an answer's length: renewed under a steady 8 streams, it raised time to first
@@ -137,6 +140,8 @@ class EngineRegistry:
                 if self._engines.get(spec) is engine and idle(spec, engine):
                     self._engines.pop(spec).close()
                     released.append(spec)
+        if released:
+            log.info("freed idle engines (slug, speculative, exact sampling): %s", [spec.role for spec in released])
         return released
 
     def loaded(self) -> list[dict]:
