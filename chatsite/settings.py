@@ -174,6 +174,9 @@ RELEASE_EXTRA_ENGINES_AFTER_S = env_int("SPECCHAT_RELEASE_EXTRA_ENGINES_AFTER_S"
 # A step process that sends no step for this long while requests wait (plus as much again per 512 prompt
 # tokens still to prefill) is killed and its answers failed; the next request loads it again. 0: no watchdog.
 STEP_TIMEOUT_S = env_int("SPECCHAT_STEP_TIMEOUT_S", 120)
+# An answer still running this long after it started is stopped and ends with an error, its text kept;
+# one whose engine does not even stop is ended 10 s later all the same. 0: no limit.
+MAX_ANSWER_S = env_int("SPECCHAT_MAX_ANSWER_S", 1800)
 # A worker plans a request's K from what its engines delivered at that load over this many seconds,
 # where it measured both the main alone and a K there (inference/engines/rates.py); 0: the profile alone.
 LIVE_FIGURES_S = env_int("SPECCHAT_LIVE_FIGURES_S", 600)

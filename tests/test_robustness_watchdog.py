@@ -69,3 +69,46 @@ def test_a_hung_step_process_fails_its_answer_in_bounded_time_and_is_reloaded(pa
     again = wait_until_done(start(pair, max_tokens=16).id)  # the engine is loaded afresh
     assert again.status == Generation.Status.FINISHED and again.completion_tokens == 16
     assert len(set(hung) - set(step_processes(worker))) == 1  # the stalled one was killed, the idle one kept
+
+
+MAX_ANSWER_S = 3
+
+
+@pytest.fixture
+def pair_on_a_time_limited_worker(demo_pair, stack_env, redis_client, tmp_path):
+    """No step watchdog here: the answer's own time limit is what ends it."""
+    pair = ModelPair.objects.create(name="Limited", slug="limited", main_dir=demo_pair.main_dir,
+                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=demo_pair.num_assistant_tokens,
+                                    max_new_tokens_cap=4000)
+    worker = Worker({**stack_env, "SPECCHAT_MAX_ANSWER_S": str(MAX_ANSWER_S), "SPECCHAT_STEP_TIMEOUT_S": "0"},
+                    pair.queue, tmp_path / "worker.log")
+    try:
+        worker.wait_ready(redis_client)
+        yield pair, worker
+    finally:
+        worker.stop()
+
+
+def test_an_answer_past_the_time_limit_is_stopped_with_its_text_kept_even_when_its_engine_hangs(
+        pair_on_a_time_limited_worker):
+    pair, worker = pair_on_a_time_limited_worker
+    overran = wait_until_done(start(pair, max_tokens=4000).id)  # ~30 s of tokens on the demo main alone
+    assert overran.status == Generation.Status.FAILED and f"limit of {MAX_ANSWER_S} s" in overran.error
+    assert overran.text and 0 < overran.completion_tokens < 4000
+
+    generation = start(pair, max_tokens=4000)
+    deadline = time.monotonic() + 60
+    while not transport.sync_client().xlen(transport.stream_key(generation.id)) > 1:
+        assert time.monotonic() < deadline, "the answer never started"
+        time.sleep(0.1)
+    hung = step_processes(worker)
+    for pid in hung:
+        os.kill(pid, signal.SIGSTOP)  # it cannot even take the stop
+    try:
+        failed = wait_until_done(generation.id)
+    finally:
+        for pid in hung:
+            os.kill(pid, signal.SIGCONT)
+    assert failed.status == Generation.Status.FAILED and f"limit of {MAX_ANSWER_S} s" in failed.error, failed.error
+    again = wait_until_done(start(pair, max_tokens=16).id)  # the slot is free and the engine goes on
+    assert again.status == Generation.Status.FINISHED and again.completion_tokens == 16

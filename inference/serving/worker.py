@@ -46,6 +46,7 @@ ENGINES = EngineRegistry(renew_after=settings.ENGINE_RENEW_AFTER_REQUESTS, live_
                          release_extra_after_s=settings.RELEASE_EXTRA_ENGINES_AFTER_S,
                          step_timeout_s=settings.STEP_TIMEOUT_S)
 RUNNING: dict[str, ActiveRequest] = {}  # generation id -> its request in this worker's engine
+OVERRAN = "The answer ran past the server's limit of {limit} s and was stopped; what it wrote is kept."
 WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
 
 
@@ -152,6 +153,7 @@ def stop_running(*, generation_id: str) -> None:
 
 
 REPLAN_EVERY_S = 0.2  # how often a running answer asks whether to move to another engine
+OVERRUN_GRACE_S = 10  # an answer past settings.MAX_ANSWER_S whose engine has not stopped it ends anyway
 
 
 class Answer:
@@ -173,6 +175,7 @@ class Answer:
         self.steps: list[list[str]] = []
         self.pending: list[list[str]] = []
         self.moving_to: speculation.Plan | None = None
+        self.overran = False  # stopped for running past settings.MAX_ANSWER_S
 
     @staticmethod
     def _fixed_k(engine: Engine, params: DecodingParams) -> int | None:
@@ -196,6 +199,9 @@ class Answer:
                 self.pending.append(piece)
             elif isinstance(item, Finished):
                 finished = self._continue_elsewhere() if self._handing_over(item) else item
+                if finished and finished.finish_reason == "stopped" and self.overran:
+                    finished = Finished("error", OVERRAN.format(limit=settings.MAX_ANSWER_S))
+            finished = finished or self._overrun()
             first_tokens = self.pending and len(self.pending) == len(self.steps)  # the time to first token
             if finished or first_tokens or time.monotonic() - last_flush >= flush_s:
                 self._flush(finished)
@@ -206,6 +212,19 @@ class Answer:
                 self._consider_handover()
                 next_replan = time.monotonic() + REPLAN_EVERY_S
         self._record(finished)
+
+    def _overrun(self) -> Finished | None:
+        """Past settings.MAX_ANSWER_S the answer is stopped (no handover); past the grace it ends whether or
+        not its engine stopped (a hung one), so its slot is freed in bounded time."""
+        limit = settings.MAX_ANSWER_S
+        ran = time.perf_counter() - self.started_at
+        if not limit or ran < limit:
+            return None
+        if not self.overran:
+            log.warning("generation %s ran %.0f s, over the limit of %d s: stopping it", self.generation.id, ran, limit)
+            self.overran, self.moving_to = True, None
+            self.request.stop()
+        return Finished("error", OVERRAN.format(limit=limit)) if ran >= limit + OVERRUN_GRACE_S else None
 
     def _flush(self, finished: Finished | None) -> None:
         if finished:
