@@ -18,9 +18,9 @@ from django.db.models import Count
 
 from inference.models import Generation
 from inference.selectors import live_workers
+from inference.transport import METRICS_KEY
 
 log = logging.getLogger(__name__)
-METRICS_KEY = "specchat:metrics"
 
 # vLLM's buckets for the same histograms.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,

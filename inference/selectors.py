@@ -12,11 +12,7 @@ from django.conf import settings
 
 from inference.limits import LoadState, ServingState
 from inference.models import Generation, ModelPair
-
-WORKER_KEY_PREFIX = "specchat:worker:"
-# Worker names scored by when their heartbeat expires: live workers are read from here, not by
-# scanning the keyspace on every request.
-WORKER_INDEX = "specchat:workers"
+from inference.transport import WORKER_INDEX, WORKER_KEY_PREFIX
 
 
 def live_workers(*, client: redis.Redis) -> list[dict]:

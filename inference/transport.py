@@ -35,12 +35,38 @@ REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
 REDIS_RETRIES = 12
 
 
+# Every Redis key the product uses, here so that none collides and an operator can find them all.
+PREFIX = "specchat:"
+CANCEL_CHANNEL = PREFIX + "cancel"  # pub/sub: stop this generation now
+METRICS_KEY = PREFIX + "metrics"  # hash: Prometheus samples (inference/metrics.py)
+WORKER_KEY_PREFIX = PREFIX + "worker:"  # + worker name: its heartbeat, expiring with it
+WORKER_INDEX = PREFIX + "workers"  # sorted set: worker names by heartbeat expiry (read, not the keyspace scanned)
+
+
 def stream_key(generation_id) -> str:
-    return f"specchat:gen:{generation_id}"
+    """A generation's events (a Redis Stream)."""
+    return f"{PREFIX}gen:{generation_id}"
 
 
 def cancel_key(generation_id) -> str:
-    return f"specchat:cancel:{generation_id}"
+    """Set when a generation's stop was asked, for whoever starts it later."""
+    return f"{PREFIX}cancel:{generation_id}"
+
+
+def resent_key(generation_id) -> str:
+    """Set once a worker sent a generation's lost task again (one resend per REQUEUE_AFTER_S)."""
+    return f"{PREFIX}resent:{generation_id}"
+
+
+def slot_lock(kind: str, owner_id) -> str:
+    """The lock around counting and taking the in-flight slots of an API key ("apikey") or a chat user
+    ("chat")."""
+    return f"{PREFIX}{kind}-lock:{owner_id}"
+
+
+def chat_watchers_key(generation_id) -> str:
+    """Sorted set: the chat connections following a generation, by when they last said so."""
+    return f"{PREFIX}chat-watchers:{generation_id}"
 
 
 # Told its own version, redis-py does not read its package metadata again for every new connection
@@ -122,8 +148,6 @@ class StreamWriter:
     def cancel_requested(self) -> bool:
         return bool(self.client.exists(self.cancel))
 
-
-CANCEL_CHANNEL = "specchat:cancel"
 
 
 def request_cancel(client: redis.Redis, generation_id) -> None:

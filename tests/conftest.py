@@ -106,9 +106,11 @@ class Worker:
         )
 
     def wait_ready(self, client: redis.Redis, timeout: float = 60) -> str:
+        from inference import transport
+
         deadline = time.time() + timeout
         while time.time() < deadline:
-            for key in client.scan_iter("specchat:worker:*"):
+            for key in client.scan_iter(transport.WORKER_KEY_PREFIX + "*"):
                 beat = json.loads(client.get(key) or "{}")
                 if beat.get("name", "").endswith(f":{self.proc.pid}"):
                     return beat["name"]

@@ -82,7 +82,7 @@ async def test_another_users_stop_does_not_wait_on_a_held_chat_lock(demo_pair, u
                                             status=Generation.Status.RUNNING)
     alice, _ = await logged_in_socket(user)
     bob, _ = await logged_in_socket(other_user)
-    lock = f"specchat:chat-lock:{user.pk}"
+    lock = transport.slot_lock("chat", user.pk)
     redis_client.set(lock, "held-by-the-test", ex=30)
     try:
         await alice.send_json_to({"action": "send", "pair": demo_pair.slug, "text": "def f():",

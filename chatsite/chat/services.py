@@ -22,7 +22,7 @@ from inference.serving import web
 def answer_slot(*, user):
     """Inside: the user has a free slot for one more answer (see web.in_flight_slot)."""
     return web.in_flight_slot(
-        lock=f"specchat:chat-lock:{user.pk}", limit=settings.CHAT_MAX_CONCURRENT,
+        lock=transport.slot_lock("chat", user.pk), limit=settings.CHAT_MAX_CONCURRENT,
         generations=Generation.objects.filter(user=user, source=Generation.Source.CHAT),
         refusal="You already have {count} answers being written (at most {limit} at once): wait for one to "
                 "finish, or stop it.")
@@ -150,25 +150,21 @@ def stop_all_answers(*, user) -> None:
 
 
 # ------------------------------------------------------------------ who watches an answer
-def _watchers_key(generation_id) -> str:
-    return f"specchat:chat-watchers:{generation_id}"
-
-
 async def watch(*, client, generation_ids, connection_id: str) -> None:
     """Mark the answers watched by this connection now; each connection repeats this every
     ACCESS_RECHECK_S, so the marks of a web process that died go stale."""
     now = time.time()
     pipe = client.pipeline(transaction=False)
     for generation_id in generation_ids:
-        pipe.zadd(_watchers_key(generation_id), {connection_id: now})
-        pipe.expire(_watchers_key(generation_id), settings.STREAM_TTL_S)
+        pipe.zadd(transport.chat_watchers_key(generation_id), {connection_id: now})
+        pipe.expire(transport.chat_watchers_key(generation_id), settings.STREAM_TTL_S)
     await pipe.execute()
 
 
 async def unwatch(*, client, generation_ids, connection_id: str) -> None:
     pipe = client.pipeline(transaction=False)
     for generation_id in generation_ids:
-        pipe.zrem(_watchers_key(generation_id), connection_id)
+        pipe.zrem(transport.chat_watchers_key(generation_id), connection_id)
     await pipe.execute()
 
 
@@ -177,7 +173,7 @@ def stop_unwatched(*, generation_ids) -> None:
     client = transport.sync_client()
     fresh_since = time.time() - 3 * settings.ACCESS_RECHECK_S
     for generation in Generation.objects.filter(id__in=list(generation_ids), status__in=web.IN_FLIGHT):
-        if not client.zcount(_watchers_key(generation.id), fresh_since, "+inf"):
+        if not client.zcount(transport.chat_watchers_key(generation.id), fresh_since, "+inf"):
             web.request_stop(generation=generation)
 
 

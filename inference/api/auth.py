@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from inference import errors
+from inference import errors, transport
 from inference.models import ApiKey, Generation
 from inference.serving import web
 
@@ -77,7 +77,7 @@ def check_metrics_access(*, authorization: str) -> None:
 def start_for_key(*, api_key: ApiKey, **start_kwargs) -> Generation:
     """web.start_generation for this key, or a 429 when it already has max_concurrent in flight.
     In-flight generations whose worker is gone are failed first so they free their slot."""
-    with web.in_flight_slot(lock=f"specchat:apikey-lock:{api_key.id}",
+    with web.in_flight_slot(lock=transport.slot_lock("apikey", api_key.id),
                             generations=Generation.objects.filter(api_key=api_key), limit=api_key.max_concurrent,
                             refusal="This key already has {count} generations in flight (its limit is {limit}); "
                                     "retry when one has finished."):

@@ -34,7 +34,7 @@ import redis
 from django.conf import settings
 from django.db.models import Q
 
-from inference import selectors
+from inference import selectors, transport
 from inference.benchmark import memory
 from inference.benchmark.inprocess import heldout_prompts
 from inference.benchmark.stack import BENCHMARK_USERNAME, Credentials, StackError, free_port, wait_for_port
@@ -476,7 +476,7 @@ def _wait_settled(*, stack: PrivateStack, since_wall: float, timeout: float) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         open_rows = _soak_rows(stack.pair, since_wall).filter(status__in=web.IN_FLIGHT).exists()
-        if not open_rows and not any(True for _ in client.scan_iter("specchat:gen:*", count=1000)):
+        if not open_rows and not any(True for _ in client.scan_iter(transport.stream_key("*"), count=1000)):
             return True
         time.sleep(1)
     return False

@@ -23,7 +23,6 @@ from django.db import close_old_connections
 
 from inference import transport
 from inference.models import ModelPair
-from inference.selectors import WORKER_INDEX, WORKER_KEY_PREFIX
 from inference.serving.worker import (
     ENGINES,
     fail_orphaned_generations,
@@ -43,15 +42,15 @@ def announce_worker(*, client, name: str, payload: dict, ttl_s: int) -> None:
     """A worker's heartbeat: its key expires with it, and the index forgets expired names."""
     now = time.time()
     pipe = client.pipeline(transaction=False)
-    pipe.set(WORKER_KEY_PREFIX + name, json.dumps(payload), ex=ttl_s)
-    pipe.zadd(WORKER_INDEX, {name: now + ttl_s})
-    pipe.zremrangebyscore(WORKER_INDEX, "-inf", now)
+    pipe.set(transport.WORKER_KEY_PREFIX + name, json.dumps(payload), ex=ttl_s)
+    pipe.zadd(transport.WORKER_INDEX, {name: now + ttl_s})
+    pipe.zremrangebyscore(transport.WORKER_INDEX, "-inf", now)
     pipe.execute()
 
 
 def retire_worker(*, client, name: str) -> None:
-    client.delete(WORKER_KEY_PREFIX + name)
-    client.zrem(WORKER_INDEX, name)
+    client.delete(transport.WORKER_KEY_PREFIX + name)
+    client.zrem(transport.WORKER_INDEX, name)
 
 
 def heartbeat_payload() -> dict:

@@ -330,7 +330,7 @@ def resend_lost_generations(*, client, queues: list[str]) -> None:
     for generation_id, slug, created_at in stale.values_list("id", "pair__slug", "created_at"):
         if (now - created_at).total_seconds() >= settings.QUEUE_TIMEOUT_S:
             fail_generation(generation_id=generation_id, message=queue_timeout(slug))
-        elif client.set(f"specchat:resent:{generation_id}", "1", nx=True, ex=settings.REQUEUE_AFTER_S):
+        elif client.set(transport.resent_key(generation_id), "1", nx=True, ex=settings.REQUEUE_AFTER_S):
             log.warning("generation %s was queued for %s s: sending its task again", generation_id,
                         settings.REQUEUE_AFTER_S)
             current_app.send_task("inference.generate", args=[str(generation_id)], queue=f"pair.{slug}")
