@@ -12,7 +12,7 @@ from django.utils import timezone
 from inference import selectors, transport
 from inference.engines.base import DecodingParams
 from inference.models import Generation, ModelPair
-from inference.serving import web
+from inference.serving import readers, web
 from inference.tasks import generate
 from tests.conftest import wait_until_done
 
@@ -162,8 +162,8 @@ def test_a_reader_waits_for_the_end_event_that_lags_the_record(demo_pair, redis_
     writer = transport.StreamWriter(redis_client, generation.id)
     delta = writer.send({"type": "delta", "steps": [["", "x"]]})
     Generation.objects.filter(id=generation.id).update(status=Generation.Status.FINISHED, finished_at=timezone.now())
-    assert not web.nothing_after(generation_id=generation.id, seen=delta)
+    assert not readers.nothing_after(generation_id=generation.id, seen=delta)
     done = writer.send({"type": "done", "finish_reason": "stop"})
-    assert not web.nothing_after(generation_id=generation.id, seen=delta)
-    assert web.nothing_after(generation_id=generation.id, seen=done)
-    assert web.nothing_after(generation_id=generation.id, seen="99999999999999-0")
+    assert not readers.nothing_after(generation_id=generation.id, seen=delta)
+    assert readers.nothing_after(generation_id=generation.id, seen=done)
+    assert readers.nothing_after(generation_id=generation.id, seen="99999999999999-0")

@@ -28,7 +28,7 @@ from django.db import connections
 from chatsite.chat import access, services
 from inference import errors, transport
 from inference.selectors import generation_for_user
-from inference.serving import web
+from inference.serving import readers, web
 from inference.transport import valid_entry_id
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await services.watch(client=self.redis, generation_ids=[generation_id], connection_id=self.connection_id)
 
     async def pump(self, generation_id: str, after: str, known_steps: int | None):
-        async for entry_id, event in web.follow_generation(generation_id=generation_id, after=after,
+        async for entry_id, event in readers.follow_generation(generation_id=generation_id, after=after,
                                                            known_steps=known_steps):
             if entry_id is not None:
                 await self.send_json({"type": "event", "generation": generation_id, "id": entry_id,

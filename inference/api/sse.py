@@ -22,7 +22,7 @@ from inference import errors, transport
 from inference.api import auth
 from inference.api.shapes import Shape, error_body
 from inference.models import Generation
-from inference.serving import web
+from inference.serving import readers, web
 
 KEEPALIVE_S = 15  # a comment line this often keeps proxies from closing a quiet stream
 
@@ -52,7 +52,7 @@ async def events(*, generation: Generation, shape: Shape, after: str, include_us
     ended, quiet_since = False, time.monotonic()
     checked_at = time.monotonic()
     try:
-        async with aclosing(web.follow_generation(generation_id=generation.id, after=after)) as follow:
+        async with aclosing(readers.follow_generation(generation_id=generation.id, after=after)) as follow:
             async for entry_id, event in follow:
                 if time.monotonic() - checked_at >= settings.ACCESS_RECHECK_S:
                     checked_at = time.monotonic()
@@ -63,7 +63,7 @@ async def events(*, generation: Generation, shape: Shape, after: str, include_us
                         yield frame(error_body(REVOKED))
                         yield frame("[DONE]")
                         return
-                if event is web.ENDED:
+                if event is readers.ENDED:
                     ended = True
                     yield frame("[DONE]")
                     return

@@ -22,7 +22,7 @@ from inference.api.shapes import Shape, error_body, usage
 from inference.engines.base import context_length
 from inference.metrics import exposition
 from inference.models import Generation, ModelPair
-from inference.serving import web
+from inference.serving import readers, web
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ async def _generate(request, *, api_key, chat: bool):
                             owner=not api_request.background)
         return sse.response(stream, generation=generation)
     try:
-        ended = await web.wait_for(generation_id=generation.id)
+        ended = await readers.wait_for(generation_id=generation.id)
     except asyncio.CancelledError:  # the client went away while waiting
         if not api_request.background:
             web.request_stop(generation=generation)

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from inference import transport
+from inference import limits, selectors, transport
 from inference.engines.base import DecodingParams, PairSpec
 from inference.models import Generation, ModelPair
 from inference.serving.speculation import Plan
@@ -107,3 +107,34 @@ def queue_timeout(slug: str) -> str:
 
 def worker_died(worker: str) -> str:
     return f"The worker running this answer ({worker}) stopped before it finished."
+
+
+def stalled_generation_problem(*, generation_id) -> str:
+    """Why a generation that sends nothing will never finish, or '' while it may."""
+    generation = Generation.objects.select_related("pair").filter(id=generation_id).first()
+    if generation is None or generation.is_done:
+        return ""
+    client = transport.sync_client()
+    if not selectors.heartbeats_settled(client=client):
+        return ""  # Redis just restarted: the workers have not announced themselves again yet
+    if generation.status == Generation.Status.RUNNING:
+        if generation.worker and not selectors.worker_is_alive(client=client, name=generation.worker):
+            return worker_died(generation.worker)
+        return ""
+    waited = (timezone.now() - generation.created_at).total_seconds()
+    if waited >= settings.QUEUE_TIMEOUT_S:
+        return queue_timeout(generation.pair.slug)
+    state = selectors.pair_state(pair=generation.pair, workers=selectors.live_workers(client=client))
+    if not state.served and waited >= 2:
+        return f"No worker can serve '{generation.pair.slug}': {state.error}."
+    if waited >= settings.STALL_TIMEOUT_S and state.state != limits.ServingState.AVAILABLE:
+        return f"'{generation.pair.slug}' did not become available within {settings.STALL_TIMEOUT_S} s."
+    return ""
+
+
+def fail_if_stalled(*, generation_id) -> bool:
+    """Fail the generation if it will never finish (see stalled_generation_problem); True if it was failed."""
+    problem = stalled_generation_problem(generation_id=generation_id)
+    if problem:
+        fail_generation(generation_id=generation_id, message=problem)
+    return bool(problem)

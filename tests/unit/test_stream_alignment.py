@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference.serving.web import INTERRUPTED, StepAligner
+from inference.serving.readers import INTERRUPTED, StepAligner
 
 
 def delta(at, *steps, replay=False):
