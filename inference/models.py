@@ -166,7 +166,8 @@ class Generation(models.Model):
     worker = models.CharField(max_length=200, blank=True)
     text = models.TextField(blank=True)
     steps = models.JSONField(default=list, blank=True,
-                             help_text="Per main step: [accepted draft text, main's token text].")
+                             help_text="Per main step: [accepted draft text, main's token text], and its tokens' "
+                             "[[text, logprob], ...] when the request asked for logprobs.")
     finish_reason = models.CharField(max_length=20, blank=True)
     speculative_mode = models.CharField(max_length=30, blank=True, help_text="How the answer was served: draft, "
                                         "draft-exact-sampling, draft-inexact-sampling, prompt-lookup or off.")

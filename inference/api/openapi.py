@@ -45,6 +45,8 @@ Errors use OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 """
 
 ERROR = {"$ref": "#/components/schemas/Error"}
+LOGPROBS = ("Each token's log probability under the main model's raw distribution (before temperature), the "
+            "same with or without the draft; no alternatives (top_logprobs) are computed.")
 
 
 def _errors(*statuses: int) -> dict:
@@ -241,9 +243,12 @@ def document(*, models: list[str], max_tokens: int) -> dict:
                         "param": {"type": "string", "nullable": True}, "code": {"type": "string", "nullable": True},
                     }}}},
                 "CompletionRequest": {"type": "object", "required": ["model", "prompt"], "properties": {
-                    **sampling, "prompt": {"type": "string", "minLength": 1, "description": "One prompt."}}},
+                    **sampling, "prompt": {"type": "string", "minLength": 1, "description": "One prompt."},
+                    "logprobs": {"type": "integer", "enum": [0], "nullable": True, "description": LOGPROBS}}},
                 "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "properties": {
-                    **sampling, "messages": {"type": "array", "minItems": 1, "items": message}}},
+                    **sampling, "messages": {"type": "array", "minItems": 1, "items": message},
+                    "logprobs": {"type": "boolean", "nullable": True, "description": LOGPROBS},
+                    "top_logprobs": {"type": "integer", "enum": [0], "nullable": True}}},
                 "Usage": _usage(),
                 "Completion": _completion(chat=False),
                 "ChatCompletion": _completion(chat=True),

@@ -29,8 +29,6 @@ NEUTRAL = {
     "num_beams": (1,),
     "use_beam_search": (False,),
     "echo": (False,),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
     "suffix": ("",),
@@ -145,6 +143,32 @@ def _json_schema(response_format: dict) -> str:
     return json.dumps(schema)
 
 
+NO_ALTERNATIVES = "the library returns the chosen token's log probability only, no alternatives"
+
+
+def _logprobs(data: dict, *, chat: bool) -> bool:
+    """Whether the answer carries its tokens' log probabilities (chat: logprobs true; completions:
+    logprobs 0). Alternatives (top_logprobs, completions' logprobs > 0) are refused by name."""
+    value, top = data.get("logprobs"), data.get("top_logprobs")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool)):
+        raise errors.InvalidType("top_logprobs must be an integer.", param="top_logprobs")
+    if top:
+        raise errors.UnsupportedValue(f"top_logprobs={top} is not supported: {NO_ALTERNATIVES}.", param="top_logprobs")
+    if value is None:
+        return False
+    if chat:
+        if not isinstance(value, bool):
+            raise errors.InvalidType("logprobs must be a boolean.", param="logprobs")
+        return value
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise errors.InvalidType("logprobs must be an integer (0: the chosen tokens' log probabilities).",
+                                 param="logprobs")
+    if value:
+        raise errors.UnsupportedValue(f"logprobs={value} is not supported: {NO_ALTERNATIVES} (logprobs: 0).",
+                                      param="logprobs")
+    return True
+
+
 def _checked_grammar(data: dict) -> dict:
     """GenerationOptions' grammar fields, once the library compiles the grammar (engines/grammar.py:
     an uncompilable one would fail every request in its batch)."""
@@ -225,7 +249,7 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
                                  param="stream_options.include_usage")
     background = _flag(data, "background")
     options = replace(web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens")),
-                      **_checked_grammar(data))
+                      logprobs=_logprobs(data, chat=chat), **_checked_grammar(data))
     if chat:
         messages = _chat_messages(data)
         pair = web.find_pair(slug=model)

@@ -34,6 +34,19 @@ class Shape:
     model: str
     generation_id: str
     created: int
+    logprobs: bool = False  # the request asked for its tokens' log probabilities
+
+    def _logprobs(self, steps: list) -> dict | None:
+        """OpenAI's logprobs object for these steps' tokens (the third element of a step, when asked):
+        the chosen token's only; the library computes no alternatives."""
+        if not self.logprobs:
+            return None
+        tokens = [(token, logprob) for step in steps for token, logprob in (step[2] if len(step) > 2 else [])]
+        if self.chat:
+            return {"content": [{"token": token, "logprob": logprob, "bytes": list(token.encode()),
+                                 "top_logprobs": []} for token, logprob in tokens]}
+        return {"tokens": [token for token, _ in tokens], "token_logprobs": [logprob for _, logprob in tokens],
+                "top_logprobs": None, "text_offset": None}
 
     @property
     def id(self) -> str:
@@ -42,19 +55,20 @@ class Shape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def response(self, *, text: str, finish_reason: str, usage: dict) -> dict:
+    def response(self, *, text: str, finish_reason: str, usage: dict, steps: list) -> dict:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}}
         else:
             choice = {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=FINISH_REASONS.get(finish_reason, finish_reason))
+        choice.update(logprobs=self._logprobs(steps), finish_reason=FINISH_REASONS.get(finish_reason, finish_reason))
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": usage}
 
     def chunk(self, *, delta: dict | None = None, text: str = "", finish_reason: str | None = None,
-              with_usage: bool = False) -> dict:
+              with_usage: bool = False, steps: list | None = None) -> dict:
         choice = {"index": 0, "delta": delta or {}} if self.chat else {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=FINISH_REASONS.get(finish_reason or "", finish_reason))
+        choice.update(logprobs=self._logprobs(steps) if steps else None,
+                      finish_reason=FINISH_REASONS.get(finish_reason or "", finish_reason))
         chunk = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
         if with_usage:
             chunk["usage"] = None  # OpenAI sends null on every chunk but the last when usage is asked for
@@ -67,8 +81,8 @@ class Shape:
             role = self.chunk(delta={"role": "assistant", "content": ""}, with_usage=include_usage)
             return [role] if self.chat else []
         if kind == "delta":
-            text = "".join(draft + main for draft, main in event["steps"])
-            return [self.chunk(delta={"content": text}, text=text, with_usage=include_usage)]
+            text = "".join(draft + main for draft, main, *_ in event["steps"])
+            return [self.chunk(delta={"content": text}, text=text, with_usage=include_usage, steps=event["steps"])]
         if kind == "done":
             last = self.chunk(finish_reason=event["finish_reason"], with_usage=include_usage)
             out: list[dict | str] = [last]

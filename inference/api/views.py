@@ -65,7 +65,8 @@ def api_view(*methods: str, authenticated: bool = False):
 
 def _shape(generation: Generation, *, chat: bool) -> Shape:
     return Shape(chat=chat, model=generation.pair.slug, generation_id=str(generation.id),
-                 created=int(generation.created_at.timestamp()))
+                 created=int(generation.created_at.timestamp()),
+                 logprobs=bool(generation.params.get("decoding", {}).get("logprobs")))
 
 
 def _start(*, data: dict, chat: bool, api_key) -> tuple[parsing.ApiRequest, Generation]:
@@ -107,7 +108,8 @@ async def _generate(request, *, api_key, chat: bool):
         raise
     if ended.status == Generation.Status.FAILED:
         raise errors.GenerationFailed(f"The generation failed: {ended.error}")
-    body = shape.response(text=ended.text, finish_reason=ended.finish_reason, usage=usage(vars(ended)))
+    body = shape.response(text=ended.text, finish_reason=ended.finish_reason, usage=usage(vars(ended)),
+                          steps=ended.steps)
     return JsonResponse(body, headers={"X-Generation-Id": str(generation.id)})
 
 

@@ -352,7 +352,7 @@ class SoakClient:
                 state["after"] = data["id"]
             if event.get("type") == "delta":
                 state["steps"] += len(event["steps"])
-                outcome.text += "".join(draft + main for draft, main in event["steps"])
+                outcome.text += "".join(draft + main for draft, main, *_ in event["steps"])
                 if drop_after_first:
                     return True
                 if outcome.behaviour == "stop" and not state.get("stopped"):

@@ -220,7 +220,7 @@ def websocket_client(*, base_url: str, credentials: Credentials, pair: str) -> S
                     event = data.get("event") or {}
                     if event.get("type") == "delta" and event.get("steps"):
                         first_at = first_at or time.perf_counter()
-                        pieces.extend(draft + main for draft, main in event["steps"])
+                        pieces.extend(draft + main for draft, main, *_ in event["steps"])
                     elif event.get("type") == "error":
                         raise StreamError(f"error event: {event.get('message')}")
                     elif event.get("type") == "done":

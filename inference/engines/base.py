@@ -103,6 +103,7 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: bool = False  # each token's log probability under the main's own (raw) distribution
     grammar_kind: str = ""  # output held to a grammar (engines/grammar.py): one of its FIELDS, or none
     grammar_text: str = ""
 
@@ -132,6 +133,8 @@ class DecodingParams(Sampling):
             cfg.stop_strings = set(self.stop)
         if self.grammar:
             cfg.structured_output_config = self.grammar.config()
+        if self.logprobs:
+            cfg.logprobs = 1  # the chosen token's (the library returns no alternatives)
         if self.temperature > 0:
             cfg.do_sample = True
             cfg.temperature = self.temperature
@@ -182,6 +185,7 @@ class StepTokens(NamedTuple):
 
     token_ids: list[int]
     at: float
+    logprobs: list[float] | None = None  # when the request asked: log p_main(token) before temperature
 
 
 class Finished(NamedTuple):

@@ -64,6 +64,11 @@ def probabilities(logits: np.ndarray, params: DecodingParams) -> np.ndarray:
     return shaped / shaped.sum()
 
 
+def _logsumexp(row: np.ndarray) -> float:
+    top = float(row.max())
+    return top + float(np.log(np.exp(row.astype(np.float64) - top).sum()))
+
+
 def nucleus(probs: np.ndarray, top_p: float, *, candidates: int = NUCLEUS_CANDIDATES) -> np.ndarray:
     """The smallest set of most likely tokens whose mass exceeds top_p, most likely first (ties by id, as a
     stable sort ranks them). Ranked among the `candidates` most likely tokens when they hold that mass,
@@ -206,18 +211,25 @@ class Decoding:
         self.draft_backlog: list[int] = []  # tokens the draft has not seen yet (the last emitted among them)
 
     def run(self) -> Finished:
-        first = draw(probabilities(self.main.feed(self.prompt_ids)[-1], self.params), self.rng)
+        logits = self.main.feed(self.prompt_ids)[-1]
+        first = draw(probabilities(logits, self.params), self.rng)
         self.draft.feed(self.prompt_ids)
-        finished = self._emit([first])
+        finished = self._emit([first], self._logprobs([logits], [first]))
         while finished is None:
             if self.request.stop_requested:
                 return Finished("stopped")
             self._compact_if_mostly_dead()
-            finished = self._emit(self._step())
+            finished = self._emit(*self._step())
         return finished
 
-    def _step(self) -> list[int]:
-        """One speculative step: the accepted proposals and the main's own token."""
+    def _logprobs(self, rows, tokens: list[int]) -> list[float] | None:
+        """log p_main(token) from the main's raw logits, as the library reports them; None unless asked."""
+        if not self.params.logprobs:
+            return None
+        return [float(row[token] - _logsumexp(row)) for row, token in zip(rows, tokens, strict=True)]
+
+    def _step(self) -> tuple[list[int], list[float] | None]:
+        """One speculative step: the accepted proposals and the main's own token (and their logprobs)."""
         last = self.emitted[-1]
         k = min(self.k, self.params.max_new_tokens - len(self.emitted) - 1)  # never propose past the cap
         proposals, qs = [], []
@@ -240,6 +252,8 @@ class Decoding:
         if token is None:
             token = draw(probabilities(main_logits[k], self.params), self.rng)
         self.main.drop_last(k - accepted)
+        tokens = [*proposals[:accepted], token]
+        logprobs = self._logprobs(main_logits[:accepted + 1], tokens)
         if k == 0:
             self.draft_backlog = feed  # the draft saw nothing this step
         elif accepted == k:
@@ -247,9 +261,9 @@ class Decoding:
         else:
             self.draft_backlog = []
             self.draft.drop_last(k - 1 - accepted)
-        return [*proposals[:accepted], token]
+        return tokens, logprobs
 
-    def _emit(self, tokens: list[int]) -> Finished | None:
+    def _emit(self, tokens: list[int], logprobs: list[float] | None) -> Finished | None:
         """Deliver one step's tokens, cut at EOS, a stop string or the cap; Finished when it ended."""
         params, reason = self.params, None
         if not params.ignore_eos:
@@ -264,7 +278,8 @@ class Decoding:
             tokens, reason = self._cut_at_stop_string(tokens, reason)
         self.emitted.extend(tokens)
         if tokens:
-            self.request.events.put(StepTokens(tokens, time.perf_counter()))
+            self.request.events.put(StepTokens(tokens, time.perf_counter(),
+                                               logprobs[:len(tokens)] if logprobs is not None else None))
         return Finished(reason) if reason else None
 
     def _cut_at_stop_string(self, tokens: list[int], reason: str | None) -> tuple[list[int], str | None]:

@@ -161,17 +161,17 @@ class PairEngine:
                     if self._stalled():
                         self._process.kill()  # its requests end below, as for any exit; the registry reloads it
                     continue
-                _, at, seconds, outputs = self._conn.recv()  # ("step", when, took, [(id, tokens, finished)])
+                _, at, seconds, outputs = self._conn.recv()  # ("step", when, took, [(id, tokens, logprobs, finished)])
             except (EOFError, OSError):
                 break
             self._progress_at = time.monotonic()
             self._observe(outputs, seconds)
-            for request_id, token_ids, finished in outputs:
+            for request_id, token_ids, logprobs, finished in outputs:
                 request = self._active.get(request_id)
                 if request is None:
                     continue
                 if token_ids:
-                    request.events.put(StepTokens(token_ids, at))
+                    request.events.put(StepTokens(token_ids, at, logprobs))
                 if finished:
                     self._active.pop(request_id, None)
                     self._k.pop(request_id, None)
@@ -210,12 +210,12 @@ class PairEngine:
     def _observe(self, outputs: list, seconds: float) -> None:
         """Tell `on_step` of a decoding step: one where every request was past its prefill and got tokens
         (prefills cost both paths alike, and a burst's would swing the figures while it arrives)."""
-        ks = {self._k.get(request_id) for request_id, _, _ in outputs}
+        ks = {self._k.get(request_id) for request_id, *_ in outputs}
         k = ks.pop() if len(ks) == 1 else None
-        decoding = all(request_id in self._decoding and tokens for request_id, tokens, _ in outputs)
-        self._decoding.update(request_id for request_id, tokens, _ in outputs if tokens)
+        decoding = all(request_id in self._decoding and tokens for request_id, tokens, *_ in outputs)
+        self._decoding.update(request_id for request_id, tokens, *_ in outputs if tokens)
         if self.on_step and seconds > 0 and k is not None and decoding:
-            self.on_step(self, k, len(outputs), sum(len(tokens) for _, tokens, _ in outputs), seconds)
+            self.on_step(self, k, len(outputs), sum(len(tokens) for _, tokens, *_ in outputs), seconds)
 
 
 def _step_process(conn: Connection) -> None:
@@ -236,6 +236,7 @@ class Stepper:
         self.pipe, self.spec, self.conn = pipe, spec, conn
         self.handles: dict[int, og.GenerationHandle] = {}  # a handle's destructor cancels its request: keep it
         self.finish_reasons: dict[int, str] = {}
+        self.with_logprobs: set[int] = set()  # requests that asked for their tokens' log probabilities
         self.stopping: set[int] = set()
         self.closing = False
 
@@ -258,9 +259,10 @@ class Stepper:
             except Exception as exc:  # a failed step fails the requests in it, not the engine
                 log.exception("step failed for %s", self.spec.slug)
                 error = ("error", f"{type(exc).__name__}: {exc}")
-                self._send_step([(rid, [], error) for rid in self.handles])
+                self._send_step([(rid, [], None, error) for rid in self.handles])
                 self.handles.clear()
                 self.finish_reasons.clear()
+                self.with_logprobs.clear()
                 self.stopping.clear()
                 continue
             took = time.perf_counter() - started
@@ -278,27 +280,34 @@ class Stepper:
                 self.handles[request_id] = self.pipe.add_request(request_id, input_ids,
                                                                  params.generation_config(self.spec))
             except Exception as exc:  # the request's settings, not the engine: fail this request only
-                self._send_step([(request_id, [], ("error", f"{type(exc).__name__}: {exc}"))])
+                self._send_step([(request_id, [], None, ("error", f"{type(exc).__name__}: {exc}"))])
+                return
+            if params.logprobs:
+                self.with_logprobs.add(request_id)
         elif kind == "stop" and args[0] in self.handles and args[0] not in self.stopping:
             self.handles[args[0]].stop()
             self.stopping.add(args[0])
         elif kind == "close":
             self.closing = True
 
-    def _collect(self, request_id: int) -> tuple[int, list[int], tuple[str, str] | None]:
+    def _collect(self, request_id: int) -> tuple[int, list[int], list[float] | None, tuple[str, str] | None]:
         handle = self.handles[request_id]
         token_ids: list[int] = []
+        logprobs: list[float] | None = [] if request_id in self.with_logprobs else None
         if handle.can_read():
             for output in handle.read().values():
                 token_ids += list(output.generated_ids)
+                if logprobs is not None:
+                    logprobs += list(output.generated_log_probs)
                 if output.finish_reason == og.GenerationFinishReason.LENGTH:
                     self.finish_reasons[request_id] = "length"
                 elif output.finish_reason == og.GenerationFinishReason.STOP:
                     self.finish_reasons[request_id] = "stop"
         status = handle.get_status()
         if status == og.GenerationStatus.RUNNING:
-            return request_id, token_ids, None
+            return request_id, token_ids, logprobs, None
         del self.handles[request_id]
+        self.with_logprobs.discard(request_id)
         reason = self.finish_reasons.pop(request_id, "stop")
         if status in (og.GenerationStatus.STOP, og.GenerationStatus.CANCEL) or request_id in self.stopping:
             finished = ("stopped", "")
@@ -307,7 +316,7 @@ class Stepper:
         else:
             finished = ("error", f"the pipeline dropped the request ({status.name})")
         self.stopping.discard(request_id)
-        return request_id, token_ids, finished
+        return request_id, token_ids, logprobs, finished
 
 
 if __name__ == "__main__":

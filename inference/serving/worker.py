@@ -172,8 +172,8 @@ class Answer:
                                       speculative=engine.spec.uses_draft or engine.spec.uses_prompt_lookup,
                                       max_new_tokens=params.max_new_tokens)
         self.text = TextAssembler(engine.tokenizer)
-        self.steps: list[list[str]] = []
-        self.pending: list[list[str]] = []
+        self.steps: list[list] = []  # [draft text, main text] per step, [.., .., [[token, logprob], ..]] if asked
+        self.pending: list[list] = []
         self.moving_to: speculation.Plan | None = None
         self.overran = False  # stopped for running past settings.MAX_ANSWER_S
 
@@ -194,7 +194,11 @@ class Answer:
                 item = None
             if isinstance(item, StepTokens):
                 self.stats.add_step(len(item.token_ids), item.at)
-                piece = list(self.text.add(item.token_ids))
+                piece: list = list(self.text.add(item.token_ids))
+                if item.logprobs is not None:  # a third element: each token's text and log probability
+                    decode = self.engine.tokenizer.decode
+                    piece.append([[decode([token]), logprob]
+                                  for token, logprob in zip(item.token_ids, item.logprobs, strict=True)])
                 self.steps.append(piece)
                 self.pending.append(piece)
             elif isinstance(item, Finished):
