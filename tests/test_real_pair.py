@@ -191,6 +191,45 @@ def test_twenty_answers_held_to_a_json_schema_are_valid_and_the_main_alones(live
           f"({accepted / drafted_tokens:.0%})")
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "description": "The current time in a time zone.",
+    "parameters": {"type": "object", "required": ["zone"], "properties": {"zone": {"type": "string"}}}}}
+
+
+@pytest.mark.usefixtures("real_worker")
+def test_a_tool_call_round_trip_with_the_official_client(live_server_url, real_pair, key):
+    """The model chooses to call (tool_choice auto), the call comes back in OpenAI's shape, the tool's
+    result goes back and the model answers from it; a forced call is the same with and without the draft,
+    streamed or not."""
+    import json
+
+    api = client(live_server_url, key)
+    messages = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    first = api.chat.completions.create(model=SLUG, messages=messages, tools=[WEATHER, CLOCK], max_tokens=128)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and "paris" in json.loads(call.function.arguments)["city"].lower()
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 18, "sky": "sunny"}'}]
+    second = api.chat.completions.create(model=SLUG, messages=messages, tools=[WEATHER, CLOCK], max_tokens=128)
+    assert second.choices[0].finish_reason == "stop" and "18" in second.choices[0].message.content
+
+    forced = {"model": SLUG, "messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
+              "tools": [WEATHER, CLOCK], "tool_choice": "required", "max_tokens": 128}
+    drafted = api.chat.completions.create(**forced).choices[0].message.tool_calls[0]
+    alone = api.chat.completions.create(**forced, extra_body={"speculative": False}).choices[0].message.tool_calls[0]
+    streamed = [call for chunk in api.chat.completions.create(**forced, stream=True) if chunk.choices
+                for call in chunk.choices[0].delta.tool_calls or []]
+    assert (drafted.function.name, drafted.function.arguments) == (alone.function.name, alone.function.arguments)
+    assert [(c.function.name, c.function.arguments) for c in streamed] == [(drafted.function.name,
+                                                                             drafted.function.arguments)]
+    assert drafted.function.name == "get_time" and json.loads(drafted.function.arguments)["zone"]
+
+
 @pytest.mark.usefixtures("real_worker")
 def test_the_official_client_chats_with_a_system_prompt_over_several_turns(live_server_url, real_pair, key):
     api = client(live_server_url, key)

@@ -45,6 +45,10 @@ Errors use OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 """
 
 ERROR = {"$ref": "#/components/schemas/Error"}
+TOOL_CALL = {"type": "object", "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "properties": {"name": {"type": "string"},
+                                                  "arguments": {"type": "string", "description": "JSON object"}}}}}
 LOGPROBS = ("Each token's log probability under the main model's raw distribution (before temperature), the "
             "same with or without the draft; no alternatives (top_logprobs) are computed.")
 
@@ -142,10 +146,11 @@ def _usage() -> dict:
 def _completion(chat: bool) -> dict:
     choice = {"type": "object", "required": ["index", "finish_reason"], "properties": {
         "index": {"type": "integer"},
-        "finish_reason": {"type": "string", "enum": ["stop", "length", "abort"]},
+        "finish_reason": {"type": "string", "enum": ["stop", "length", "abort", "tool_calls"]},
         "logprobs": {"nullable": True},
         **({"message": {"type": "object", "properties": {"role": {"type": "string"},
-                                                          "content": {"type": "string"}}}}
+                                                          "content": {"type": "string", "nullable": True},
+                                                          "tool_calls": {"type": "array", "items": TOOL_CALL}}}}
            if chat else {"text": {"type": "string"}}),
     }}
     return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
@@ -214,10 +219,30 @@ def document(*, models: list[str], max_tokens: int) -> dict:
     sampling = _sampling(models=models, max_tokens=max_tokens)
     text_part = {"type": "object", "required": ["type", "text"],
                  "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
-    message = {"type": "object", "required": ["role", "content"], "properties": {
-        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
-        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": text_part}]},
+    message = {"type": "object", "required": ["role"], "properties": {
+        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {"nullable": True, "oneOf": [{"type": "string"}, {"type": "array", "items": text_part}]},
+        "tool_calls": {"type": "array", "items": TOOL_CALL, "description": "An assistant turn's calls, sent back."},
+        "tool_call_id": {"type": "string"},
     }}
+    function = {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
+        "parameters": {"type": "object"}}}
+    tools = {
+        "tools": {"type": "array", "minItems": 1, "maxItems": 64, "nullable": True, "items": {
+            "type": "object", "required": ["type", "function"],
+            "properties": {"type": {"type": "string", "enum": ["function"]}, "function": function}},
+            "description": "Functions the model may call, described by the pair's chat template (calls in "
+                           "the <tool_call> format Qwen's templates ask for)."},
+        "tool_choice": {"nullable": True, "description": "none, auto (default with tools), required, or a named "
+                                                         "function: required and named hold the answer to one call.",
+                        "oneOf": [{"type": "string", "enum": ["none", "auto", "required"]},
+                                  {"type": "object", "required": ["type", "function"], "properties": {
+                                      "type": {"type": "string", "enum": ["function"]},
+                                      "function": {"type": "object", "required": ["name"],
+                                                   "properties": {"name": {"type": "string"}}}}}]},
+        "parallel_tool_calls": {"type": "boolean", "nullable": True},
+    }
     return {
         "openapi": "3.0.3",
         "info": {"title": "SpecChat REST API", "version": "1.0.0", "description": DESCRIPTION},
@@ -246,7 +271,7 @@ def document(*, models: list[str], max_tokens: int) -> dict:
                     **sampling, "prompt": {"type": "string", "minLength": 1, "description": "One prompt."},
                     "logprobs": {"type": "integer", "enum": [0], "nullable": True, "description": LOGPROBS}}},
                 "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "properties": {
-                    **sampling, "messages": {"type": "array", "minItems": 1, "items": message},
+                    **sampling, **tools, "messages": {"type": "array", "minItems": 1, "items": message},
                     "logprobs": {"type": "boolean", "nullable": True, "description": LOGPROBS},
                     "top_logprobs": {"type": "integer", "enum": [0], "nullable": True}}},
                 "Usage": _usage(),

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
 from inference import errors
+from inference.api import tools
 from inference.engines.grammar import Grammar, GrammarError
 from inference.engines.grammar import check as grammar_check
 from inference.models import ModelPair
 from inference.serving import web
 
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 # OpenAI parameters this server cannot honour: each is accepted only with its neutral values.
 NEUTRAL = {
@@ -52,12 +54,13 @@ class ApiRequest:
     stream: bool
     include_usage: bool
     background: bool
+    tool_calls: bool = False  # the answer is read for tool calls (tools were given)
 
     @property
     def start_kwargs(self) -> dict:
         """web.start_generation's arguments; the chat template already holds the special tokens."""
         return {"pair": self.pair, "prompt": self.prompt, "options": self.options,
-                "add_special_tokens": not self.chat}
+                "add_special_tokens": not self.chat, "reply": {"tool_calls": self.tool_calls}}
 
 
 def json_body(request: HttpRequest) -> dict:
@@ -97,7 +100,7 @@ def _check_supported(data: dict) -> None:
             continue
         reason = WHY_NOT.get(name, "not supported by this server")
         raise errors.UnsupportedValue(f"{name}={json.dumps(value)[:40]} is not supported: {reason}.", param=name)
-    for name in ("tools", "functions", "logit_bias"):
+    for name in ("functions", "logit_bias"):
         if data.get(name):
             raise errors.UnsupportedValue(f"{name} is not supported by this server.", param=name)
 
@@ -169,10 +172,16 @@ def _logprobs(data: dict, *, chat: bool) -> bool:
     return True
 
 
-def _checked_grammar(data: dict) -> dict:
+def _checked_grammar(data: dict, *, tool_call: Grammar | None) -> dict:
     """GenerationOptions' grammar fields, once the library compiles the grammar (engines/grammar.py:
-    an uncompilable one would fail every request in its batch)."""
+    an uncompilable one would fail every request in its batch). `tool_call`: the one a forced tool
+    call holds the answer to."""
     found = _grammar(data)
+    if tool_call is not None:
+        if found is not None:
+            raise errors.InvalidValue(f"tool_choice and {found[1]} each set the answer's format: send one.",
+                                      param=found[1])
+        found = tool_call, "tools"
     if found is None:
         return {}
     grammar, name = found
@@ -214,7 +223,7 @@ def _chat_messages(data: dict) -> list[dict]:
         raise errors.MissingParameter("messages is required.", param="messages")
     if not isinstance(messages, list) or not messages:
         raise errors.InvalidType("messages must be a non-empty list.", param="messages")
-    turns = []
+    turns: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise errors.InvalidType("Each message must be an object.", param=f"messages[{index}]")
@@ -222,10 +231,37 @@ def _chat_messages(data: dict) -> list[dict]:
         if role not in CHAT_ROLES:
             raise errors.InvalidValue(f"role must be one of {', '.join(CHAT_ROLES)}; got {json.dumps(role)[:40]}.",
                         param=f"messages[{index}].role")
-        turns.append({"role": CHAT_ROLES[role], "content": _message_text(message.get("content"), index)})
-    if not any(turn["content"].strip() for turn in turns):
+        calls = _tool_calls(message, index) if role == "assistant" else []
+        content = message.get("content")
+        turn = {"role": CHAT_ROLES[role], "content": "" if calls and content is None else _message_text(content, index)}
+        turns.append({**turn, "tool_calls": calls} if calls else turn)
+    if not any(turn["content"].strip() or turn.get("tool_calls") for turn in turns):
         raise errors.EmptyPrompt("The messages hold no text.", param="messages")
     return turns
+
+
+def _tool_calls(message: dict, index: int) -> list[dict]:
+    """An assistant turn's earlier tool calls, checked: each names a function and its arguments are a
+    JSON object in text, as OpenAI sends them back."""
+    calls = message.get("tool_calls")
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise errors.InvalidType("tool_calls must be a list.", param=f"messages[{index}].tool_calls")
+    for number, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        where = f"messages[{index}].tool_calls[{number}]"
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise errors.InvalidType("A tool call must be {\"type\": \"function\", \"function\": {\"name\", "
+                                     "\"arguments\"}}.", param=where)
+        try:
+            arguments = json.loads(function.get("arguments", "{}"))
+        except (TypeError, ValueError):
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise errors.InvalidValue("A tool call's arguments must be a JSON object in a string.",
+                                      param=f"{where}.function.arguments")
+    return calls
 
 
 def parse(data: dict, *, chat: bool) -> ApiRequest:
@@ -248,14 +284,18 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
         raise errors.InvalidType("stream_options.include_usage must be a boolean.",
                                  param="stream_options.include_usage")
     background = _flag(data, "background")
+    if not chat and (data.get("tools") or data.get("tool_choice")):
+        raise errors.InvalidValue("Tools are for /chat/completions.", param="tools")
+    tool_request = tools.parse(data) if chat else None
     options = replace(web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens")),
-                      logprobs=_logprobs(data, chat=chat), **_checked_grammar(data))
+                      logprobs=_logprobs(data, chat=chat),
+                      **_checked_grammar(data, tool_call=tool_request.grammar if tool_request else None))
     if chat:
-        messages = _chat_messages(data)
+        messages = tools.template_messages(_chat_messages(data))
         pair = web.find_pair(slug=model)
-        prompt = web.chat_prompt(pair=pair, messages=messages)
+        prompt = web.chat_prompt(pair=pair, messages=messages, tools=tool_request.tools if tool_request else None)
     else:
         prompt = _completion_prompt(data)
         pair = web.find_pair(slug=model)
     return ApiRequest(pair=pair, prompt=prompt, options=options, chat=chat, stream=stream,
-                      include_usage=bool(include_usage), background=background)
+                      include_usage=bool(include_usage), background=background, tool_calls=tool_request is not None)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from inference import errors
+from inference.api.tools import split_calls
 
 # What OpenAI's usage lacks: the speculative figures of the request (null without speculation).
 SPECULATIVE_USAGE = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "main_steps",
@@ -35,6 +36,10 @@ class Shape:
     generation_id: str
     created: int
     logprobs: bool = False  # the request asked for its tokens' log probabilities
+    tool_calls: bool = False  # the answer is read for tool calls (api/tools.py); streamed whole at its end
+
+    def _calls(self, text: str) -> tuple[str | None, list[dict]]:
+        return split_calls(text, ids=self.generation_id.replace("-", "")[:16])
 
     def _logprobs(self, steps: list) -> dict | None:
         """OpenAI's logprobs object for these steps' tokens (the third element of a step, when asked):
@@ -57,7 +62,10 @@ class Shape:
 
     def response(self, *, text: str, finish_reason: str, usage: dict, steps: list) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+            content, calls = self._calls(text) if self.tool_calls else (text, [])
+            message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+            choice = {"index": 0, "message": message}
+            finish_reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
         else:
             choice = {"index": 0, "text": text}
         choice.update(logprobs=self._logprobs(steps), finish_reason=FINISH_REASONS.get(finish_reason, finish_reason))
@@ -80,12 +88,15 @@ class Shape:
         if kind == "start":
             role = self.chunk(delta={"role": "assistant", "content": ""}, with_usage=include_usage)
             return [role] if self.chat else []
+        if kind == "delta" and self.tool_calls:
+            return []  # the answer is read for calls once it is whole (at "done")
         if kind == "delta":
             text = "".join(draft + main for draft, main, *_ in event["steps"])
             return [self.chunk(delta={"content": text}, text=text, with_usage=include_usage, steps=event["steps"])]
         if kind == "done":
-            last = self.chunk(finish_reason=event["finish_reason"], with_usage=include_usage)
-            out: list[dict | str] = [last]
+            out, finish_reason = self._whole_answer(event, include_usage=include_usage)
+            last = self.chunk(finish_reason=finish_reason, with_usage=include_usage)
+            out.append(last)
             if include_usage:
                 out.append({**self._head(last["object"]), "choices": [], "usage": usage(event)})
             return [*out, "[DONE]"]
@@ -93,3 +104,18 @@ class Shape:
             return [error_body(errors.GenerationFailed(
                 f"The generation failed: {event['message']}")), "[DONE]"]
         return []
+
+    def _whole_answer(self, done: dict, *, include_usage: bool) -> tuple[list[dict | str], str]:
+        """A tool-reading answer's text and calls, sent whole as it ends (the done event holds its text), and
+        its finish reason; nothing for other answers (their text came in deltas)."""
+        if not self.tool_calls:
+            return [], done["finish_reason"]
+        content, calls = self._calls(done["text"])
+        chunks: list[dict | str] = []
+        if content:
+            chunks.append(self.chunk(delta={"content": content}, with_usage=include_usage))
+        if not calls:
+            return chunks, done["finish_reason"]
+        numbered = [{"index": index, **call} for index, call in enumerate(calls)]
+        chunks.append(self.chunk(delta={"tool_calls": numbered}, with_usage=include_usage))
+        return chunks, "tool_calls" if done["finish_reason"] == "stop" else done["finish_reason"]

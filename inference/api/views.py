@@ -66,7 +66,8 @@ def api_view(*methods: str, authenticated: bool = False):
 def _shape(generation: Generation, *, chat: bool) -> Shape:
     return Shape(chat=chat, model=generation.pair.slug, generation_id=str(generation.id),
                  created=int(generation.created_at.timestamp()),
-                 logprobs=bool(generation.params.get("decoding", {}).get("logprobs")))
+                 logprobs=bool(generation.params.get("decoding", {}).get("logprobs")),
+                 tool_calls=bool(generation.params.get("reply", {}).get("tool_calls")))
 
 
 def _start(*, data: dict, chat: bool, api_key) -> tuple[parsing.ApiRequest, Generation]:

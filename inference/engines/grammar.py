@@ -17,17 +17,24 @@ from pathlib import Path
 
 import openvino_genai as og
 
-# The library's StructuredOutputConfig field for each kind.
+# The library's StructuredOutputConfig field for each kind; "tool_call" is one call in the Hermes format
+# Qwen's chat templates ask for: the call object (its JSON schema is the text) between these tags.
 FIELDS = {"json_schema": "json_schema", "regex": "regex", "ebnf": "grammar"}
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 CHECKER_MODEL = Path(__file__).resolve().parents[1] / "models" / "demo-code" / "draft"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Grammar:
-    kind: str  # a key of FIELDS
+    kind: str  # a key of FIELDS, or "tool_call"
     text: str  # the schema as JSON text, the regular expression or the EBNF grammar
 
     def config(self) -> og.StructuredOutputConfig:
+        if self.kind == "tool_call":
+            parts = og.StructuredOutputConfig
+            call = parts.Concat(parts.ConstString(TOOL_CALL_OPEN), parts.JSONSchema(self.text),
+                                parts.ConstString(TOOL_CALL_CLOSE))
+            return og.StructuredOutputConfig(compound_grammar=call)
         return og.StructuredOutputConfig(**{FIELDS[self.kind]: self.text})
 
 

@@ -178,11 +178,12 @@ def count_prompt_tokens(*, pair: ModelPair, prompt: str, add_special_tokens: boo
     return int(tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.shape[1])
 
 
-def chat_prompt(*, pair: ModelPair, messages: list[dict]) -> str:
-    """The conversation as the model sees it, through the main model's own chat template."""
+def chat_prompt(*, pair: ModelPair, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The conversation as the model sees it, through the main model's own chat template (which describes
+    the tools, if any)."""
     tokenizer = checks.load_tokenizer(str(checks.resolve_model_dir(pair.main_dir)))
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except Exception as exc:
         raise errors.InvalidValue(f"The pair's chat template failed: {exc}", param="messages") from exc
 
@@ -211,9 +212,11 @@ def start_generation(
     source: str = Generation.Source.CHAT,
     add_special_tokens: bool = True,
     api_key=None,
+    reply: dict | None = None,
 ) -> Generation:
     """Validate, record and enqueue one generation. Raises an errors.ServiceError and writes
-    nothing when the request cannot be served."""
+    nothing when the request cannot be served. `reply`: how the API shapes the answer (its views read it
+    back from the record)."""
     if not pair.enabled:
         raise errors.ModelNotFound(f"The model '{pair.slug}' is disabled.", param="model")
     check_prompt_text(prompt, param="prompt")
@@ -237,7 +240,7 @@ def start_generation(
         prompt=prompt,
         prompt_tokens=prompt_tokens,
         params={"decoding": asdict(params), "asked": asdict(asked(options)),
-                "add_special_tokens": add_special_tokens},
+                "add_special_tokens": add_special_tokens, "reply": reply or {}},
     )
     transaction.on_commit(lambda: _enqueue(generation_id=generation.id, queue=pair.queue))
     return generation

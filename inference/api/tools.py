@@ -1,0 +1,112 @@
+"""Tool calls in OpenAI's shapes, on pairs whose chat template takes `tools` and asks for calls in the
+Hermes format Qwen uses: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
+
+The request's tools go to the chat template; `tool_choice` "required" or a named function holds the
+answer to one call with a grammar (engines/grammar.py), so even a model that would not call gets the
+call's shape and the function's parameters right; "auto" leaves the choice to the model and the
+answer is read for calls; "none" describes no tools.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from inference import errors
+from inference.engines.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
+
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_TOOLS = 64
+CALL = re.compile(re.escape(TOOL_CALL_OPEN.strip()) + r"\s*(\{.*?\})\s*" + re.escape(TOOL_CALL_CLOSE.strip()), re.S)
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    tools: list[dict]  # as OpenAI sends them, for the chat template
+    grammar: Grammar | None  # one call forced (tool_choice required or named)
+
+
+def parse(data: dict) -> ToolRequest | None:
+    """The request's tools and how the answer may use them; None without tools (or tool_choice none)."""
+    tools, choice = data.get("tools"), data.get("tool_choice")
+    if tools is None:
+        if choice not in (None, "none"):
+            raise errors.InvalidValue("tool_choice needs tools.", param="tool_choice")
+        return None
+    if not isinstance(tools, list) or not 0 < len(tools) <= MAX_TOOLS:
+        raise errors.InvalidType(f"tools must be a list of 1 to {MAX_TOOLS} functions.", param="tools")
+    functions = {_function_name(tool, index): tool["function"] for index, tool in enumerate(tools)}
+    if len(functions) < len(tools):
+        raise errors.InvalidValue("Two tools have the same name.", param="tools")
+    parallel = data.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise errors.InvalidType("parallel_tool_calls must be a boolean.", param="parallel_tool_calls")
+    if choice is None or choice == "auto":
+        return ToolRequest(tools=tools, grammar=None)
+    if choice == "none":
+        return None
+    if choice == "required":
+        return ToolRequest(tools=tools, grammar=_one_call_of(functions))
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(named, str):
+        raise errors.InvalidValue('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                                  '"function": {"name": ...}}.', param="tool_choice")
+    if named not in functions:
+        raise errors.InvalidValue(f"tool_choice names {named!r}, which is not among the tools.", param="tool_choice")
+    return ToolRequest(tools=tools, grammar=_one_call_of({named: functions[named]}))
+
+
+def _function_name(tool, index: int) -> str:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+        raise errors.InvalidType('Each tool must be {"type": "function", "function": {...}}.', param=f"tools[{index}]")
+    name = function.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise errors.InvalidValue("A function's name is 1-64 letters, digits, _ or -.",
+                                  param=f"tools[{index}].function.name")
+    parameters = function.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise errors.InvalidType("A function's parameters must be a JSON schema object.",
+                                 param=f"tools[{index}].function.parameters")
+    return name
+
+
+def _one_call_of(functions: dict[str, dict]) -> Grammar:
+    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+              "properties": {"name": {"const": name},
+                             "arguments": function.get("parameters") or {"type": "object"}}}
+             for name, function in functions.items()]
+    return Grammar(kind="tool_call", text=json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls}))
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Assistant turns' tool calls as chat templates take them (arguments as objects, not JSON text)."""
+    return [{**message, "tool_calls": [
+        {"type": "function", "function": {"name": call["function"]["name"],
+                                          "arguments": json.loads(call["function"].get("arguments", "{}"))}}
+        for call in message["tool_calls"]]} if message.get("tool_calls") else message for message in messages]
+
+
+def split_calls(text: str, *, ids: str) -> tuple[str | None, list[dict]]:
+    """An answer's text without its tool calls (None if nothing else is left), and the calls in OpenAI's
+    shape, with ids made from `ids` (the same however often the answer is read). A block that is not a
+    call object is left in the text."""
+    calls: list[dict] = []
+    kept, last = [], 0
+    for match in CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            continue
+        arguments = call.get("arguments", {})
+        calls.append({"id": f"call_{ids}_{len(calls)}", "type": "function",
+                      "function": {"name": call["name"],
+                                   "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+        kept.append(text[last:match.start()])
+        last = match.end()
+    kept.append(text[last:])
+    content = "".join(kept).strip() if calls else text
+    return content or None, calls
