@@ -20,17 +20,22 @@ pytestmark = pytest.mark.django_db(transaction=True)
 STEP_TIMEOUT_S = 3
 
 
-@pytest.fixture
-def pair_on_a_watched_worker(demo_pair, stack_env, redis_client, tmp_path):
-    pair = ModelPair.objects.create(name="Watched", slug="watched", main_dir=demo_pair.main_dir,
-                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=demo_pair.num_assistant_tokens,
-                                    max_new_tokens_cap=4000)
-    worker = Worker({**stack_env, "SPECCHAT_STEP_TIMEOUT_S": str(STEP_TIMEOUT_S)}, pair.queue, tmp_path / "worker.log")
+def pair_on_a_worker_of_its_own(demo_pair, stack_env, redis_client, tmp_path, *, slug: str, env: dict):
+    """The demo pair under another slug, served by a worker of its own with these settings."""
+    pair = ModelPair.objects.create(name=slug, slug=slug, main_dir=demo_pair.main_dir, draft_dir=demo_pair.draft_dir,
+                                    num_assistant_tokens=demo_pair.num_assistant_tokens, max_new_tokens_cap=4000)
+    worker = Worker({**stack_env, **env}, pair.queue, tmp_path / "worker.log")
     try:
         worker.wait_ready(redis_client)
         yield pair, worker
     finally:
         worker.stop()
+
+
+@pytest.fixture
+def pair_on_a_watched_worker(demo_pair, stack_env, redis_client, tmp_path):
+    yield from pair_on_a_worker_of_its_own(demo_pair, stack_env, redis_client, tmp_path, slug="watched",
+                                           env={"SPECCHAT_STEP_TIMEOUT_S": str(STEP_TIMEOUT_S)})
 
 
 def start(pair, max_tokens: int) -> Generation:
@@ -77,16 +82,8 @@ MAX_ANSWER_S = 3
 @pytest.fixture
 def pair_on_a_time_limited_worker(demo_pair, stack_env, redis_client, tmp_path):
     """No step watchdog here: the answer's own time limit is what ends it."""
-    pair = ModelPair.objects.create(name="Limited", slug="limited", main_dir=demo_pair.main_dir,
-                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=demo_pair.num_assistant_tokens,
-                                    max_new_tokens_cap=4000)
-    worker = Worker({**stack_env, "SPECCHAT_MAX_ANSWER_S": str(MAX_ANSWER_S), "SPECCHAT_STEP_TIMEOUT_S": "0"},
-                    pair.queue, tmp_path / "worker.log")
-    try:
-        worker.wait_ready(redis_client)
-        yield pair, worker
-    finally:
-        worker.stop()
+    yield from pair_on_a_worker_of_its_own(demo_pair, stack_env, redis_client, tmp_path, slug="limited", env={
+        "SPECCHAT_MAX_ANSWER_S": str(MAX_ANSWER_S), "SPECCHAT_STEP_TIMEOUT_S": "0"})
 
 
 def test_an_answer_past_the_time_limit_is_stopped_with_its_text_kept_even_when_its_engine_hangs(

@@ -20,6 +20,7 @@ import openvino as ov
 
 from inference.benchmark.inprocess import repeated_ngram_share
 from inference.engines.base import DecodingParams, Finished, PairSpec
+from inference.engines.grammar import Grammar
 from inference.engines.library import PairEngine
 
 MODES = {"exact": ("f32", "f32"), "fast": ("", "")}  # (inference precision, KV cache precision): "" = the device's
@@ -54,11 +55,14 @@ def mode_spec(spec: PairSpec, mode: str, *, speculative: bool) -> PairSpec:
                    exact_sampling=False)
 
 
-def answer(engine: PairEngine, prompt: str, *, k: int, max_new_tokens: int) -> tuple[list[int], float, int]:
+def answer(engine: PairEngine, prompt: str, *, k: int, max_new_tokens: int,
+           grammar: Grammar | None = None) -> tuple[list[int], float, int]:
     """Token ids, seconds from submit to the end, and the steps that verified draft tokens."""
     started = time.perf_counter()
+    held = {"grammar_kind": grammar.kind, "grammar_text": grammar.text} if grammar else {}
     request = engine.submit(prompt=prompt, add_special_tokens=False,
-                            params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k or None))
+                            params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k or None,
+                                                  **held))
     tokens: list[int] = []
     steps = 0
     while not isinstance(event := request.events.get(timeout=600), Finished):
@@ -70,10 +74,12 @@ def answer(engine: PairEngine, prompt: str, *, k: int, max_new_tokens: int) -> t
 
 
 def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], max_new_tokens: int,
-                  repeats: int, say=print) -> list[Line]:
+                  repeats: int, modes: tuple[str, ...] = tuple(MODES), grammar: Grammar | None = None,
+                  say=print) -> list[Line]:
+    """`grammar`: every answer held to it (structured output), with and without the draft."""
     engines = {(mode, speculative): PairEngine(mode_spec(spec, mode, speculative=speculative))
-               for mode in MODES for speculative in (False, True)}
-    lines = [Line(mode, k) for mode in MODES for k in (0, *ks)]
+               for mode in modes for speculative in (False, True)}
+    lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
     try:
         for repeat in range(repeats):
             for index, prompt in enumerate(prompts):
@@ -81,7 +87,8 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
                 texts: dict[str, list[int]] = {}
                 for line in order:
                     engine = engines[(line.mode, bool(line.k))]
-                    tokens, seconds, steps = answer(engine, prompt, k=line.k, max_new_tokens=max_new_tokens)
+                    tokens, seconds, steps = answer(engine, prompt, k=line.k, max_new_tokens=max_new_tokens,
+                                                    grammar=grammar)
                     texts[line.name] = tokens
                     line.tokens, line.seconds, line.answers = line.tokens + len(tokens), line.seconds + seconds, \
                         line.answers + 1

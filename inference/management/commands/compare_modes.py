@@ -7,6 +7,7 @@ from inference.benchmark import modes
 from inference.benchmark.inprocess import prompts_from_file
 from inference.benchmark.runs import int_list
 from inference.engines.base import load_tokenizer
+from inference.engines.grammar import Grammar, GrammarError, check
 from inference.models import ModelPair
 from inference.serving.records import pair_spec
 
@@ -22,9 +23,12 @@ class Command(BaseCommand):
         parser.add_argument("--ks", type=int_list, default=(2, 3, 4))
         parser.add_argument("--max-new-tokens", type=int, default=128)
         parser.add_argument("--repeats", type=int, default=1)
+        parser.add_argument("--modes", type=lambda text: tuple(text.split(",")), default=tuple(modes.MODES),
+                            help="exact,fast (both by default)")
+        parser.add_argument("--json-schema", type=Path, help="hold every answer to this JSON schema (a file)")
         parser.add_argument("--out", type=Path, help="write the figures here as JSON")
 
-    def handle(self, *args, pair, prompts_file, ks, max_new_tokens, repeats, out, **options):
+    def handle(self, *args, pair, prompts_file, ks, max_new_tokens, repeats, out, json_schema, **options):
         record = ModelPair.objects.filter(slug=pair).first()
         if record is None or not record.draft_dir:
             raise CommandError(f"No pair '{pair}' with a draft is registered.")
@@ -35,12 +39,22 @@ class Command(BaseCommand):
                 tokenizer.apply_chat_template(messages, add_generation_prompt=True)))]
         except (OSError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        costs = {mode: modes.infer_cost(main_dir=spec.main_dir, mode=mode) for mode in modes.MODES}
+        if set(options["modes"]) - set(modes.MODES):
+            raise CommandError(f"--modes takes {', '.join(modes.MODES)}.")
+        grammar = None
+        if json_schema:
+            grammar = Grammar(kind="json_schema", text=json_schema.read_text())
+            try:
+                check(grammar)
+            except GrammarError as exc:
+                raise CommandError(f"{json_schema}: {exc}") from exc
+        costs = {mode: modes.infer_cost(main_dir=spec.main_dir, mode=mode) for mode in options["modes"]}
         lines = modes.compare_modes(spec=spec, prompts=prompts, ks=ks, max_new_tokens=max_new_tokens,
-                                    repeats=repeats, say=self.stderr.write)
+                                    repeats=repeats, modes=options["modes"], grammar=grammar, say=self.stderr.write)
         self.stdout.write(modes.report(lines, costs))
         if out:
             out.write_text(json.dumps({"pair": pair, "prompts": str(prompts_file), "max_new_tokens": max_new_tokens,
+                                       "json_schema": str(json_schema or ""),
                                        "repeats": repeats, "costs_ms": costs,
                                        "lines": [{**vars(line), "tokens_per_s": line.tokens_per_s} for line in lines]},
                                       indent=1))
