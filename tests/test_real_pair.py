@@ -138,17 +138,21 @@ def test_the_exact_engine_samples_from_the_main_alones_distribution(real_pair):
 # ------------------------------------------------------------------ greedy identity and the API, through the live stack
 @pytest.mark.usefixtures("real_worker")
 def test_greedy_answers_are_the_main_alones_with_and_without_the_draft(live_server_url, real_pair, key):
+    """Their text and their tokens' log probabilities (to 1e-4), at several K."""
     api = client(live_server_url, key)
     for request in REQUESTS:
         messages = [{"role": "user", "content": request}]
         plain = api.chat.completions.create(model=SLUG, messages=messages, max_tokens=96, temperature=0,
-                                            extra_body={"speculative": False})
+                                            logprobs=True, extra_body={"speculative": False})
         for extra in ({}, {"num_assistant_tokens": 2}, {"num_assistant_tokens": 5}):
             drafted = api.chat.completions.create(model=SLUG, messages=messages, max_tokens=96, temperature=0,
-                                                  extra_body=extra)
+                                                  logprobs=True, extra_body=extra)
             usage = drafted.usage.model_dump()
             assert usage["speculative_mode"] == "draft", usage
             assert drafted.choices[0].message.content == plain.choices[0].message.content, (request, extra)
+            with_draft, without = drafted.choices[0].logprobs.content, plain.choices[0].logprobs.content
+            assert [e.token for e in with_draft] == [e.token for e in without]
+            assert [e.logprob for e in with_draft] == pytest.approx([e.logprob for e in without], abs=1e-4)
     assert usage["accepted_tokens"] > 0
 
 
@@ -215,7 +219,9 @@ def test_a_tool_call_round_trip_with_the_official_client(live_server_url, real_p
     assert call.function.name == "get_weather" and "paris" in json.loads(call.function.arguments)["city"].lower()
     messages += [choice.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 18, "sky": "sunny"}'}]
-    second = api.chat.completions.create(model=SLUG, messages=messages, tools=[WEATHER, CLOCK], max_tokens=128)
+    # tool_choice none: the answer, from the result (this 1.5B coder model, offered the tools again, calls again)
+    second = api.chat.completions.create(model=SLUG, messages=messages, tools=[WEATHER, CLOCK], tool_choice="none",
+                                         max_tokens=128)
     assert second.choices[0].finish_reason == "stop" and "18" in second.choices[0].message.content
 
     forced = {"model": SLUG, "messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
