@@ -29,14 +29,18 @@ def complete(api: openai.OpenAI, prompt: str, **body):
 
 @pytest.mark.usefixtures("celery_worker")
 def test_a_regex_holds_every_answer_and_the_draft_changes_no_token(live_server_url, demo_pair, api_key):
+    """Under a grammar a request speculates only when it names its K (measured slower otherwise)."""
     api = client(live_server_url, api_key.secret)
     for prompt in PROMPTS:
-        drafted, alone = (complete(api, prompt, extra_body={"regex": CODE}, speculative=s) for s in (True, False))
+        drafted, alone = (complete(api, prompt, extra_body={"regex": CODE, **k}, speculative=bool(k))
+                          for k in ({"num_assistant_tokens": 3}, {}))
         text = drafted.choices[0].text
         assert re.fullmatch(CODE, text), text
         assert text == alone.choices[0].text
         assert drafted.choices[0].finish_reason == "stop"  # the grammar allowed nothing more
         assert drafted.usage.model_dump()["speculative_mode"] == "draft"
+    left_to_the_pair = complete(api, PROMPT, extra_body={"regex": CODE}).usage.model_dump()
+    assert left_to_the_pair["speculative_mode"] == "off" and "grammar" in left_to_the_pair["speculative_reason"]
 
 
 @pytest.mark.usefixtures("celery_worker")
@@ -47,9 +51,10 @@ def test_a_json_schema_streams_the_same_answer_as_without_the_draft(live_server_
     api = client(live_server_url, api_key.secret)
     messages = [{"role": "user", "content": "Describe a snippet as JSON."}]
     asked = {"model": "demo-code", "messages": messages, "max_tokens": 40, "response_format": JSON_SCHEMA}
-    whole = api.chat.completions.create(**asked)
+    drafted = {**asked, "extra_body": {"num_assistant_tokens": 3}}
+    whole = api.chat.completions.create(**drafted)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
-                       api.chat.completions.create(**asked, stream=True) if chunk.choices)
+                       api.chat.completions.create(**drafted, stream=True) if chunk.choices)
     alone = api.chat.completions.create(**asked, extra_body={"speculative": False})
     text = whole.choices[0].message.content
     assert text == streamed == alone.choices[0].message.content

@@ -21,6 +21,10 @@ from inference.models import ModelPair
 
 log = logging.getLogger(__name__)
 EXACT_THRESHOLD = "the confidence threshold applies to greedy requests; exact sampling takes K"
+# Under a grammar the library masks every position the main scores, the draft's proposals included, and on
+# the pair measured the masks cost more than speculation saved (docs/exactness.md#under-a-grammar). So a
+# request under one speculates only when it names its K (or threshold).
+CONSTRAINED = "held to a grammar, where speculation measured slower than the main alone; name a K to speculate"
 CONSTRAINED_SAMPLING = ("sampled under a grammar: the exact engine does not apply one, so the main alone "
                         "samples (the library's speculative sampling is not exact)")
 INEXACT_ALLOWED = "allowed by the pair: answers are not drawn from the main model's distribution"
@@ -106,8 +110,10 @@ def _profile(pair: ModelPair, *, sampled: bool) -> list[tuple[int, int]]:
 
 
 def left_to_the_profile(asked: Asked) -> bool:
-    """A greedy request that leaves speculation and K to the pair: the only kind whose K may follow the load."""
-    return asked.speculative and not asked.sampled and asked.k is None and asked.threshold is None
+    """A greedy request that leaves speculation and K to the pair, held to no grammar: the only kind whose K
+    may follow the load (the profile and the live figures are measured without a grammar)."""
+    return (asked.speculative and not asked.sampled and not asked.constrained and asked.k is None
+            and asked.threshold is None)
 
 
 # Ks within this fraction of the fastest one's tokens/s are as fast as it (one burst of the benchmark
@@ -160,6 +166,9 @@ def _plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | 
         return Plan(mode=SpeculativeMode.OFF, reason="speculative: false was asked")
     if not pair.is_speculative:
         return Plan(mode=SpeculativeMode.OFF, reason="the pair has no draft model")
+    named = asked.k is not None or asked.threshold is not None
+    if asked.constrained and not named and not (asked.sampled and pair.allow_inexact_sampling):
+        return Plan(mode=SpeculativeMode.OFF, reason=CONSTRAINED_SAMPLING if asked.sampled else CONSTRAINED)
     if not pair.draft_dir:  # prompt lookup samples from the main and compares with the n-gram: exact
         return Plan(mode=SpeculativeMode.PROMPT_LOOKUP, k=asked.k or pair.num_assistant_tokens or DEFAULT_K)
     exact = asked.sampled and not pair.allow_inexact_sampling

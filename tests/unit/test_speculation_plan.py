@@ -6,6 +6,7 @@ from inference.engines.rates import StepRates, streams_bucket
 from inference.limits import SpeculativeMode
 from inference.models import Generation, ModelPair
 from inference.serving.speculation import (
+    CONSTRAINED,
     CONSTRAINED_SAMPLING,
     EXACT_THRESHOLD,
     Asked,
@@ -61,11 +62,14 @@ def test_sampling_never_takes_the_inexact_library_path_unless_the_pair_allows_it
 
 
 
-def test_under_a_grammar_greedy_keeps_the_draft_and_sampling_runs_on_the_main_alone():
-    """The exact engine applies no grammar: a sampled answer under one is the main alone's, never the
+def test_under_a_grammar_greedy_speculates_when_it_names_k_and_sampling_runs_on_the_main_alone():
+    """Speculation measured slower under a grammar: a greedy request speculates only when it names its K.
+    The exact engine applies no grammar: a sampled answer under one is the main alone's, never the
     library's inexact speculative sampling (unless the pair allows that)."""
-    greedy = plan(pair=pair(), asked=Asked(constrained=True), load=1)
-    assert (greedy.mode, greedy.k) == (SpeculativeMode.DRAFT, 5)
+    greedy = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(constrained=True), load=1)
+    assert (greedy.mode, greedy.reason) == (SpeculativeMode.OFF, CONSTRAINED)
+    named = plan(pair=pair(), asked=Asked(constrained=True, k=3), load=1)
+    assert (named.mode, named.k) == (SpeculativeMode.DRAFT, 3)
     sampled = plan(pair=pair(), asked=Asked(sampled=True, constrained=True, k=3), load=1)
     assert (sampled.mode, sampled.reason) == (SpeculativeMode.OFF, CONSTRAINED_SAMPLING)
     allowed = plan(pair=pair(allow_inexact_sampling=True), asked=Asked(sampled=True, constrained=True), load=1)
