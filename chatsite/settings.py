@@ -142,6 +142,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True  # results travel through the token stream and the database
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A task not acknowledged within this is handed out again: above the longest job (an import of a large
+# model). A second delivery of a running job does nothing (inference/jobs.py); lost answers are resent sooner.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("SPECCHAT_TASK_VISIBILITY_TIMEOUT_S", 6 * 3600)}
+# No remote control, gossip or mingle: their fan-out on the Redis transport crashed workers on a Redis restart
+# (kombu 5.7); the admin's load/unload and cancels go through the product's own pub/sub (inference/transport.py).
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 # A running answer goes on through a broker outage (its tokens reach Redis by retries; the task is acked at the end).
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 

@@ -47,7 +47,7 @@ class ModelPairAdmin(admin.ModelAdmin):
                                              "live_figures")}),
         ("Limits and precision", {
             "fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens", "prefill_first",
-                       "inference_precision", "kv_cache_precision", "precision_mode"),
+                       "inference_precision", "kv_cache_precision", "precision_mode", "own_engine_at_one_stream"),
             "description": "Exact mode (f32 and an f32 KV cache): greedy answers with the draft are the main alone's, "
                            "token for token. Fast mode (the device's defaults, both empty): the fastest main alone, "
                            "where answers with the draft can differ in near-ties; they say so."}),
@@ -85,19 +85,17 @@ class ModelPairAdmin(admin.ModelAdmin):
 
     @admin.action(description="Load on every live worker (no restart)", permissions=["change"])
     def load_on_worker(self, request, queryset):
-        self._control(request, queryset, "load_pair")
+        self._control(request, queryset, "load")
 
     @admin.action(description="Unload from every live worker", permissions=["change"])
     def unload_from_worker(self, request, queryset):
-        self._control(request, queryset, "unload_pair")
+        self._control(request, queryset, "unload")
 
     def _control(self, request, queryset, command: str):
-        from chatsite.celery import app
-
         for pair in queryset:
-            replies = app.control.broadcast(command, arguments={"slug": pair.slug}, reply=True, timeout=2)
-            if replies:
-                messages.info(request, f"{pair.slug}: {len(replies)} worker(s) answered; the state column follows.")
+            received = transport.send_control(transport.sync_client(), command=command, slug=pair.slug)
+            if received:
+                messages.info(request, f"{pair.slug}: {received} worker(s) received it; the state column follows.")
             else:
                 messages.error(request, f"{pair.slug}: no live worker answered.")
 

@@ -6,7 +6,3 @@ class InferenceConfig(AppConfig):
     verbose_name = "Inference: pairs and generations"
     default_auto_field = "django.db.models.BigAutoField"
 
-    def ready(self) -> None:
-        from inference.serving import lifecycle
-
-        lifecycle.register()

@@ -11,17 +11,16 @@ POOL = "threads"
 
 
 def worker_command(*, queues: list[str], concurrency: int | None = None, name: str = "",
-                   loglevel: str = "INFO", standalone: bool = False) -> list[str]:
-    """argv for a worker consuming `queues`, run by this Python. `standalone` skips mingle and gossip
-    (a worker started for one job: tests, the benchmark), which shortens its start."""
+                   loglevel: str = "INFO") -> list[str]:
+    """argv for a worker consuming `queues`, run by this Python. Without mingle and gossip: workers learn
+    of each other from the product's heartbeats (serving/lifecycle.py), and Celery's fan-out crashed
+    workers on a Redis restart (see CELERY_WORKER_ENABLE_REMOTE_CONTROL)."""
     argv = [sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-P", POOL, "-Q", ",".join(queues)]
     if concurrency:
         argv += ["-c", str(concurrency)]
     if name:
         argv += ["-n", name]
-    if standalone:
-        argv += ["--without-mingle", "--without-gossip"]
-    return [*argv, "--loglevel", loglevel]
+    return [*argv, "--without-mingle", "--without-gossip", "--loglevel", loglevel]
 
 
 def worker_command_line(*, queues: list[str]) -> str:

@@ -79,6 +79,11 @@ class ModelPair(models.Model):
         max_length=8, choices=KvPrecision.choices, default=KvPrecision.F32, blank=True,
         help_text="f32 keeps speculative greedy output identical to the main alone (u8 flipped 1 in 48 here)."
     )
+    own_engine_at_one_stream = models.BooleanField(
+        default=False, help_text="While the pair runs one answer on a worker, SpecChat's own engine serves it (greedy, "
+        "sampled or the main alone): one copy of the weights, and exact with the CPU's dynamic quantization (the "
+        "fastest way to run an int8 main alone), which the library's speculative pipeline is not. Concurrent answers "
+        "run on the library's pipelines, which batch them. Needs a draft model and the exact mode.")
     enabled = models.BooleanField(default=True)
     is_default = models.BooleanField(
         default=False, help_text="The chat's pair for a new conversation (at most one: setting it here unsets it "
@@ -138,6 +143,8 @@ class ModelPair(models.Model):
 
         if problems := profile_errors(self.speculation_profile):
             errors["speculation_profile"] = "Invalid profile: " + "; ".join(problems) + "."
+        if self.own_engine_at_one_stream and not (self.draft_dir and self.precision_mode == self.EXACT):
+            errors["own_engine_at_one_stream"] = "The own engine needs a draft model and the exact mode (f32)."
         if errors:
             raise ValidationError(errors)
 
@@ -226,32 +233,39 @@ class ApiKey(models.Model):
         return f"{self.name} ({self.prefix}…)"
 
 
-class BenchmarkRun(models.Model):
-    """A benchmark of one pair, started from the admin or `manage.py benchmark`; results and plots kept."""
+class Job(models.Model):
+    """A background job run by one worker, which holds a lease on it while it runs (inference/jobs.py):
+    a job whose lease ran out lost its worker and is failed, never left running."""
 
     Status = JobStatus
 
-    pair = models.ForeignKey(ModelPair, on_delete=models.CASCADE, related_name="benchmarks")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
-    options = models.JSONField(default=dict, blank=True)
     progress = models.CharField(max_length=200, blank=True)
-    results = models.JSONField(default=dict, blank=True)
-    report_dir = models.CharField(max_length=500, blank=True, help_text="Folder with results.json and the PNG plots.")
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True, editable=False,
+                                       help_text="Renewed by the worker running the job.")
 
     class Meta:
+        abstract = True
         ordering = ["-created_at"]
+
+
+class BenchmarkRun(Job):
+    """A benchmark of one pair, started from the admin or `manage.py benchmark`; results and plots kept."""
+
+    pair = models.ForeignKey(ModelPair, on_delete=models.CASCADE, related_name="benchmarks")
+    options = models.JSONField(default=dict, blank=True)
+    results = models.JSONField(default=dict, blank=True)
+    report_dir = models.CharField(max_length=500, blank=True, help_text="Folder with results.json and the PNG plots.")
 
     def __str__(self) -> str:
         return f"Benchmark #{self.pk} of {self.pair.name} ({self.status})"
 
 
-class ImportJob(models.Model):
+class ImportJob(Job):
     """Export of a main/draft pair (Hugging Face or GGUF) to OpenVINO IR and its registration, run by a worker."""
-
-    Status = JobStatus
 
     name = models.CharField(max_length=100)
     slug = models.CharField(max_length=60, validators=[pair_slug])
@@ -264,16 +278,8 @@ class ImportJob(models.Model):
     draft_sha256 = models.CharField(max_length=64, blank=True)
     kv_cache_precision = models.CharField(max_length=8, blank=True)
     device = models.CharField(max_length=8, default="CPU")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
-    progress = models.CharField(max_length=200, blank=True)
     log = models.TextField(blank=True)
-    error = models.TextField(blank=True)
     pair = models.ForeignKey(ModelPair, null=True, blank=True, on_delete=models.SET_NULL)
-    created_at = models.DateTimeField(auto_now_add=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"import of {self.slug} ({self.status})"

@@ -38,6 +38,7 @@ REDIS_RETRIES = 12
 # Every Redis key the product uses, here so that none collides and an operator can find them all.
 PREFIX = "specchat:"
 CANCEL_CHANNEL = PREFIX + "cancel"  # pub/sub: stop this generation now
+CONTROL_CHANNEL = PREFIX + "control:{db}"  # pub/sub, per database (channels are not): load or unload a pair
 METRICS_KEY = PREFIX + "metrics"  # hash: Prometheus samples (inference/metrics.py)
 WORKER_KEY_PREFIX = PREFIX + "worker:"  # + worker name: its heartbeat, expiring with it
 WORKER_INDEX = PREFIX + "workers"  # sorted set: worker names by heartbeat expiry (read, not the keyspace scanned)
@@ -156,6 +157,17 @@ def request_cancel(client: redis.Redis, generation_id) -> None:
     pipe.set(cancel_key(generation_id), "1", ex=settings.STREAM_TTL_S)
     pipe.publish(CANCEL_CHANNEL, str(generation_id))
     pipe.execute()
+
+
+def control_channel(client: redis.Redis) -> str:
+    return CONTROL_CHANNEL.format(db=client.connection_pool.connection_kwargs.get("db", 0))
+
+
+def send_control(client: redis.Redis, *, command: str, slug: str) -> int:
+    """A command for every live worker (they listen as they do for cancels, not on Celery's remote
+    control, whose fan-out crashed workers on a Redis restart); how many workers received it."""
+    received: int = client.publish(control_channel(client), json.dumps({"command": command, "slug": slug}))  # type: ignore[assignment]
+    return received
 
 
 def append_event(client: redis.Redis, generation_id, event: dict) -> str:

@@ -100,8 +100,7 @@ class Worker:
         self.log_path = log_path
         self.log = open(log_path, "w")  # noqa: SIM115 - closed by stop(), the worker writes to it meanwhile
         self.proc = subprocess.Popen(
-            worker_command(queues=queues.split(","), concurrency=8, name=f"test-{os.getpid()}-{time.time_ns()}@%h",
-                           standalone=True),
+            worker_command(queues=queues.split(","), concurrency=8, name=f"test-{os.getpid()}-{time.time_ns()}@%h"),
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from django.conf import settings
 
@@ -188,3 +189,39 @@ def test_a_pairs_extra_engines_are_freed_when_idle_and_its_default_engine_stays(
     tokens, finished = drain(again.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=4)))
     assert finished.finish_reason == "length" and len(tokens) == 4
     registry.unload(SPEC.slug)
+
+
+def mapped_weight_bytes(pid: int) -> int:
+    """PSS of the IR weight files mapped in a process (engines/pages.py gives them back)."""
+    total, weights = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            weights = fields[-1].endswith("openvino_model.bin")
+        elif weights and fields[0] == "Pss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+def test_the_step_process_gives_back_the_weight_files_pages_and_answers_the_same():
+    """The compiled model answers from its own repacked copy of the weights; the file's pages it read while
+    repacking would otherwise stay counted in the worker's memory for the engine's life."""
+    spec = replace(SPEC, slug="pages", main_dir=str(DEMO / "main-large"), draft_dir="", speculative=False)
+    weights = (DEMO / "main-large" / "openvino_model.bin").stat().st_size
+    engine = EngineRegistry().get(spec)
+
+    def held_once_idle() -> int:
+        deadline = time.monotonic() + 10
+        while (held := mapped_weight_bytes(engine._process.pid)) > 0.02 * weights and time.monotonic() < deadline:
+            time.sleep(0.2)  # given back once the step process is idle
+        return held
+
+    try:
+        params = DecodingParams(max_new_tokens=24, ignore_eos=True)
+        first, _ = drain(engine.submit(prompt=PROMPT, params=params))
+        assert held_once_idle() < 0.02 * weights, "the weight file's pages are still held"
+        again, _ = drain(engine.submit(prompt=PROMPT, params=params))
+        assert again == first
+        assert held_once_idle() < 0.02 * weights
+    finally:
+        engine.close()

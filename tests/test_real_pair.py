@@ -1,5 +1,5 @@
 """The real pair, Qwen2.5-Coder-1.5B-Instruct with its 0.5B draft (`make real-pair`), through every part a
-user touches: GGUF import, the exact engine's distribution, greedy identity with and without the draft
+user touches: GGUF import, sampled answers' distribution through the API, greedy identity with and without the draft
 through the live API, the chat in a browser, the official client with a system prompt, several turns and
 non-ASCII text, and what a worker holds in memory. Run by `make test-real` (`pytest -m real`).
 
@@ -18,10 +18,10 @@ from django.conf import settings
 from django.core.management import call_command
 
 from inference.engines.base import DecodingParams, PairSpec
-from inference.engines.exact import ExactEngine
 from inference.engines.library import PairEngine
 from inference.models import Generation, ModelPair
 from inference.pairs import catalog
+from inference.serving.speculation import OWN_ENGINE
 from tests.conftest import Worker, in_thread, log_in
 from tests.distribution import compare, differs, samples
 from tests.test_chat_ui import SHOTS
@@ -107,29 +107,28 @@ def drain(request) -> list[int]:
 
 
 # ------------------------------------------------------------------ sampled answers: the exact engine's distribution
-def test_the_exact_engine_samples_from_the_main_alones_distribution(real_pair):
-    """At T = 0.7 the exact engine's first three tokens follow the main alone's, on the 151,936-token
-    vocabulary (the same test as the demo pair's, tests/test_distribution.py)."""
-    from inference.serving.records import pair_spec
+@pytest.mark.usefixtures("real_worker")
+def test_sampled_answers_through_the_api_follow_the_main_alones_distribution(live_server_url, real_pair, key):
+    """At T = 0.8 through the API, one request at a time (the pair's own engine): the first three tokens
+    with the draft (K=3, the exact rule) against `speculative: false` (drawn from the main's distribution
+    directly), by the permutation test of tests/test_distribution.py, on the 151,936-token vocabulary."""
+    api = client(live_server_url, key)
+    messages = [{"role": "user", "content": "Name a programming language and say why people like it."}]
 
-    spec = pair_spec(pair=real_pair)
-    main_alone = PairEngine(PairSpec(**{**spec.__dict__, "speculative": False}))
-    exact = ExactEngine(PairSpec(**{**spec.__dict__, "exact_sampling": True}))
-    prompt = main_alone.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Name a programming language and say why people like it."}],
-        add_generation_prompt=True)
-
-    def sampler(engine, **extra):
-        def sample(seed: int) -> tuple[int, ...]:
-            params = DecodingParams(max_new_tokens=3, ignore_eos=True, seed=seed, temperature=0.7, **extra)
-            return tuple(drain(engine.submit(prompt=prompt, params=params, add_special_tokens=False)))
+    def sampler(**extra):
+        def sample(seed: int) -> tuple[str, ...]:
+            done = api.chat.completions.create(model=SLUG, messages=messages, max_tokens=3, temperature=0.8,
+                                               seed=seed, logprobs=True, extra_body=extra)
+            usage = done.usage.model_dump()
+            assert usage["speculative_mode"] == ("off" if extra else "draft-exact-sampling"), usage
+            assert OWN_ENGINE in usage["speculative_reason"], usage
+            return tuple(entry.token for entry in done.choices[0].logprobs.content)
         return sample
 
-    try:
-        reference = samples(sampler(main_alone), range(240), threads=8)
-        tested = samples(sampler(exact, num_assistant_tokens=3), range(10_000, 10_240), threads=2)
-    finally:
-        main_alone.close()
+    # Both paths draw the first token from the same seeded stream, so a seed block whose first uniforms are
+    # off shows as a difference: seeds 0-239 put 34% of them below 0.45 (3.4 sigma; 45.9% over 24,000 seeds).
+    reference = samples(sampler(speculative=False), range(20_000, 20_240), threads=1)
+    tested = samples(sampler(), range(30_000, 30_240), threads=1)
     report = compare(tested, reference)
     assert not differs(report), report
     assert len(set(tested)) > 10, "a spread-out distribution, or the test would prove little"
@@ -282,9 +281,10 @@ def test_the_chat_streams_a_coherent_answer_in_the_browser(live_server_url, real
 # ------------------------------------------------------------------ memory
 def test_a_worker_holds_one_copy_of_the_main_once_its_extra_engines_are_idle(
         stack_env, redis_client, live_server_url, real_pair, key, tmp_path):
-    """50 mixed requests (greedy with the draft, speculation off, sampled on the exact engine) through a
-    worker of its own; its PSS, summed over its step processes, while all its engines are loaded and once
-    the extra ones were idle long enough to be freed. The figures are printed (`-s`)."""
+    """50 mixed requests (greedy with the draft, speculation off, sampled), four at a time, through a worker of
+    its own: one stream runs on the pair's own engine, more on the library's pipelines. Its PSS, summed over
+    its step processes, while all its engines are loaded and once the library's were idle long enough to be
+    freed. The figures are printed (`-s`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from inference.benchmark.memory import ir_bytes, tree_pss
@@ -310,9 +310,8 @@ def test_a_worker_holds_one_copy_of_the_main_once_its_extra_engines_are_idle(
         with ThreadPoolExecutor(4) as pool:
             modes = list(pool.map(ask, range(50)))
         assert {"draft", "off", "draft-exact-sampling"} <= set(modes), modes
-        for index in (1, 2):  # the main alone and the exact engine, used just now
-            ask(index)
-        assert len(engines_of(name)) == 3, engines_of(name)
+        time.sleep(3)  # a heartbeat after the last answer
+        assert len(engines_of(name)) >= 2, engines_of(name)  # the own engine, and the library's under load
         loaded_tree = tree_pss(worker.proc.pid)
         loaded = sum(loaded_tree.values())
         deadline = time.monotonic() + 120
@@ -328,8 +327,10 @@ def test_a_worker_holds_one_copy_of_the_main_once_its_extra_engines_are_idle(
           f"({loaded / ir:.2f}x), once idle {settled_bytes / 2**30:.2f} GiB ({settled_bytes / ir:.2f}x); by process "
           f"(the worker first): {[round(b / 2**30, 2) for b in loaded_tree.values()]} GiB, then "
           f"{[round(b / 2**30, 2) for b in settled.values()]} GiB")
-    assert len(loaded_tree) == 3, f"the worker, its pipeline and its main alone should run: {loaded_tree}"
-    assert len(held) == 1 and len(settled) == 2, f"the extra engines were not freed: {held}, {settled}"
+    assert len(loaded_tree) >= 2, f"the library's pipelines should have run under load: {loaded_tree}"
+    # One stream runs on the pair's own engine, in the worker's process: the library's are freed when idle.
+    assert held == [{"slug": SLUG, "speculative": True, "exact_sampling": True}], held
+    assert len(settled) == 1, f"the library's engines were not freed: {settled}"
     assert settled_bytes < loaded, "freeing the extra engines gave no memory back"
     # The 1.5x bar is a target, reported (docs/benchmark.md), not asserted: PSS splits the IR's mapped pages
     # with any other process mapping them (the module's own worker here), so the figure depends on the run.

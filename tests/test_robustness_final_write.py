@@ -94,7 +94,9 @@ def test_a_database_away_longer_than_the_retries_still_ends_the_stream(pair_on_a
     assert "/" not in last["message"]  # nothing of the worker's files or exception text
     worker_log = "".join(path.read_text() for path in _worker_logs())
     assert "could not be written" in worker_log  # the details are in the worker's log
-    Generation.objects.filter(id=generation.id).update(status=Generation.Status.FAILED)  # as a reconcile would
+    # Once the database answers again, the worker's heartbeat ends the record its threads no longer hold.
+    ended = wait_until_done(generation.id)
+    assert (ended.status, ended.error) == (Generation.Status.FAILED, NOT_SAVED)
 
 
 def _worker_logs():

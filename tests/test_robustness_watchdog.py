@@ -20,10 +20,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 STEP_TIMEOUT_S = 3
 
 
-def pair_on_a_worker_of_its_own(demo_pair, stack_env, redis_client, tmp_path, *, slug: str, env: dict):
-    """The demo pair under another slug, served by a worker of its own with these settings."""
+def pair_on_a_worker_of_its_own(demo_pair, stack_env, redis_client, tmp_path, *, slug: str, env: dict, **fields):
+    """The demo pair under another slug (with these fields), served by a worker of its own with these settings."""
     pair = ModelPair.objects.create(name=slug, slug=slug, main_dir=demo_pair.main_dir, draft_dir=demo_pair.draft_dir,
-                                    num_assistant_tokens=demo_pair.num_assistant_tokens, max_new_tokens_cap=4000)
+                                    num_assistant_tokens=demo_pair.num_assistant_tokens, max_new_tokens_cap=4000,
+                                    **fields)
     worker = Worker({**stack_env, **env}, pair.queue, tmp_path / "worker.log")
     try:
         worker.wait_ready(redis_client)

@@ -3,10 +3,13 @@
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import asdict
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from inference import selectors, transport
@@ -34,13 +37,22 @@ def test_heartbeat_shows_the_worker_and_its_queues(celery_worker, redis_client):
     assert "pair.demo-code" in mine["queues"] and mine["slots"] > 0
 
 
+def test_the_containers_health_check_sees_this_hosts_worker(celery_worker, stack_env):
+    check = [sys.executable, "-m", "inference.worker_health"]
+    assert subprocess.run(check, check=False, env=stack_env, cwd=settings.BASE_DIR).returncode == 0
+    server, db = stack_env["REDIS_URL"].rsplit("/", 1)
+    empty = {**stack_env, "REDIS_URL": f"{server}/{(int(db) + 1) % 16}"}  # a database this run's worker does not use
+    failed = subprocess.run(check, check=False, env=empty, cwd=settings.BASE_DIR, capture_output=True, text=True)
+    assert failed.returncode == 1 and "heartbeat" in failed.stderr
+
+
 def test_admin_loads_and_unloads_a_pair_without_restart(admin_client, demo_pair):
     pair = ModelPair.objects.create(name="Hot", slug="hot", main_dir=demo_pair.main_dir,
                                     draft_dir=demo_pair.draft_dir, num_assistant_tokens=3)
     assert wait_for_state(pair, "UNAVAILABLE", timeout=1).error == "no live worker serves queue pair.hot"
     page = admin_client.post("/admin/inference/modelpair/", {"action": "load_on_worker", "_selected_action": [pair.id]},
                              follow=True).content.decode()
-    assert "1 worker(s) answered" in page
+    assert "1 worker(s) received it" in page
     assert wait_for_state(pair, "AVAILABLE").state == "AVAILABLE"
     listing = admin_client.get("/admin/inference/modelpair/").content.decode()
     assert "AVAILABLE on" in listing

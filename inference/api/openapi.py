@@ -96,6 +96,9 @@ def _sampling(*, models: list[str], max_tokens: int) -> dict:
                         "description": "false: the main model alone for this request (default true)."},
         "background": {"type": "boolean", "nullable": True,
                        "description": "true: the generation keeps running if the client disconnects."},
+        "speculation_steps": {"type": "boolean", "nullable": True,
+                              "description": "true: each choice (and each streamed chunk) carries speculation_steps, "
+                                             "where its text came from, step by step."},
         "n": {"type": "integer", "enum": [1], "nullable": True, "description": "One choice per request."},
         "response_format": {
             "type": "object", "nullable": True, "required": ["type"],
@@ -148,6 +151,10 @@ def _completion(chat: bool) -> dict:
         "index": {"type": "integer"},
         "finish_reason": {"type": "string", "enum": ["stop", "length", "abort", "tool_calls"]},
         "logprobs": {"nullable": True},
+        "speculation_steps": {"type": "array", "description": "Only when asked: per main step, the draft tokens "
+                              "the main accepted and the token the main chose itself (speculation off: all "
+                              "\"main\").", "items": {"type": "object", "properties": {
+                                  "draft": {"type": "string"}, "main": {"type": "string"}}}},
         **({"message": {"type": "object", "properties": {"role": {"type": "string"},
                                                           "content": {"type": "string", "nullable": True},
                                                           "tool_calls": {"type": "array", "items": TOOL_CALL}}}}

@@ -55,12 +55,14 @@ class ApiRequest:
     include_usage: bool
     background: bool
     tool_calls: bool = False  # the answer is read for tool calls (tools were given)
+    speculation_steps: bool = False  # each choice says which text the draft proposed and which the main wrote
 
     @property
     def start_kwargs(self) -> dict:
         """web.start_generation's arguments; the chat template already holds the special tokens."""
         return {"pair": self.pair, "prompt": self.prompt, "options": self.options,
-                "add_special_tokens": not self.chat, "reply": {"tool_calls": self.tool_calls}}
+                "add_special_tokens": not self.chat,
+                "reply": {"tool_calls": self.tool_calls, "speculation_steps": self.speculation_steps}}
 
 
 def json_body(request: HttpRequest) -> dict:
@@ -241,13 +243,15 @@ def _chat_messages(data: dict) -> list[dict]:
 
 
 def _tool_calls(message: dict, index: int) -> list[dict]:
-    """An assistant turn's earlier tool calls, checked: each names a function and its arguments are a
-    JSON object in text, as OpenAI sends them back."""
+    """An assistant turn's earlier tool calls, checked (each names a function and its arguments are a
+    JSON object in text, as OpenAI sends them back) and in the shape chat templates take: arguments
+    as an object."""
     calls = message.get("tool_calls")
     if calls is None:
         return []
     if not isinstance(calls, list):
         raise errors.InvalidType("tool_calls must be a list.", param=f"messages[{index}].tool_calls")
+    checked = []
     for number, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         where = f"messages[{index}].tool_calls[{number}]"
@@ -261,7 +265,8 @@ def _tool_calls(message: dict, index: int) -> list[dict]:
         if not isinstance(arguments, dict):
             raise errors.InvalidValue("A tool call's arguments must be a JSON object in a string.",
                                       param=f"{where}.function.arguments")
-    return calls
+        checked.append({"type": "function", "function": {"name": function["name"], "arguments": arguments}})
+    return checked
 
 
 def parse(data: dict, *, chat: bool) -> ApiRequest:
@@ -291,11 +296,12 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
                       logprobs=_logprobs(data, chat=chat),
                       **_checked_grammar(data, tool_call=tool_request.grammar if tool_request else None))
     if chat:
-        messages = tools.template_messages(_chat_messages(data))
+        messages = _chat_messages(data)
         pair = web.find_pair(slug=model)
         prompt = web.chat_prompt(pair=pair, messages=messages, tools=tool_request.tools if tool_request else None)
     else:
         prompt = _completion_prompt(data)
         pair = web.find_pair(slug=model)
     return ApiRequest(pair=pair, prompt=prompt, options=options, chat=chat, stream=stream,
-                      include_usage=bool(include_usage), background=background, tool_calls=tool_request is not None)
+                      include_usage=bool(include_usage), background=background, tool_calls=tool_request is not None,
+                      speculation_steps=_flag(data, "speculation_steps"))

@@ -37,6 +37,7 @@ class Shape:
     created: int
     logprobs: bool = False  # the request asked for its tokens' log probabilities
     tool_calls: bool = False  # the answer is read for tool calls (api/tools.py); streamed whole at its end
+    speculation_steps: bool = False  # each choice carries its steps: the draft's accepted text, the main's own
 
     def _calls(self, text: str) -> tuple[str | None, list[dict]]:
         return split_calls(text, ids=self.generation_id.replace("-", "")[:16])
@@ -53,6 +54,13 @@ class Shape:
         return {"tokens": [token for token, _ in tokens], "token_logprobs": [logprob for _, logprob in tokens],
                 "top_logprobs": None, "text_offset": None}
 
+    def _provenance(self, steps: list | None) -> dict:
+        """Where each piece of the text came from, per main step: the draft tokens the main accepted ("draft")
+        and the one token the main chose itself ("main"); opt-in (`speculation_steps`)."""
+        if not self.speculation_steps or steps is None:
+            return {}
+        return {"speculation_steps": [{"draft": draft, "main": main} for draft, main, *_ in steps]}
+
     @property
     def id(self) -> str:
         return f"{'chatcmpl' if self.chat else 'cmpl'}-{self.generation_id}"
@@ -68,7 +76,8 @@ class Shape:
             finish_reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
         else:
             choice = {"index": 0, "text": text}
-        choice.update(logprobs=self._logprobs(steps), finish_reason=FINISH_REASONS.get(finish_reason, finish_reason))
+        choice.update(logprobs=self._logprobs(steps), finish_reason=FINISH_REASONS.get(finish_reason, finish_reason),
+                      **self._provenance(steps))
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": usage}
 
@@ -76,7 +85,7 @@ class Shape:
               with_usage: bool = False, steps: list | None = None) -> dict:
         choice = {"index": 0, "delta": delta or {}} if self.chat else {"index": 0, "text": text}
         choice.update(logprobs=self._logprobs(steps) if steps else None,
-                      finish_reason=FINISH_REASONS.get(finish_reason or "", finish_reason))
+                      finish_reason=FINISH_REASONS.get(finish_reason or "", finish_reason), **self._provenance(steps))
         chunk = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
         if with_usage:
             chunk["usage"] = None  # OpenAI sends null on every chunk but the last when usage is asked for

@@ -80,14 +80,6 @@ def _one_call_of(functions: dict[str, dict]) -> Grammar:
     return Grammar(kind="tool_call", text=json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls}))
 
 
-def template_messages(messages: list[dict]) -> list[dict]:
-    """Assistant turns' tool calls as chat templates take them (arguments as objects, not JSON text)."""
-    return [{**message, "tool_calls": [
-        {"type": "function", "function": {"name": call["function"]["name"],
-                                          "arguments": json.loads(call["function"].get("arguments", "{}"))}}
-        for call in message["tool_calls"]]} if message.get("tool_calls") else message for message in messages]
-
-
 def split_calls(text: str, *, ids: str) -> tuple[str | None, list[dict]]:
     """An answer's text without its tool calls (None if nothing else is left), and the calls in OpenAI's
     shape, with ids made from `ids` (the same however often the answer is read). A block that is not a

@@ -67,7 +67,8 @@ def _shape(generation: Generation, *, chat: bool) -> Shape:
     return Shape(chat=chat, model=generation.pair.slug, generation_id=str(generation.id),
                  created=int(generation.created_at.timestamp()),
                  logprobs=bool(generation.params.get("decoding", {}).get("logprobs")),
-                 tool_calls=bool(generation.params.get("reply", {}).get("tool_calls")))
+                 tool_calls=bool(generation.params.get("reply", {}).get("tool_calls")),
+                 speculation_steps=bool(generation.params.get("reply", {}).get("speculation_steps")))
 
 
 def _start(*, data: dict, chat: bool, api_key) -> tuple[parsing.ApiRequest, Generation]:

@@ -1,10 +1,10 @@
-"""A pair's two precision modes, each against both baselines: what speculation buys in the exact mode
-(f32 activations and KV cache, no dynamic quantization: greedy answers identical to the main alone's)
-and in the fast mode (the device's defaults, the fastest way to run the main alone here, where near-ties
-can flip between one token and K+1 verified at once), and what one inference of n tokens costs the main
-in each (the curve that decides which K can pay).
+"""A pair's precision modes, each against every mode's main alone: what speculation buys in the exact mode
+(f32 activations and KV cache, no dynamic quantization: greedy answers identical to the main alone's), in
+the fast modes (the device's defaults; f32 with int8 activations; where near-ties can flip between one
+token and K+1 verified at once) and on the pair's own engine (f32 with int8 activations, exact), and what
+one inference of n tokens costs the main in each (the curve that decides which K can pay).
 
-Every line runs in-process on the product's own engine (engines/library.py), interleaved prompt by prompt
+Every line runs in-process on the product's engines (engines/library.py, engines/exact.py), interleaved prompt by prompt
 with the order turned each repeat, and is compared as ratios within the run. Answers end at the model's
 EOS (real answers, not a fixed count), and each line says how many answers loop."""
 
@@ -19,11 +19,21 @@ import numpy as np
 import openvino as ov
 
 from inference.benchmark.inprocess import repeated_ngram_share
-from inference.engines.base import DecodingParams, Finished, PairSpec
+from inference.engines.base import DecodingParams, Engine, Finished, PairSpec
+from inference.engines.exact import ExactEngine
 from inference.engines.grammar import Grammar
 from inference.engines.library import PairEngine
 
-MODES = {"exact": ("f32", "f32"), "fast": ("", "")}  # (inference precision, KV cache precision): "" = the device's
+# Each mode as PairSpec fields ("" precision: the device's default). fast-f32: f32 with the CPU's dynamic int8
+# activations, the fastest main alone on some hosts, where the library's speculation is not exact; own: the same
+# numbers on the pair's own engine (engines/exact.py), where it is.
+EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
+MODES: dict[str, dict] = {
+    "exact": EXACT,
+    "fast": {"inference_precision": "", "kv_cache_precision": ""},
+    "fast-f32": {**EXACT, "dynamic_quantization": True},
+    "own": {**EXACT, "dynamic_quantization": True, "exact_sampling": True, "own_engine": True},
+}
 LOOPING = 0.5  # an answer whose 4-grams are mostly repeats is stuck in a loop
 
 
@@ -50,18 +60,21 @@ class Line:
 
 
 def mode_spec(spec: PairSpec, mode: str, *, speculative: bool) -> PairSpec:
-    precision, kv = MODES[mode]
-    return replace(spec, inference_precision=precision, kv_cache_precision=kv, speculative=speculative,
-                   exact_sampling=False)
+    fields = {"exact_sampling": False, "own_engine": False, "dynamic_quantization": False, **MODES[mode]}
+    return replace(spec, speculative=speculative or fields["exact_sampling"], **fields)
 
 
-def answer(engine: PairEngine, prompt: str, *, k: int, max_new_tokens: int,
+def build_engine(spec: PairSpec) -> Engine:
+    return ExactEngine(spec) if spec.exact_sampling else PairEngine(spec)
+
+
+def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int,
            grammar: Grammar | None = None) -> tuple[list[int], float, int]:
     """Token ids, seconds from submit to the end, and the steps that verified draft tokens."""
     started = time.perf_counter()
     held = {"grammar_kind": grammar.kind, "grammar_text": grammar.text} if grammar else {}
     request = engine.submit(prompt=prompt, add_special_tokens=False,
-                            params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k or None,
+                            params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k,
                                                   **held))
     tokens: list[int] = []
     steps = 0
@@ -77,8 +90,10 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
                   repeats: int, modes: tuple[str, ...] = tuple(MODES), grammar: Grammar | None = None,
                   say=print) -> list[Line]:
     """`grammar`: every answer held to it (structured output), with and without the draft."""
-    engines = {(mode, speculative): PairEngine(mode_spec(spec, mode, speculative=speculative))
-               for mode in modes for speculative in (False, True)}
+    specs = {(mode, speculative): mode_spec(spec, mode, speculative=speculative)
+             for mode in modes for speculative in (False, True)}
+    built = {each: build_engine(each) for each in set(specs.values())}  # the own engine serves both K=0 and K
+    engines = {key: built[each] for key, each in specs.items()}
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
     try:
         for repeat in range(repeats):
@@ -103,7 +118,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
                 say(f"repeat {repeat + 1}/{repeats}, prompt {index + 1}/{len(prompts)}: " + ", ".join(
                     f"{line.name} {line.tokens_per_s:.1f}" for line in lines))
     finally:
-        for engine in engines.values():
+        for engine in built.values():
             engine.close()
     return lines
 
@@ -112,9 +127,7 @@ def infer_cost(*, main_dir: str, mode: str, sizes: tuple[int, ...] = tuple(range
                repeats: int = 12) -> dict[int, float]:
     """Median ms of one inference of n new tokens on a warm KV cache of `context` tokens (raw OpenVINO,
     the stateful IR as exported): the cost of verifying K = n - 1 draft tokens."""
-    precision, kv = MODES[mode]
-    props = {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": kv,
-             "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"} if precision else {}
+    props = mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties()
     request = ov.Core().compile_model(str(Path(main_dir) / "openvino_model.xml"), "CPU", props).create_infer_request()
     rng = np.random.default_rng(0)
 

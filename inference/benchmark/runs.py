@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from inference import jobs
 from inference.benchmark import report
 from inference.benchmark.inprocess import (
     ADAPTIVE,
@@ -308,9 +309,7 @@ def execute_benchmark_run(*, run_id: int) -> None:
     from inference.serving.records import pair_spec
     from inference.serving.worker import ENGINES
 
-    claimed = BenchmarkRun.objects.filter(id=run_id, status=BenchmarkRun.Status.QUEUED).update(
-        status=BenchmarkRun.Status.RUNNING, progress="starting")
-    if not claimed:
+    if not jobs.claim(model=BenchmarkRun, job_id=run_id):
         return  # a replayed delivery of a run that already started
     run = BenchmarkRun.objects.select_related("pair").get(id=run_id)
     last_update = 0.0
@@ -322,12 +321,13 @@ def execute_benchmark_run(*, run_id: int) -> None:
             BenchmarkRun.objects.filter(id=run_id).update(progress=f"{done}/{total}: {label}")
 
     try:
-        options = BenchmarkOptions.from_json(run.options)
-        results = run_benchmark(pair=run.pair, options=options, progress=progress,
-                                engines=Engines(pair_spec(pair=run.pair), get=ENGINES.get),
-                                notes=("Run on a worker's own engines, which live traffic may have shared.",))
-        report_dir = Path(settings.BENCHMARK_DIR) / f"{run.pair.slug}-{run.id}"
-        report.write_report(results, report_dir)
+        with jobs.leased(model=BenchmarkRun, job_id=run_id):
+            options = BenchmarkOptions.from_json(run.options)
+            results = run_benchmark(pair=run.pair, options=options, progress=progress,
+                                    engines=Engines(pair_spec(pair=run.pair), get=ENGINES.get),
+                                    notes=("Run on a worker's own engines, which live traffic may have shared.",))
+            report_dir = Path(settings.BENCHMARK_DIR) / f"{run.pair.slug}-{run.id}"
+            report.write_report(results, report_dir)
     except Exception as exc:
         log.exception("benchmark run %s failed", run_id)
         BenchmarkRun.objects.filter(id=run_id).update(status=BenchmarkRun.Status.FAILED, finished_at=timezone.now(),

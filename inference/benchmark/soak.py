@@ -125,7 +125,7 @@ class PrivateStack:
         log = open(self.logs / f"worker{index}.log", "a")  # noqa: SIM115 - the worker writes to it until it ends
         proc = subprocess.Popen(
             worker_command(queues=[self.pair.queue], concurrency=self.threads, name=f"soak{index}-{os.getpid()}@%h",
-                           loglevel="WARNING", standalone=True),
+                           loglevel="WARNING"),
             cwd=settings.BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         if index < len(self.workers):
             self.workers[index] = proc

@@ -148,7 +148,7 @@ def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
             with open(worker_log, "w") as wl, open(web_log, "w") as dl:
                 procs.append(subprocess.Popen(
                     worker_command(queues=[pair.queue], concurrency=worker_threads, name=f"benchmark-{os.getpid()}@%h",
-                                   loglevel="WARNING", standalone=True),
+                                   loglevel="WARNING"),
                     cwd=root, env=env, stdout=wl, stderr=subprocess.STDOUT))
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],

@@ -39,6 +39,8 @@ class PairSpec:
     kv_cache_precision: str = "f32"
     speculative: bool = True
     exact_sampling: bool = False  # the exact engine (engines/exact.py) rather than openvino-genai's pipeline
+    own_engine: bool = False  # the pair serves its one-stream answers on its exact engine (see is_pair_default)
+    dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the exact engine only
 
     @property
     def role(self) -> tuple[str, bool, bool]:
@@ -57,7 +59,10 @@ class PairSpec:
     @property
     def is_pair_default(self) -> bool:
         """The pipeline the pair serves as registered, whose state the admin shows (a speculative
-        pair also builds its main alone and its exact-sampling engine, on demand)."""
+        pair also builds its main alone and its exact-sampling engine, on demand). A pair with its own engine
+        (ModelPair.own_engine_at_one_stream) serves on its exact engine; the library's are for concurrent answers."""
+        if self.own_engine:
+            return self.exact_sampling
         return not self.exact_sampling and (self.speculative or not (self.draft_dir or self.prompt_lookup))
 
     @property
@@ -74,9 +79,10 @@ class PairSpec:
             props["INFERENCE_PRECISION_HINT"] = self.inference_precision
         if self.kv_cache_precision:
             props["KV_CACHE_PRECISION"] = self.kv_cache_precision
-        if self.device == "CPU" and self.inference_precision == "f32":
-            # The CPU quantizes activations of int8/int4-weight matmuls on the fly, differently for one
-            # token and for K+1 verified tokens; near-ties then flip (2 of 16 demo answers differed).
+        if self.device == "CPU" and self.inference_precision == "f32" and not self.dynamic_quantization:
+            # The CPU quantizes activations of int8/int4-weight matmuls on the fly. Row by row that is bitwise
+            # the same for one token and for K+1 (the exact engine relies on it), but the library's paged
+            # attention is not: its greedy answers with the draft then differ in near-ties (3 of 8 on the real pair).
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
         return props
 

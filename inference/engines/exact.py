@@ -36,6 +36,7 @@ from inference.engines.base import (
     load_tokenizer,
     prompt_token_ids,
 )
+from inference.engines.pages import release_weight_pages
 from inference.limits import DEFAULT_K
 
 log = logging.getLogger(__name__)
@@ -93,10 +94,16 @@ def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 
 class KvSequence:
-    """One model's KV cache for one request: which slots are live, and the next position."""
+    """One model's KV cache for one request: which slots are live, and the next position.
 
-    def __init__(self, compiled: ov.CompiledModel):
+    Rejected tokens leave the cache in one of two ways. Cut (`cut_rejected`, the main's): the next logits
+    are bitwise those of a cache that never held them, which greedy identity needs (under dynamic
+    quantization masked slots moved the real main's next logits by up to 0.2; cutting costs a few ms a
+    step). Masked (the draft's): attention mask 0, positions reused; cheaper, and the draft only proposes."""
+
+    def __init__(self, compiled: ov.CompiledModel, *, cut_rejected: bool = False):
         self.request = compiled.create_infer_request()
+        self.cut_rejected = cut_rejected
         self.mask = np.zeros(0, dtype=np.int64)
         self.position = 0
 
@@ -114,10 +121,18 @@ class KvSequence:
         return self.request.get_output_tensor(0).data[0]
 
     def drop_last(self, n: int) -> None:
-        """The last n fed tokens were rejected: masked from now on, their positions reused."""
-        if n:
+        """The last n fed tokens were rejected: cut from the cache, or masked from now on."""
+        if not n:
+            return
+        if self.cut_rejected:
+            length = len(self.mask)
+            for state in self.request.query_state():  # [batch, kv heads, sequence, head size] per layer and K/V
+                kept = state.state.data[:, :, : length - n]
+                state.state = ov.Tensor(np.ascontiguousarray(kept))
+            self.mask = self.mask[:-n]
+        else:
             self.mask[-n:] = 0
-            self.position -= n
+        self.position -= n
 
     @property
     def dead(self) -> int:
@@ -195,6 +210,7 @@ class ExactEngine:
         with self._lock:
             self._active.pop(request.request_id, None)
         request.events.put(finished)
+        release_weight_pages()  # what the kernels this request first ran read (engines/pages.py)
 
 
 class Decoding:
@@ -203,8 +219,8 @@ class Decoding:
     def __init__(self, engine: ExactEngine, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams):
         self.engine, self.request, self.params = engine, request, params
         self.rng = np.random.default_rng(params.seed)
-        self.k = params.num_assistant_tokens or DEFAULT_K
-        self.main = KvSequence(engine.main)
+        self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
+        self.main = KvSequence(engine.main, cut_rejected=True)
         self.draft = KvSequence(engine.draft)
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
@@ -213,7 +229,8 @@ class Decoding:
     def run(self) -> Finished:
         logits = self.main.feed(self.prompt_ids)[-1]
         first = draw(probabilities(logits, self.params), self.rng)
-        self.draft.feed(self.prompt_ids)
+        if self.k:
+            self.draft.feed(self.prompt_ids)
         finished = self._emit([first], self._logprobs([logits], [first]))
         while finished is None:
             if self.request.stop_requested:
@@ -232,36 +249,46 @@ class Decoding:
         """One speculative step: the accepted proposals and the main's own token (and their logprobs)."""
         last = self.emitted[-1]
         k = min(self.k, self.params.max_new_tokens - len(self.emitted) - 1)  # never propose past the cap
+        greedy = self.params.temperature == 0
         proposals, qs = [], []
         feed = [*self.draft_backlog, last]
         for _ in range(k):
-            q = probabilities(self.draft.feed(feed)[-1], self.params)
-            proposals.append(draw(q, self.rng))
-            qs.append(q)
+            row = self.draft.feed(feed)[-1]
+            if greedy:
+                proposals.append(int(np.argmax(row)))
+            else:
+                qs.append(probabilities(row, self.params))
+                proposals.append(draw(qs[-1], self.rng))
             feed = [proposals[-1]]
         main_logits = self.main.feed([last, *proposals])
-        accepted, token = k, None
-        for i, (x, q) in enumerate(zip(proposals, qs, strict=True)):
-            p = probabilities(main_logits[i], self.params)
-            if self.rng.random() < min(1.0, p[x] / q[x]):
-                continue
-            accepted = i
-            residual = np.maximum(p - q, 0.0)
-            token = draw(residual / residual.sum(), self.rng)
-            break
-        if token is None:
-            token = draw(probabilities(main_logits[k], self.params), self.rng)
+        if greedy:  # the rule at T=0: proposals are kept while each is the main's own choice
+            choices = main_logits.argmax(axis=-1)
+            accepted = next((i for i, x in enumerate(proposals) if x != choices[i]), k)
+            token = int(choices[accepted])
+        else:
+            accepted, token = self._accept(proposals, qs, main_logits)
         self.main.drop_last(k - accepted)
         tokens = [*proposals[:accepted], token]
         logprobs = self._logprobs(main_logits[:accepted + 1], tokens)
         if k == 0:
-            self.draft_backlog = feed  # the draft saw nothing this step
+            self.draft_backlog = feed if self.k else []  # the draft saw nothing this step (none at all: K=0)
         elif accepted == k:
             self.draft_backlog = [proposals[-1]]  # fed to the main, not yet to the draft
         else:
             self.draft_backlog = []
             self.draft.drop_last(k - 1 - accepted)
         return tokens, logprobs
+
+    def _accept(self, proposals: list[int], qs: list[np.ndarray], main_logits: np.ndarray) -> tuple[int, int]:
+        """How many proposals the rule keeps, and the token the main adds: each proposal x is accepted with
+        probability min(1, p(x)/q(x)); the first rejection draws from norm(max(0, p - q)), else one from p."""
+        for i, (x, q) in enumerate(zip(proposals, qs, strict=True)):
+            p = probabilities(main_logits[i], self.params)
+            if self.rng.random() < min(1.0, p[x] / q[x]):
+                continue
+            residual = np.maximum(p - q, 0.0)
+            return i, draw(residual / residual.sum(), self.rng)
+        return len(proposals), draw(probabilities(main_logits[len(proposals)], self.params), self.rng)
 
     def _emit(self, tokens: list[int], logprobs: list[float] | None) -> Finished | None:
         """Deliver one step's tokens, cut at EOS, a stop string or the cap; Finished when it ended."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import openvino_genai as og
@@ -52,6 +52,12 @@ def _checker() -> og.LLMPipeline:
 
 def check(grammar: Grammar) -> None:
     """Raise GrammarError unless the library compiles `grammar`."""
+    if reason := _compile_error(grammar):
+        raise GrammarError(reason)
+
+
+@lru_cache(maxsize=256)  # a script sends the same schema with every request: compile it once
+def _compile_error(grammar: Grammar) -> str | None:
     config = og.GenerationConfig()
     config.max_new_tokens = 1
     config.structured_output_config = grammar.config()
@@ -59,9 +65,10 @@ def check(grammar: Grammar) -> None:
         try:
             _checker().generate("{", config)
         except UnicodeDecodeError:  # the library's message cut a character of the grammar in two
-            raise GrammarError("the library's parser refused it (its message could not be read)") from None
+            return "the library's parser refused it (its message could not be read)"
         except RuntimeError as exc:
-            raise GrammarError(_reason(str(exc))) from None
+            return _reason(str(exc))
+    return None
 
 
 def _reason(message: str) -> str:

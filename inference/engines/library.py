@@ -40,6 +40,7 @@ from inference.engines.base import (
     load_tokenizer,
     prompt_token_ids,
 )
+from inference.engines.pages import RELEASE_EVERY_S, release_weight_pages
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 600
@@ -239,11 +240,15 @@ class Stepper:
         self.with_logprobs: set[int] = set()  # requests that asked for their tokens' log probabilities
         self.stopping: set[int] = set()
         self.closing = False
+        self.released, self.stepped_since_release = time.monotonic(), False  # see engines/pages.py
 
     def run(self) -> None:
         while True:
             if self.closing and not self.handles:
                 return
+            if self.stepped_since_release and (not self.handles or time.monotonic() - self.released > RELEASE_EVERY_S):
+                release_weight_pages()
+                self.released, self.stepped_since_release = time.monotonic(), False
             try:
                 wait = None if not self.handles else 0  # idle: sleep until the worker sends something
                 while self.conn.poll(wait):
@@ -266,6 +271,7 @@ class Stepper:
                 self.stopping.clear()
                 continue
             took = time.perf_counter() - started
+            self.stepped_since_release = True
             self._send_step([self._collect(rid) for rid in list(self.handles)], seconds=took)
 
     def _send_step(self, outputs: list, *, seconds: float = 0.0) -> None:

@@ -35,6 +35,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from inference import jobs
 from inference.models import ImportJob, ModelPair
 from inference.pairs import checks, gguf
 
@@ -365,9 +366,11 @@ def _import(job: ImportJob, progress: _Progress) -> ModelPair:
 def run_import(*, job: ImportJob, on_progress: ProgressCallback | None = None) -> ModelPair:
     """Run a job to the end: the registered pair, or ImportFailed with the job marked failed."""
     progress = _Progress(job, on_progress)
-    ImportJob.objects.filter(pk=job.pk).update(status=ImportJob.Status.RUNNING)
+    if not jobs.claim(model=ImportJob, job_id=job.pk):
+        raise ImportFailed(f"The import of {job.slug} has already started.")
     try:
-        pair = _import(job, progress)
+        with jobs.leased(model=ImportJob, job_id=job.pk):
+            pair = _import(job, progress)
     except BaseException as exc:
         error = str(exc) if isinstance(exc, ImportFailed) else f"{type(exc).__name__}: {exc}".rstrip(": ")
         ImportJob.objects.filter(pk=job.pk).update(status=ImportJob.Status.FAILED, error=error, progress=progress.text,
@@ -379,18 +382,20 @@ def run_import(*, job: ImportJob, on_progress: ProgressCallback | None = None) -
 
 
 def run_queued_import(*, job_id: int) -> None:
-    """The worker side of the admin's import form. A job redelivered after its worker died is marked
-    failed (and its staging folder removed) rather than run twice."""
-    job = ImportJob.objects.filter(pk=job_id).first()
-    if job is None or job.status in {ImportJob.Status.FINISHED, ImportJob.Status.FAILED}:
-        return
-    if job.status == ImportJob.Status.RUNNING:
-        for leftover in settings.MODELS_ROOT.glob(f".import-{job.slug}-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-        ImportJob.objects.filter(pk=job.pk).update(status=ImportJob.Status.FAILED, finished_at=timezone.now(),
-                                                   error="The worker running this import stopped; start it again.")
+    """The worker side of the admin's import form. A second delivery of a job that started does nothing:
+    its worker holds the job's lease, or the heartbeat fails it once the lease runs out
+    (`fail_abandoned_imports`)."""
+    job = ImportJob.objects.filter(pk=job_id, status=ImportJob.Status.QUEUED).first()
+    if job is None:
         return
     try:
         run_import(job=job)
     except ImportFailed as exc:
         log.info("import %s failed: %s", job.slug, exc)  # recorded on the job, shown in the admin
+
+
+def fail_abandoned_imports() -> None:
+    """Fail the imports whose worker stopped, and remove what they left half-written."""
+    for job in jobs.fail_abandoned(model=ImportJob):
+        for leftover in settings.MODELS_ROOT.glob(f".import-{job.slug}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)

@@ -17,16 +17,18 @@ import threading
 import time
 
 from celery.signals import worker_ready, worker_shutdown
-from celery.worker.control import control_command
+from celery.worker.consumer import Consumer
 from django.conf import settings
 from django.db import close_old_connections
 
-from inference import transport
-from inference.models import ModelPair
+from inference import jobs, transport
+from inference.models import BenchmarkRun, ModelPair
+from inference.pairs.importer import fail_abandoned_imports
 from inference.serving.worker import (
     ENGINES,
     fail_orphaned_generations,
     load_engine,
+    reconcile_claimed_generations,
     resend_lost_generations,
     stop_running,
 )
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 _queues: list[str] = []
 _loading: set[str] = set()  # slugs being loaded by _load threads
+_consumer: list[Consumer] = []  # the worker's task consumer: its queues change only in its event loop (call_soon)
 _stop = threading.Event()
 
 
@@ -73,6 +76,9 @@ def _beat_forever() -> None:
             announce_worker(client=client, name=WORKER_NAME, payload=heartbeat_payload(),
                             ttl_s=settings.WORKER_HEARTBEAT_TTL_S)
             fail_orphaned_generations(client=client)
+            reconcile_claimed_generations(worker_name=WORKER_NAME)
+            fail_abandoned_imports()
+            jobs.fail_abandoned(model=BenchmarkRun)
             if ENGINES.active_requests() < settings.WORKER_SLOTS:
                 resend_lost_generations(client=client, queues=list(_queues))
             _load_unloaded_pairs()
@@ -84,24 +90,44 @@ def _beat_forever() -> None:
         _stop.wait(settings.WORKER_HEARTBEAT_S)
 
 
-def _listen_for_cancels() -> None:
-    """Stops reach the running request at once (pub/sub), not at the next flush."""
+def _listen() -> None:
+    """Stops reach the running request at once (pub/sub), not at the next flush; the admin's load and
+    unload reach every worker the same way."""
     while not _stop.is_set():
         try:
-            pubsub = transport.sync_client().pubsub(ignore_subscribe_messages=True)
-            pubsub.subscribe(transport.CANCEL_CHANNEL)
+            client = transport.sync_client()
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(transport.CANCEL_CHANNEL, transport.control_channel(client))
             for message in pubsub.listen():
-                stop_running(generation_id=message["data"])
+                if message["channel"] == transport.CANCEL_CHANNEL:
+                    stop_running(generation_id=message["data"])
+                else:
+                    _control(json.loads(message["data"]))
         except Exception:
-            log.exception("cancel listener failed; reconnecting")
+            log.exception("listener failed; reconnecting")
             _stop.wait(1)
+
+
+def _control(message: dict) -> None:
+    slug, queue = message["slug"], f"pair.{message['slug']}"
+    if message["command"] == "load":  # consume the pair's queue from now on and load it, no restart
+        _consumer[0].call_soon(_consumer[0].add_task_queue, queue)
+        if queue not in _queues:
+            _queues.append(queue)
+        _loading.add(slug)
+        threading.Thread(target=_load, args=(slug,), name=f"load-{slug}", daemon=True).start()
+    elif message["command"] == "unload":  # stop taking the pair's requests and free it once idle
+        _consumer[0].call_soon(_consumer[0].cancel_task_queue, queue)
+        if queue in _queues:
+            _queues.remove(queue)
+        ENGINES.unload(slug)
 
 
 def _load(slug: str) -> None:
     try:
         pair = ModelPair.objects.filter(slug=slug, enabled=True).first()
         if pair is not None:
-            load_engine(pair=pair)
+            load_engine(pair=pair, exact_sampling=pair.own_engine_at_one_stream)  # the pair's default engine
     except Exception:
         log.exception("pair %s failed to load", slug)
     finally:
@@ -120,32 +146,12 @@ def _load_unloaded_pairs() -> None:
             threading.Thread(target=_load, args=(slug,), name=f"load-{slug}", daemon=True).start()
 
 
-def load_pair(state, slug: str) -> dict:
-    """Remote control (admin "load"): consume the pair's queue from now on and load it, no restart."""
-    queue = f"pair.{slug}"
-    state.consumer.add_task_queue(queue)
-    if queue not in _queues:
-        _queues.append(queue)
-    _loading.add(slug)
-    threading.Thread(target=_load, args=(slug,), name=f"load-{slug}", daemon=True).start()
-    return {"ok": f"loading {slug}"}
-
-
-def unload_pair(state, slug: str) -> dict:
-    """Remote control (admin "unload"): stop taking the pair's requests and free it once idle."""
-    queue = f"pair.{slug}"
-    state.consumer.cancel_task_queue(queue)
-    if queue in _queues:
-        _queues.remove(queue)
-    ENGINES.unload(slug)
-    return {"ok": f"unloaded {slug}"}
-
-
 def start_worker_services(sender, **_) -> None:
+    _consumer[:] = [sender]
     _queues[:] = sorted(q.name for q in sender.task_consumer.queues)
     _stop.clear()
     threading.Thread(target=_beat_forever, name="heartbeat", daemon=True).start()
-    threading.Thread(target=_listen_for_cancels, name="cancels", daemon=True).start()
+    threading.Thread(target=_listen, name="listener", daemon=True).start()
 
 
 def stop_worker_services(**_) -> None:
@@ -157,8 +163,6 @@ def stop_worker_services(**_) -> None:
 
 
 def register() -> None:
-    """Called from the app's ready(): the worker's start and stop hooks and its remote-control commands."""
+    """Called as a worker starts (chatsite/celery.py): its start and stop hooks."""
     worker_ready.connect(start_worker_services)
     worker_shutdown.connect(stop_worker_services)
-    for command in (load_pair, unload_pair):
-        control_command(args=[("slug", str)], signature="<slug>")(command)

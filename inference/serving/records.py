@@ -42,12 +42,15 @@ def pair_spec(*, pair: ModelPair, speculative: bool = True, exact_sampling: bool
         kv_cache_precision=pair.kv_cache_precision,
         speculative=speculative and pair.is_speculative,
         exact_sampling=exact_sampling and speculative and bool(pair.draft_dir),
+        own_engine=pair.own_engine_at_one_stream and bool(pair.draft_dir),
+        dynamic_quantization=pair.own_engine_at_one_stream and exact_sampling,
     )
 
 
 def planned_decoding(params: DecodingParams, planned: Plan) -> DecodingParams:
-    """A request's decoding settings with the K or threshold its plan chose."""
-    return replace(params, num_assistant_tokens=planned.k, assistant_confidence_threshold=planned.threshold)
+    """A request's decoding settings with the K or threshold its plan chose (K=0: the own engine's main alone)."""
+    k = 0 if planned.own_engine and not planned.speculative else planned.k
+    return replace(params, num_assistant_tokens=k, assistant_confidence_threshold=planned.threshold)
 
 
 def with_fresh_connections(write: Callable[[], T], *, what: str) -> T:

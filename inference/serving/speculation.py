@@ -51,6 +51,7 @@ class Plan:
     threshold: float | None = None
     measured_here: bool = False  # this worker's recent figures show this path clearly faster at the load
     handed_over: bool = False  # the answer already moved once: it stays (each move costs a prefill)
+    own_engine: bool = False  # on the pair's own engine (on_own_engine), whatever the mode: it stays there
 
     @property
     def speculative(self) -> bool:
@@ -233,6 +234,20 @@ def _explore(*, pair: ModelPair, live: dict[int, float], load: int) -> Plan:
                 reason=f"exploring: speculation is not measured here lately at {load} streams")
 
 
+OWN_ENGINE = "on SpecChat's own engine (the only answer of the pair here)"
+
+
+def on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -> Plan:
+    """The plan moved to the pair's own engine (ModelPair.own_engine_at_one_stream) when this answer is the
+    pair's only one here: greedy, sampled or the main alone (K=0), exact with dynamic quantization and one
+    copy of the weights. Not for a grammar or a confidence threshold, which only the library applies."""
+    if not pair.own_engine_at_one_stream or load > 1 or asked.constrained or planned.threshold is not None:
+        return planned
+    if planned.mode not in (SpeculativeMode.DRAFT, SpeculativeMode.OFF, SpeculativeMode.EXACT_SAMPLING):
+        return planned
+    return replace(planned, own_engine=True, reason=_join(planned.reason, OWN_ENGINE))
+
+
 def join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, running_speculative: int,
                        running_alone: int) -> Plan:
     """The plan adjusted to the batch already running here. A pair's speculative pipeline and its main
@@ -276,7 +291,7 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
     for greedy answers the profile or the figures planned, and off the exact engine for sampled ones (the
     library cannot change a request's K, so moving is a new request that goes on from the answer so far;
     its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way)."""
-    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over:
+    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over or planned.own_engine:
         return None
     if planned.exact_sampling:
         return _off_the_exact_engine(pair=pair, asked=asked, planned=planned, load=load, generated=generated)

@@ -46,6 +46,7 @@ ENGINES = EngineRegistry(renew_after=settings.ENGINE_RENEW_AFTER_REQUESTS, live_
                          release_extra_after_s=settings.RELEASE_EXTRA_ENGINES_AFTER_S,
                          step_timeout_s=settings.STEP_TIMEOUT_S)
 RUNNING: dict[str, ActiveRequest] = {}  # generation id -> its request in this worker's engine
+CLAIMED: set[str] = set()  # the generations a thread of this worker holds, from its claim to its end
 OVERRAN = "The answer ran past the server's limit of {limit} s and was stopped; what it wrote is kept."
 WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
 
@@ -76,15 +77,24 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
                                  exploring=speculation.left_to_the_profile(asked) and rates.exploring(load)),
         running_speculative=ENGINES.active_requests(slug=generation.pair.slug, speculative=True),
         running_alone=ENGINES.active_requests(slug=generation.pair.slug, speculative=False))
+    planned = speculation.on_own_engine(pair=generation.pair, asked=asked, planned=planned, load=load)
     # One write claims the generation and records its plan (each write before the first token delays it).
     claimed = Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
         status=Generation.Status.RUNNING, worker=worker_name, started_at=timezone.now(),
         **_plan_fields(generation=generation, planned=planned))
     if not claimed:
         return
+    CLAIMED.add(str(generation.id))
     try:
-        engine = load_engine(pair=generation.pair, speculative=planned.speculative,
-                             exact_sampling=planned.exact_sampling)
+        _serve(generation=generation, asked=asked, planned=planned, worker_name=worker_name)
+    finally:
+        CLAIMED.discard(str(generation.id))
+
+
+def _serve(*, generation: Generation, asked: speculation.Asked, planned: speculation.Plan, worker_name: str) -> None:
+    try:
+        engine = load_engine(pair=generation.pair, speculative=planned.speculative or planned.own_engine,
+                             exact_sampling=planned.exact_sampling or planned.own_engine)
     except Exception:  # the details (paths, the library's words) go to the log and the pair's admin page
         log.exception("pair %s failed to load for generation %s", generation.pair.slug, generation.id)
         fail_generation(generation_id=generation.id,
@@ -169,7 +179,8 @@ class Answer:
         self.asked, self.planned, self.engine, self.request = asked, planned, engine, request
         self.prompt_ids, self.started_at = request.prompt_ids, request.added_at
         self.stats = SpeculationStats(num_assistant_tokens=self._fixed_k(engine, params),
-                                      speculative=engine.spec.uses_draft or engine.spec.uses_prompt_lookup,
+                                      speculative=(engine.spec.uses_draft or engine.spec.uses_prompt_lookup)
+                                      and params.num_assistant_tokens != 0,
                                       max_new_tokens=params.max_new_tokens)
         self.text = TextAssembler(engine.tokenizer)
         self.steps: list[list] = []  # [draft text, main text] per step, [.., .., [[token, logprob], ..]] if asked
@@ -338,6 +349,18 @@ def resend_lost_generations(*, client, queues: list[str]) -> None:
             log.warning("generation %s was queued for %s s: sending its task again", generation_id,
                         settings.REQUEUE_AFTER_S)
             current_app.send_task("inference.generate", args=[str(generation_id)], queue=f"pair.{slug}")
+
+
+def reconcile_claimed_generations(*, worker_name: str) -> None:
+    """End this worker's `running` records that none of its threads holds any more: an answer whose
+    final write failed (its readers were told it was not saved) must not stay running, holding its slot."""
+    running = list(Generation.objects.filter(status=Generation.Status.RUNNING, worker=worker_name)
+                   .values_list("id", flat=True))
+    claimed = set(CLAIMED)  # read after the rows: a generation claimed in between is not among them
+    for generation_id in running:
+        if str(generation_id) not in claimed:
+            log.warning("generation %s is running in the database but not on this worker: failed", generation_id)
+            fail_generation(generation_id=generation_id, message=NOT_SAVED)
 
 
 def fail_orphaned_generations(*, client) -> None:
