@@ -70,11 +70,11 @@ test-real: install-train redis chromium real-pair
 
 # The demo main `make run` serves: grown from the committed main in seconds, cached, checked by pair.json's sha256.
 demo-main: install
-	@$(PY) -m inference.pairs.demo_main >/dev/null
+	@$(PY) -m inference.demo.main_model >/dev/null
 
 # Rebuild the shipped demo pair (hours of CPU; needs the train extra: pip install torch==2.13.0 -e '.[train]').
 demo-pair:
-	$(PY) -m inference.pairs.demo_build --stage all
+	$(PY) -m inference.demo.build --stage all
 
 benchmark: install redis
 	$(PY) manage.py benchmark demo-code

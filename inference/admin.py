@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 from inference import selectors, transport
 from inference.api.auth import set_new_key
 from inference.benchmark import report, runs
-from inference.benchmark.inprocess import table
+from inference.benchmark.summary import table
 from inference.celery_worker import worker_command_line
 from inference.limits import K_MAX, K_MIN
 from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, ModelPair

@@ -129,7 +129,7 @@ class ModelPair(models.Model):
         return bool(self.draft_dir) or self.prompt_lookup
 
     def clean(self) -> None:
-        from inference.pairs.checks import validate_pair_fields
+        from inference.pair_checks import profile_errors, validate_pair_fields  # they load openvino: only when used
 
         errors = validate_pair_fields(
             main_dir=self.main_dir,
@@ -139,8 +139,6 @@ class ModelPair(models.Model):
             assistant_confidence_threshold=self.assistant_confidence_threshold,
             max_new_tokens_cap=self.max_new_tokens_cap,
         )
-        from inference.serving.speculation import profile_errors
-
         if problems := profile_errors(self.speculation_profile):
             errors["speculation_profile"] = "Invalid profile: " + "; ".join(problems) + "."
         if self.own_engine_at_one_stream and not (self.draft_dir and self.precision_mode == self.EXACT):

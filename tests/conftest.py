@@ -142,7 +142,7 @@ def celery_worker(stack_env, redis_client, tmp_path_factory):
 @pytest.fixture(scope="session")
 def live_server_url(stack_env, tmp_path_factory):
     """daphne serving the real ASGI application on a free port."""
-    from inference.benchmark.stack import StackError, free_port, wait_for_port
+    from inference.benchmark.servers import StackError, free_port, wait_for_port
 
     port = free_port()
     log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"

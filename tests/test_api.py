@@ -1,59 +1,22 @@
 """The REST API end to end on real parts: the official `openai` client and plain HTTP against daphne,
 a Celery worker running openvino-genai on the demo pair, Redis streams and the database."""
 
-import hashlib
 import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import openai
 import pytest
 import requests
 
-from inference.api.auth import set_new_key
-from inference.models import ApiKey, Generation
+from inference.models import Generation
 from inference.serving.speculation import LIVE_MARGIN
 from inference.serving.web import chat_prompt
+from tests.api_client import MESSAGES, PROMPT, chunk_text, client, post, sse_events
 from tests.conftest import wait_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
-PROMPT = "def quicksort(numbers):"
-MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Sort a list of numbers."}]
 SPECULATIVE_FIGURES = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "main_steps")
-
-
-def client(base_url: str, key: str, version: str = "v1", **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/{version}", api_key=key, **kwargs)
-
-
-def post(base_url: str, path: str, key: str | None, body, **kwargs) -> requests.Response:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    kwargs.setdefault("timeout", 120)
-    return requests.post(f"{base_url}{path}", data=data, headers={**headers, "Content-Type": "application/json"},
-                         **kwargs)
-
-
-def sse_events(response: requests.Response):
-    """(id or None, data) per Server-Sent Event, as they arrive."""
-    event_id, data = None, []
-    for line in response.iter_lines(decode_unicode=True):
-        if line == "":
-            if data:
-                yield event_id, "\n".join(data)
-            event_id, data = None, []
-        elif line.startswith("id: "):
-            event_id = line[4:]
-        elif line.startswith("data: "):
-            data.append(line[6:])
-
-
-def chunk_text(data: str) -> str:
-    if data == "[DONE]":
-        return ""
-    choices = json.loads(data)["choices"]
-    return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in choices)
 
 
 def assert_speculative_usage(usage, *, speculative: bool = True) -> None:
@@ -308,183 +271,6 @@ def metric_counts(base_url: str, name: str) -> dict[str, float]:
     text = requests.get(f"{base_url}/metrics", timeout=30).text
     return {line[len(name):].rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines() if line.startswith(name + "{")}
-
-
-# ----------------------------------------------------------------- streams: resume, disconnect, cancel
-@pytest.mark.usefixtures("celery_worker")
-def test_stream_resumes_after_last_event_id_without_loss(live_server_url, demo_pair, api_key, main_alone_greedy):
-    body = {"model": "demo-code", "prompt": PROMPT, "max_tokens": 400, "stream": True, "background": True,
-            "num_assistant_tokens": 2}
-    first = post(live_server_url, "/v1/completions", api_key.secret, body, stream=True)
-    assert first.status_code == 200 and first.headers["Content-Type"].startswith("text/event-stream")
-    generation_id = first.headers["X-Generation-Id"]
-    received, last_id = [], None
-    received_chunks = []
-    for event_id, data in sse_events(first):
-        received.append(chunk_text(data))
-        received_chunks.append(data)
-        last_id = event_id or last_id
-        if len(received) == 2:
-            break
-    first.close()  # the connection drops; background: true keeps the generation running
-    assert last_id
-
-    chunk_id = json.loads(received_chunks[0])["id"]
-    assert chunk_id == f"cmpl-{generation_id}"
-    rest = requests.get(f"{live_server_url}/v1/completions/{chunk_id}/events", stream=True, timeout=120,
-                        headers={"Authorization": f"Bearer {api_key.secret}", "Last-Event-ID": last_id})
-    assert rest.status_code == 200
-    resumed = list(sse_events(rest))
-    assert resumed[-1][1] == "[DONE]"
-    ids = [event_id for event_id, _ in resumed if event_id]
-    assert all(tuple(map(int, i.split("-"))) > tuple(map(int, last_id.split("-"))) for i in ids)
-    text = "".join(received) + "".join(chunk_text(data) for _, data in resumed)
-    generation = wait_until_done(generation_id)
-    assert generation.status == Generation.Status.FINISHED
-    assert text == generation.text == main_alone_greedy(PROMPT, 400, add_special_tokens=True)
-
-    again = requests.get(f"{live_server_url}/v1/completions/{generation_id}/events", timeout=60,
-                         headers={"Authorization": f"Bearer {api_key.secret}", "Last-Event-ID": ids[-1]})
-    assert list(sse_events(again)) == [(None, "[DONE]")]  # after the last event: nothing more, no hang
-    bad = requests.get(f"{live_server_url}/v1/completions/{generation_id}/events", timeout=60,
-                       headers={"Authorization": f"Bearer {api_key.secret}", "Last-Event-ID": "5-"})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
-
-
-@pytest.mark.usefixtures("celery_worker")
-@pytest.mark.parametrize("stream", [True, False])
-def test_disconnect_stops_the_generation(live_server_url, demo_pair, api_key, stream):
-    demo_pair.max_new_tokens_cap = 900
-    demo_pair.save()
-    body = {"model": "demo-code", "prompt": PROMPT, "max_tokens": 900, "ignore_eos": True, "stream": stream}
-    if stream:
-        response = post(live_server_url, "/v1/completions", api_key.secret, body, stream=True)
-        next(event for event in sse_events(response) if chunk_text(event[1]))
-        response.close()
-    else:
-        with pytest.raises(requests.ReadTimeout):  # the client gives up waiting and closes the connection
-            post(live_server_url, "/v1/completions", api_key.secret, body, timeout=0.25)
-
-    generation = wait_until_done()
-    assert Generation.objects.count() == 1
-    assert generation.status == Generation.Status.STOPPED and generation.finish_reason == "stopped"
-    assert generation.completion_tokens < 900
-
-
-@pytest.mark.usefixtures("celery_worker")
-def test_per_key_concurrency_limit_answers_429_and_cancel_frees_it(live_server_url, demo_pair, api_key):
-    ApiKey.objects.filter(id=api_key.id).update(max_concurrent=1)
-    demo_pair.max_new_tokens_cap = 900
-    demo_pair.save()
-    body = {"model": "demo-code", "prompt": PROMPT, "max_tokens": 900, "ignore_eos": True, "stream": True,
-            "background": True}
-    running = post(live_server_url, "/v1/completions", api_key.secret, body, stream=True)
-    generation_id = running.headers["X-Generation-Id"]
-    running.close()
-
-    api = client(live_server_url, api_key.secret, max_retries=0)
-    with pytest.raises(openai.RateLimitError) as refused:
-        api.completions.create(model="demo-code", prompt=PROMPT, max_tokens=4)
-    assert refused.value.body["code"] == "concurrency_limit_exceeded"
-    assert Generation.objects.count() == 1
-
-    cancelled = post(live_server_url, f"/v1/completions/cmpl-{generation_id}/cancel", api_key.secret, {})  # as returned
-    assert cancelled.status_code == 200 and cancelled.json()["id"] == f"cmpl-{generation_id}"
-    generation = wait_until_done(generation_id)
-    assert generation.status == Generation.Status.STOPPED and generation.completion_tokens < 900
-    assert api.completions.create(model="demo-code", prompt=PROMPT, max_tokens=4).usage.completion_tokens >= 1
-
-
-# ----------------------------------------------------------------- access
-def test_generation_needs_a_valid_key(live_server_url, demo_pair, api_key):
-    revoked = ApiKey(name="old", revoked=True)
-    revoked_secret = set_new_key(revoked)
-    revoked.save()
-    for key in ("", "sk-spec-wrong", revoked_secret):
-        response = post(live_server_url, "/v1/completions", key or None, {"model": "demo-code", "prompt": PROMPT})
-        assert response.status_code == 401
-        assert response.json()["error"]["code"] == "invalid_api_key"
-        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
-    with pytest.raises(openai.AuthenticationError):
-        client(live_server_url, "sk-spec-wrong").chat.completions.create(model="demo-code", messages=MESSAGES)
-    events = requests.get(f"{live_server_url}/v1/completions/00000000-0000-0000-0000-000000000000/events", timeout=30)
-    assert events.status_code == 401
-    assert Generation.objects.count() == 0
-
-
-def test_admin_creates_a_key_shows_it_once_and_stores_its_hash(admin_client):
-    response = admin_client.post("/admin/inference/apikey/add/", {"name": "script", "max_concurrent": 3}, follow=True)
-    assert response.status_code == 200
-    shown = [str(m) for m in response.context["messages"]]
-    key = ApiKey.objects.get(name="script")
-    secret = next(word for m in shown for word in m.split() if word.startswith("sk-spec-"))
-    assert key.key_hash == hashlib.sha256(secret.encode()).hexdigest() and secret.startswith(key.prefix)
-    page = admin_client.get(f"/admin/inference/apikey/{key.id}/change/").content.decode()
-    assert secret not in page and key.key_hash not in page
-
-
-# ----------------------------------------------------------------- bad input: 4xx naming the field, nothing queued
-BAD_COMPLETIONS = [
-    ({"model": "demo-code", "prompt": PROMPT, "max_tokens": "10"}, 400, "max_tokens"),
-    ({"model": "demo-code", "prompt": PROMPT, "temperature": "hot"}, 400, "temperature"),
-    ({"model": "demo-code", "prompt": PROMPT, "stream": "yes"}, 400, "stream"),
-    ({"model": 7, "prompt": PROMPT}, 400, "model"),
-    ({"prompt": PROMPT}, 400, "model"),
-    ({"model": "no-such-pair", "prompt": PROMPT}, 404, "model"),
-    ({"model": "demo-code", "prompt": PROMPT, "num_assistant_tokens": 3, "assistant_confidence_threshold": 0.5},
-     400, "assistant_confidence_threshold"),
-    ({"model": "demo-code", "prompt": PROMPT, "temperature": 2.5}, 400, "temperature"),
-    ({"model": "demo-code", "prompt": PROMPT, "temperature": 5e-324}, 400, "temperature"),  # 0 as a float32
-    ({"model": "demo-code", "prompt": PROMPT, "assistant_confidence_threshold": 1e-40}, 400,
-     "assistant_confidence_threshold"),
-    ({"model": "demo-code", "prompt": PROMPT, "top_p": 0}, 400, "top_p"),
-    ({"model": "demo-code", "prompt": PROMPT, "num_assistant_tokens": 0}, 400, "num_assistant_tokens"),
-    ({"model": "demo-code", "prompt": PROMPT, "assistant_confidence_threshold": 1.5}, 400,
-     "assistant_confidence_threshold"),
-    ({"model": "demo-code", "prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens"),
-    ({"model": "demo-code", "prompt": PROMPT, "max_completion_tokens": 100000}, 400, "max_tokens"),
-    ({"model": "demo-code", "prompt": PROMPT, "seed": -1}, 400, "seed"),
-    ({"model": "demo-code", "prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ({"model": "demo-code", "prompt": "   "}, 400, "prompt"),
-    ({"model": "demo-code"}, 400, "prompt"),
-    ({"model": "demo-code", "prompt": [PROMPT, PROMPT]}, 400, "prompt"),
-    ({"model": "demo-code", "prompt": "word " * 3000}, 400, "prompt"),
-    ({"model": "demo-code", "prompt": PROMPT, "n": 2}, 400, "n"),
-    ({"model": "demo-code", "prompt": PROMPT, "best_of": 3}, 400, "best_of"),
-    ({"model": "demo-code", "prompt": PROMPT, "use_beam_search": True}, 400, "use_beam_search"),
-    ({"model": "demo-code", "prompt": PROMPT, "num_beams": 4}, 400, "num_beams"),
-    ({"model": "demo-code", "prompt": PROMPT, "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    ({"model": "demo-code", "prompt": PROMPT, "speculative": "no"}, 400, "speculative"),
-]
-BAD_CHATS = [
-    ({"model": "demo-code", "messages": []}, 400, "messages"),
-    ({"model": "demo-code", "messages": "hello"}, 400, "messages"),
-    ({"model": "demo-code", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
-    ({"model": "demo-code", "messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content"),
-    ({"model": "demo-code", "messages": [{"role": "user", "content": " "}]}, 400, "messages"),
-    ({"model": "demo-code", "messages": [{"role": "user", "content": "word " * 3000}]}, 400, "messages"),
-    ({"model": "demo-code", "messages": MESSAGES, "n": 2}, 400, "n"),
-]
-
-
-@pytest.mark.parametrize(("path", "body", "status", "param"),
-                         [("/v1/completions", *case) for case in BAD_COMPLETIONS]
-                         + [("/v1/chat/completions", *case) for case in BAD_CHATS])
-def test_bad_input_answers_4xx_naming_the_field(live_server_url, demo_pair, api_key, path, body, status, param):
-    response = post(live_server_url, path, api_key.secret, body)
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["param"] == param and error["message"] and error["type"] and error["code"]
-    assert Generation.objects.count() == 0
-
-
-@pytest.mark.parametrize("raw", ["{not json", "[1, 2]", '{"model": "demo-code", "prompt": NaN}',
-                                 '{"model": "demo-code", "prompt": "\\ud800"}', b"\xff\xfe"])
-def test_malformed_bodies_answer_400(live_server_url, demo_pair, api_key, raw):
-    response = post(live_server_url, "/v1/completions", api_key.secret, raw)
-    assert response.status_code == 400, response.text
-    assert response.json()["error"]["code"] == "invalid_json"
-    assert Generation.objects.count() == 0
 
 
 # ----------------------------------------------------------------- discovery, health, metrics

@@ -5,7 +5,7 @@ engine), streamed or not; alternatives are refused by name."""
 import pytest
 
 from inference.models import Generation
-from tests.test_api import MESSAGES, PROMPT, client, post
+from tests.api_client import MESSAGES, PROMPT, client, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

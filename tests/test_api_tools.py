@@ -5,7 +5,7 @@ round trip are tested on the real pair (tests/test_real_pair.py)."""
 import pytest
 
 from inference.models import Generation
-from tests.test_api import client, post
+from tests.api_client import client, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

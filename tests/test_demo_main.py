@@ -7,9 +7,9 @@ import json
 import pytest
 import requests
 
+from inference.demo import main_model
 from inference.engines.base import DecodingParams, Finished, PairSpec
 from inference.engines.library import PairEngine
-from inference.pairs import demo_main
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,28 +25,28 @@ def greedy(engine: PairEngine, prompt: str, n: int = 32) -> list[int]:
 
 
 def test_the_build_is_deterministic_and_checked_by_pair_json():
-    manifest = demo_main.build()
-    assert manifest["sha256"] == demo_main.expected_sha256() == demo_main.sha256(demo_main.TARGET / "openvino_model.bin")
-    assert 200e6 < manifest["params"] < 400e6 and demo_main.is_built()
-    (demo_main.TARGET / "openvino_model.bin").write_bytes(b"corrupted")  # a damaged copy is rebuilt
-    assert not demo_main.is_built()
-    assert demo_main.build()["sha256"] == manifest["sha256"] and demo_main.is_built()
-    config = json.loads((demo_main.TARGET / "config.json").read_text())
-    assert config["intermediate_size"] == 4 * json.loads((demo_main.SOURCE / "config.json").read_text())[
+    manifest = main_model.build()
+    assert manifest["sha256"] == main_model.expected_sha256() == main_model.sha256(main_model.TARGET / "openvino_model.bin")
+    assert 200e6 < manifest["params"] < 400e6 and main_model.is_built()
+    (main_model.TARGET / "openvino_model.bin").write_bytes(b"corrupted")  # a damaged copy is rebuilt
+    assert not main_model.is_built()
+    assert main_model.build()["sha256"] == manifest["sha256"] and main_model.is_built()
+    config = json.loads((main_model.TARGET / "config.json").read_text())
+    assert config["intermediate_size"] == 4 * json.loads((main_model.SOURCE / "config.json").read_text())[
         "intermediate_size"]
 
 
 def test_the_grown_main_computes_what_the_committed_main_computes():
-    demo_main.build()
-    small = PairEngine(PairSpec(slug="small", main_dir=str(demo_main.SOURCE), speculative=False))
-    large = PairEngine(PairSpec(slug="large", main_dir=str(demo_main.TARGET), speculative=False))
+    main_model.build()
+    small = PairEngine(PairSpec(slug="small", main_dir=str(main_model.SOURCE), speculative=False))
+    large = PairEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), speculative=False))
     for prompt in PROMPTS:
         assert greedy(large, prompt) == greedy(small, prompt)
 
 
 @pytest.mark.usefixtures("celery_worker")
 def test_the_served_demo_pair_answers_the_main_alones_greedy_output(live_server_url, large_demo_pair, api_key):
-    large = PairEngine(PairSpec(slug="large", main_dir=str(demo_main.TARGET), speculative=False))
+    large = PairEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), speculative=False))
     expected = large.tokenizer.decode(greedy(large, PROMPTS[0], 24))
     answer = requests.post(f"{live_server_url}/v1/completions", timeout=300, headers={
         "Authorization": f"Bearer {api_key.secret}"}, json={

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from inference.benchmark import soak
-from inference.benchmark.stack import stack_credentials
+from inference.benchmark.servers import private_stack, stack_credentials
 from inference.models import Generation, ModelPair
 from tests.conftest import Worker, wait_until_done
 
@@ -33,7 +33,7 @@ def private(request, demo_pair, stack_env):
     pair = ModelPair.objects.create(name="Faults", slug="faults", main_dir=demo_pair.main_dir,
                                     draft_dir=demo_pair.draft_dir, num_assistant_tokens=demo_pair.num_assistant_tokens)
     env = {**stack_env, "SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS": "20"}
-    with session_workers_paused(), stack_credentials(max_concurrent=10) as credentials, soak.private_stack(
+    with session_workers_paused(), stack_credentials(max_concurrent=10) as credentials, private_stack(
             pair=pair, base_env=env, chat_max_concurrent=10, threads=getattr(request, "param", 8)) as stack:
         yield stack, credentials
 

@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 
 from inference.models import ModelPair
-from inference.pairs.checks import validate_pair_fields
+from inference.pair_checks import validate_pair_fields
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from inference.benchmark.inprocess import repeated_ngram_share
+from inference.benchmark.prompts import repeated_ngram_share
 from inference.engines.base import DecodingParams, Engine, Finished, PairSpec
 from inference.engines.exact import ExactEngine
 from inference.engines.grammar import Grammar
@@ -72,10 +72,10 @@ def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int,
            grammar: Grammar | None = None) -> tuple[list[int], float, int]:
     """Token ids, seconds from submit to the end, and the steps that verified draft tokens."""
     started = time.perf_counter()
-    held = {"grammar_kind": grammar.kind, "grammar_text": grammar.text} if grammar else {}
     request = engine.submit(prompt=prompt, add_special_tokens=False,
                             params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k,
-                                                  **held))
+                                                  grammar_kind=grammar.kind if grammar else "",
+                                                  grammar_text=grammar.text if grammar else ""))
     tokens: list[int] = []
     steps = 0
     while not isinstance(event := request.events.get(timeout=600), Finished):

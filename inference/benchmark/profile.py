@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 
 from django.utils import timezone
 
-from inference.benchmark.inprocess import ADAPTIVE, PLAIN, Progress, Prompt, Variant, k_variant, timestamp
+from inference.benchmark.inprocess import ADAPTIVE, PLAIN, Progress, Variant, k_variant, timestamp
+from inference.benchmark.prompts import Prompt
 from inference.benchmark.stack import StreamFn, concurrency_sweep, steady_sweep, summarize_concurrency
 from inference.models import BenchmarkRun, ModelPair
 from inference.serving.speculation import quickest_k

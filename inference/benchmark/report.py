@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inference.benchmark.inprocess import INPROCESS, TABLE_COLUMNS, Column, print_table, table
+from inference.benchmark.inprocess import INPROCESS
+from inference.benchmark.summary import TABLE_COLUMNS, Column, print_table, table
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"

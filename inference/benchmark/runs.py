@@ -15,7 +15,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import openvino
 import openvino_genai
@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from inference import jobs
+from inference import jobs, pair_checks
 from inference.benchmark import report
 from inference.benchmark.inprocess import (
     ADAPTIVE,
@@ -33,22 +33,18 @@ from inference.benchmark.inprocess import (
     Engines,
     InProcessPath,
     Progress,
-    Prompt,
     Variant,
-    compare_to_inprocess,
     default_variants,
     draft_cost_ratio,
-    heldout_prompts,
     k_variant,
-    loop_warning,
     measure,
     sampled_variants,
-    summarize,
     threshold_variant,
     timestamp,
 )
+from inference.benchmark.prompts import Prompt, heldout_prompts
+from inference.benchmark.summary import compare_to_inprocess, loop_warning, summarize
 from inference.models import BenchmarkRun, ModelPair
-from inference.pairs import checks
 from inference.serving import speculation
 
 if TYPE_CHECKING:
@@ -103,7 +99,8 @@ class BenchmarkOptions:
 
     @classmethod
     def from_json(cls, data: dict) -> BenchmarkOptions:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**fields)
 
 
 def inprocess_variants(*, pair: ModelPair, options: BenchmarkOptions) -> list[Variant]:
@@ -135,7 +132,7 @@ def same_prompt_through_chat(*, pair: ModelPair, prompts) -> bool:
     the same tokens as in-process runs of the bare prompt (true for the demo pair)."""
     from inference.serving.web import chat_prompt
 
-    tokenizer = checks.load_tokenizer(str(checks.resolve_model_dir(pair.main_dir)))
+    tokenizer = pair_checks.load_tokenizer(str(pair_checks.resolve_model_dir(pair.main_dir)))
     return all(
         chat_prompt(pair=pair, messages=[{"role": "user", "content": p.text}]) == p.text
         and tokenizer.encode(p.text, add_special_tokens=True).input_ids.data.tolist()
@@ -159,7 +156,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     through_stack = stack_variants(pair=pair, options=options) if stack and options.clients else []
     variants = sorted(set(variants) | set(through_stack), key=variant_order)  # each stack variant has its twin
     paths = []
-    if through_stack:
+    if stack and through_stack:
         from inference.benchmark.stack import StackPath
 
         paths = [StackPath(name, stack.client(name)) for name in options.clients]
@@ -176,10 +173,10 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     results = measure(plan=[(InProcessPath(engines), variants)] + [(path, through_stack) for path in paths],
                       prompts=prompts, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
                       progress=phase(0))
-    notes = list(notes)
+    run_notes = list(notes)
     looping = loop_warning(results[INPROCESS])
     if looping:
-        notes.append(looping)
+        run_notes.append(looping)
     cost_ratio = None
     if pair.draft_dir:
         cost_ratio = draft_cost_ratio(engines=engines, prompt=prompts[0].text,
@@ -188,17 +185,17 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
             progress(sweep_offset, total, "draft/main cost ratio")
     elif pair.prompt_lookup:
         cost_ratio = 0.0
-        notes.append("Prompt lookup has no draft model: its proposals are taken as free (c = 0).")
+        run_notes.append("Prompt lookup has no draft model: its proposals are taken as free (c = 0).")
     reference: dict[str, str] = {}
     for sample in results[INPROCESS][PLAIN.name].samples:
         reference.setdefault(sample.prompt.text, sample.text)
     chat_same = "websocket" not in results or same_prompt_through_chat(pair=pair, prompts=prompts)
     if not chat_same:
-        notes.append("The chat template changes the prompt: websocket texts are not compared with in-process ones.")
+        run_notes.append("The chat template changes the prompt: websocket texts are not compared with in-process ones.")
     rows = [row for path, by_variant in results.items()
             for row in summarize(by_variant, cost_ratio=cost_ratio, path=path,
                                  reference=reference if path != "websocket" or chat_same else None)]
-    measured = {
+    measured: dict[str, Any] = {
         "pair": pair.slug,
         "started_at": started_at,
         "machine": {"cpus": os.cpu_count(), "cpu": openvino.Core().get_property("CPU", "FULL_DEVICE_NAME"),
@@ -209,7 +206,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
         "prompts": len(prompts),
         "prompt_sets": sorted({p.set for p in prompts}),
         "cost_ratio": cost_ratio,
-        "stack_url": stack.base_url if through_stack else None,
+        "stack_url": stack.base_url if stack and through_stack else None,
         "rows": compare_to_inprocess(rows, results),
         "by_set": [row for name in dict.fromkeys(p.set for p in prompts)
                    for row in summarize({v: r.of_set(name) for v, r in results[INPROCESS].items()},
@@ -220,9 +217,9 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
         "steady": [],
         "samples": {path: {v: [s.as_dict() for s in r.samples] for v, r in by_variant.items()}
                     for path, by_variant in results.items()},
-        "notes": notes,
+        "notes": run_notes,
     }
-    if through_stack:
+    if stack and through_stack:
         from inference.benchmark.stack import (
             burst_ttft_profile,
             concurrency_sweep,

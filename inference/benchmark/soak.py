@@ -1,8 +1,7 @@
 """The soak: many mixed generations through a private stack while it is hurt, then proof that nothing
 hung, nothing was lost and nothing leaked.
 
-`private_stack` starts its own redis-server (a free port, no persistence, so a restart loses
-everything as a real one would; the machine's Redis is never touched), two Celery workers on the
+The stack is `inference.benchmark.servers.private_stack`: its own Redis, two Celery workers on the
 pair's queue and daphne. `run_soak` sends generations of four kinds (the chat's websocket, SSE,
 non-streaming, background + resume) with random disconnects, reconnects and stops, phase by phase at
 each concurrency, kills a worker and restarts Redis on the way, and `check` reads what is left: every
@@ -14,32 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 import aiohttp
-import redis
-from django.conf import settings
 from django.db.models import Q
 
-from inference import selectors, transport
-from inference.benchmark import memory
-from inference.benchmark.inprocess import heldout_prompts
-from inference.benchmark.stack import BENCHMARK_USERNAME, Credentials, StackError, free_port, wait_for_port
-from inference.celery_worker import worker_command
-from inference.limits import ServingState
+from inference import transport
+from inference.benchmark.prompts import heldout_prompts
+from inference.benchmark.servers import BENCHMARK_USERNAME, Credentials, PrivateStack, StackError
 from inference.models import Generation, ModelPair
 from inference.serving import web
 
@@ -57,152 +43,6 @@ class SoakOptions:
     restart_redis: bool = True  # restart Redis two thirds of the way
     worker_threads: int = 8
     stream_ttl_s: int = 15  # streams expire this long after their answer: Redis memory is read after that
-
-
-# ------------------------------------------------------------------ the private stack
-class PrivateRedis:
-    """A redis-server of the soak's own on a free port, without persistence."""
-
-    def __init__(self, workdir: Path):
-        self.port = free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen | None = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, decode_responses=True)
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.workdir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with suppress(redis.ConnectionError):
-                if self.client().ping():
-                    return
-            time.sleep(0.05)
-        raise StackError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-    def restart(self, *, down_s: float = 1.0) -> None:
-        self.stop()
-        time.sleep(down_s)
-        self.start()
-
-
-@dataclass
-class PrivateStack:
-    base_url: str
-    redis: PrivateRedis
-    env: dict[str, str]
-    pair: ModelPair
-    logs: Path
-    workers: list[subprocess.Popen] = field(default_factory=list)
-    threads: int = 8
-    # Workers that exited without being killed by the soak (Celery's Redis transport can give up when
-    # Redis restarts) are started again, as compose's restart policy does; each is counted and reported.
-    unplanned_exits: list[str] = field(default_factory=list)
-    _killing: set[int] = field(default_factory=set)
-    _stopping: threading.Event = field(default_factory=threading.Event)
-
-    def supervise(self) -> None:
-        while not self._stopping.wait(0.5):
-            for index, proc in enumerate(list(self.workers)):
-                if proc.poll() is not None and index not in self._killing:
-                    self.unplanned_exits.append(f"worker {index} (pid {proc.pid}) exited with {proc.returncode}")
-                    self.start_worker(index)
-
-    def start_worker(self, index: int) -> subprocess.Popen:
-        log = open(self.logs / f"worker{index}.log", "a")  # noqa: SIM115 - the worker writes to it until it ends
-        proc = subprocess.Popen(
-            worker_command(queues=[self.pair.queue], concurrency=self.threads, name=f"soak{index}-{os.getpid()}@%h",
-                           loglevel="WARNING"),
-            cwd=settings.BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        if index < len(self.workers):
-            self.workers[index] = proc
-        else:
-            self.workers.append(proc)
-        return proc
-
-    def wait_served(self, proc: subprocess.Popen, timeout: float = 180) -> None:
-        """Until the worker announces the pair AVAILABLE on the private Redis."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            workers = [w for w in selectors.live_workers(client=self.redis.client())
-                       if w.get("name", "").endswith(f":{proc.pid}")]
-            if selectors.pair_state(pair=self.pair, workers=workers).state == ServingState.AVAILABLE:
-                return
-            if proc.poll() is not None:
-                raise StackError(f"worker {proc.pid} exited")
-            time.sleep(0.3)
-        raise StackError(f"worker {proc.pid} did not serve '{self.pair.slug}' within {timeout:.0f} s")
-
-    def kill_worker(self, index: int) -> None:
-        self._killing.add(index)
-        self.workers[index].send_signal(signal.SIGKILL)
-        self.workers[index].wait(10)
-
-    def restart_killed_worker(self, index: int) -> None:
-        self.wait_served(self.start_worker(index))
-        self._killing.discard(index)
-
-    def pss_mb(self, index: int) -> tuple[int, float]:
-        """(pid, PSS in MB) of a worker with its step processes (the pipelines live there); 0 MB if gone."""
-        pid = self.workers[index].pid
-        return pid, sum(memory.tree_pss(pid).values()) / 2**20
-
-
-@contextmanager
-def private_stack(*, pair: ModelPair, base_env: dict[str, str], workers: int = 2, threads: int = 8,
-                  stream_ttl_s: int = 15, chat_max_concurrent: int = 16) -> Iterator[PrivateStack]:
-    """Redis, `workers` Celery workers for the pair and daphne, all the soak's own; short heartbeats
-    and requeue delays so a fault shows within seconds."""
-    with tempfile.TemporaryDirectory(prefix="specchat-soak-") as tmp:
-        logs = Path(tmp)
-        private_redis = PrivateRedis(logs)
-        env = {**base_env, "REDIS_URL": private_redis.url, "CELERY_BROKER_URL": private_redis.url,
-               "SPECCHAT_TEST_REDIS_URL": private_redis.url,  # where tests.settings takes Redis from
-               "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3",
-               "SPECCHAT_REQUEUE_AFTER_S": "3", "SPECCHAT_STREAM_TTL_S": str(stream_ttl_s),
-               "SPECCHAT_CHAT_MAX_CONCURRENT": str(chat_max_concurrent), "SPECCHAT_CHAT_ABANDON_GRACE_S": "5",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(settings.BASE_DIR), base_env.get("PYTHONPATH")]))}
-        port = free_port()
-        stack = PrivateStack(base_url=f"http://127.0.0.1:{port}", redis=private_redis, env=env, pair=pair,
-                             logs=logs, threads=threads)
-        with open(logs / "daphne.log", "w") as daphne_log:
-            daphne = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                       "chatsite.asgi:application"], cwd=settings.BASE_DIR, env=env,
-                                      stdout=daphne_log, stderr=subprocess.STDOUT)
-        try:
-            for index in range(workers):
-                stack.start_worker(index)
-            wait_for_port(port, daphne)
-            for proc in stack.workers:
-                stack.wait_served(proc)
-            threading.Thread(target=stack.supervise, name="soak-supervisor", daemon=True).start()
-            yield stack
-        except StackError as exc:
-            tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in logs.glob("*.log"))
-            raise StackError(f"{exc}\n{tails}") from exc
-        finally:
-            stack._stopping.set()
-            for proc in [*stack.workers, daphne]:
-                proc.terminate()
-            for proc in [*stack.workers, daphne]:
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            private_redis.stop()
 
 
 # ------------------------------------------------------------------ one generation, as a client sees it
@@ -322,7 +162,8 @@ class SoakClient:
         url = self.base_url.replace("http", "ws", 1) + "/ws/chat/"
         headers = {"Cookie": self.credentials.session_cookie}
         state = {"after": "0-0", "steps": 0}
-        message = {"action": "send", "pair": self.pair, "text": prompt, "settings": {"max_tokens": max_tokens}}
+        message: dict[str, object] = {"action": "send", "pair": self.pair, "text": prompt,
+                                      "settings": {"max_tokens": max_tokens}}
         for attempt in range(2):
             async with http.ws_connect(url, origin=self.base_url, headers=headers) as ws:
                 await ws.send_json(message)
@@ -467,6 +308,7 @@ def _inject(stack: PrivateStack, fault: str) -> None:
 
 def _redis_mb(stack: PrivateStack) -> float:
     info = stack.redis.client().info("memory")
+    assert isinstance(info, dict)  # a synchronous client's answer
     return int(info["used_memory"]) / 2**20
 
 

@@ -1,45 +1,36 @@
-"""The benchmark through the running product: websocket and SSE clients, and the stack they talk to.
+"""The benchmark through the running product: websocket and SSE clients and the sweeps they run.
 
 Both clients time a generation as a user would see it (from sending the request to the first
 token and to the last) and take the counts (tokens, steps, accepted draft tokens) from the
 serving side, so the same figures as in-process can be compared and the serving overhead is
-measured, not assumed. `local_stack` starts daphne and a Celery worker as `manage.py serve`
-does; `concurrency_sweep` opens N streams at once and counts the lost and failed ones.
+measured, not assumed. The stack they talk to is the user's (--url) or one
+`inference.benchmark.servers.local_stack` starts; `concurrency_sweep` opens N streams at once and
+counts the lost and failed ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from importlib import import_module
-from pathlib import Path
 
 import aiohttp
-from django.conf import settings
-from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
 
-from inference import selectors, transport
-from inference.api.auth import set_new_key
-from inference.benchmark.inprocess import PLAIN, Progress, Prompt, Sample, Variant, percentile
-from inference.celery_worker import worker_command
+from inference.benchmark.inprocess import PLAIN, Progress, Sample, Variant
+from inference.benchmark.prompts import Prompt
+from inference.benchmark.servers import Credentials
+from inference.benchmark.summary import percentile
 from inference.engines.rates import LOAD_MEMORY_S
-from inference.limits import ServingState, SpeculativeMode
-from inference.models import ApiKey, Generation, ModelPair
+from inference.limits import SpeculativeMode
+from inference.models import Generation
 from inference.serving.speculation import HANDED_OVER
 
-BENCHMARK_USERNAME = "specchat-benchmark"  # has no password: only the benchmark logs in as it
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=600)
 
 
@@ -52,139 +43,8 @@ class StreamError(Exception):
         self.lost = lost
 
 
-class StackError(Exception):
-    """The stack could not be started or reached."""
-
-
-# ------------------------------------------------------------------ credentials
-@dataclass(frozen=True)
-class Credentials:
-    session_cookie: str  # "name=value" of a logged-in session, for the websocket
-    api_key: str  # a Bearer key, for the REST API
-
-
-@contextmanager
-def stack_credentials(*, max_concurrent: int) -> Iterator[Credentials]:
-    """A logged-in session and an API key of the `benchmark` user (who cannot log in with a
-    password); both, and the user's conversations, are removed afterwards."""
-    user = get_user_model().objects.filter(username=BENCHMARK_USERNAME).first()
-    if user is None:
-        user = get_user_model()(username=BENCHMARK_USERNAME)
-        user.set_unusable_password()
-        user.save()
-    elif user.has_usable_password():
-        raise StackError(f"a user '{BENCHMARK_USERNAME}' with a password exists; the benchmark will not use it")
-    store = import_module(settings.SESSION_ENGINE).SessionStore()
-    store[SESSION_KEY] = str(user.pk)
-    store[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[-1]  # the one that loads users (axes only guards)
-    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
-    store.create()
-    api_key = ApiKey(name="benchmark", user=user, max_concurrent=max_concurrent)
-    key = set_new_key(api_key)
-    api_key.save()
-    try:
-        yield Credentials(session_cookie=f"{settings.SESSION_COOKIE_NAME}={store.session_key}", api_key=key)
-    finally:
-        api_key.delete()
-        store.delete()
-        user.conversations.all().delete()
-
-
-# ------------------------------------------------------------------ the stack
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:] if path.exists() else ""
-
-
-def check_served(*, pair: ModelPair) -> None:
-    """StackError unless a live worker serves (or is loading) the pair."""
-    state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client()))
-    if not state.served:
-        raise StackError(f"nobody serves '{pair.slug}': {state.error}")
-
-
-def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180) -> None:
-    """Until this worker reports the pair AVAILABLE (it loads its queues' pairs at start)."""
-    client = transport.sync_client()
-    deadline = time.monotonic() + timeout
-    state = None
-    while time.monotonic() < deadline:
-        workers = [w for w in selectors.live_workers(client=client) if w.get("name", "").endswith(f":{worker_pid}")]
-        state = selectors.pair_state(pair=pair, workers=workers)
-        if state.state == ServingState.AVAILABLE:
-            return
-        if state.state == ServingState.UNAVAILABLE and workers:
-            raise StackError(f"'{pair.slug}' cannot be served: {state.error}")
-        time.sleep(0.3)
-    raise StackError(f"'{pair.slug}' was not served within {timeout:.0f} s ({state.error if state else 'no state'})")
-
-
-@contextmanager
-def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
-    """daphne and one Celery worker for the pair's queue (as `manage.py serve` runs them) on a free
-    port, with this process's settings (engines not renewed); yields the base URL. Refuses to start
-    while another worker takes the pair's queue, since it would take part of the load."""
-    others = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
-    if others:
-        raise StackError(f"worker(s) {', '.join(others)} already serve {pair.queue}: stop them, or benchmark "
-                         f"that server with --url")
-    root = Path(settings.BASE_DIR)
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "chatsite.settings"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
-           "SPECCHAT_CHAT_MAX_CONCURRENT": str(worker_threads),  # the benchmark user's websocket sweep, as its key
-           # No engine renewal within the run: a pipeline built mid-run takes the cores for seconds and
-           # would be charged to whichever line ran then (the soak covers renewals).
-           "SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS": "0"}
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="specchat-bench-") as logs:
-        worker_log, web_log = Path(logs, "worker.log"), Path(logs, "daphne.log")
-        procs = []
-        try:
-            with open(worker_log, "w") as wl, open(web_log, "w") as dl:
-                procs.append(subprocess.Popen(
-                    worker_command(queues=[pair.queue], concurrency=worker_threads, name=f"benchmark-{os.getpid()}@%h",
-                                   loglevel="WARNING"),
-                    cwd=root, env=env, stdout=wl, stderr=subprocess.STDOUT))
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
-                    cwd=root, env=env, stdout=dl, stderr=subprocess.STDOUT))
-            try:
-                wait_for_port(port, procs[1])
-                wait_until_served(pair=pair, worker_pid=procs[0].pid)
-            except StackError as exc:
-                logs_tail = f"--- worker log\n{_tail(worker_log)}\n--- daphne log\n{_tail(web_log)}"
-                raise StackError(f"{exc}\n{logs_tail}") from exc
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            if proc.poll() is not None:
-                raise StackError("daphne exited") from None
-            time.sleep(0.2)
-    raise StackError(f"daphne did not listen on port {port} within {timeout:.0f} s")
-
-
 # ------------------------------------------------------------------ clients
-StreamFn = Callable[..., Awaitable[Sample]]  # (prompt=, variant=, max_new_tokens=) -> Sample
+StreamFn = Callable[..., Coroutine[None, None, Sample]]  # (prompt=, variant=, max_new_tokens=) -> Sample
 
 
 def _check_complete(*, tokens: int, max_new_tokens: int, streamed: str, final: str | None) -> None:
@@ -209,7 +69,8 @@ def websocket_client(*, base_url: str, credentials: Credentials, pair: str) -> S
                 started, sent_wall, generation_id = time.perf_counter(), time.time(), ""
                 await ws.send_json({"action": "send", "pair": pair, "text": prompt.text,
                                     "settings": variant.request_settings(max_new_tokens)})
-                first_at, pieces = None, []
+                first_at: float | None = None
+                pieces: list[str] = []
                 async for message in ws:
                     if message.type != aiohttp.WSMsgType.TEXT:
                         break

@@ -1,3 +1,3 @@
-"""Main/draft pairs on disk: `checks` (folders and tokenizers a pair must have, used by the admin and
-the registry), `importer` (Hugging Face export, run by a worker with the train extra) and the demo
-pair's builders. Nothing here serves requests."""
+"""Main/draft pairs on disk: `importer` (GGUF or Hugging Face to OpenVINO IR, run by a worker with
+the train extra), `conversion` (its steps as processes of their own), `gguf` and `catalog` (the pairs
+`make real-pair` installs). Nothing here serves requests."""

@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp, Ollama, LM Studio) turned into Hugging Face folders that the export takes.
 
 transformers reads a GGUF file's tokenizer and dequantizes its weights (q4_k_m, q8_0, ...) to float32;
-the folder it saves is exported to OpenVINO IR like any other (importer.export). The IR is then a
+the folder it saves is exported to OpenVINO IR like any other (conversion.export). The IR is then a
 re-quantization of the dequantized weights, not llama.cpp's numerics: exactness is about the main as
 served, with and without its draft, which both run from the IR.
 

@@ -18,26 +18,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterator
-from io import BufferedReader
 from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from inference import jobs
+from inference import jobs, pair_checks
 from inference.models import ImportJob, ModelPair
-from inference.pairs import checks, gguf
+from inference.pairs import gguf
+from inference.pairs.conversion import ImportFailed, ImportProgress, ProgressCallback, dequantize, export
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +40,7 @@ DEFAULT_NUM_ASSISTANT_TOKENS = 4  # a starting K; the benchmark finds the pair's
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
-LOG_CHARS = 64_000  # the tail of the export output kept on the job
-# Lines optimum-cli prints at known points of an export -> fraction of that export done.
-EXPORT_MILESTONES = (("TracerWarning", 0.3), ("Statistics of the bitwidth", 0.7), ("Applying Weight Compression", 0.9))
 
-ProgressCallback = Callable[[float, str, str], None]  # (fraction done, stage, last output line)
-
-
-class ImportFailed(Exception):
-    """An import that cannot go on; the message says why and what to do."""
 
 
 def can_export() -> bool:
@@ -164,7 +150,7 @@ def tokenizer_problems(main: Path, draft: Path) -> list[str]:
             save_model(tokenizer, folder / "openvino_tokenizer.xml")
             save_model(detokenizer, folder / "openvino_detokenizer.xml")
             folders.append(folder)
-        return checks.tokenizer_differences(*folders)
+        return pair_checks.tokenizer_differences(*folders)
 
 
 def _weights_size(folder: Path) -> int:
@@ -186,90 +172,8 @@ def check_disk(*, need: int, root: Path) -> None:
                            f"{settings.IMPORT_DISK_RESERVE_GB} GB must stay free (SPECCHAT_IMPORT_DISK_RESERVE_GB).")
 
 
-class _Progress:
-    """An import's stage and output, written to its ImportJob (at most once a second) and to a callback."""
-
-    def __init__(self, job: ImportJob, callback: ProgressCallback | None):
-        self.job, self.callback = job, callback
-        self.fraction, self.stage, self.last_line = 0.0, "", ""
-        self._saved_at = 0.0
-
-    @property
-    def text(self) -> str:
-        return f"{self.fraction:.0%} {self.stage}"[:200]
-
-    def step(self, stage: str, fraction: float) -> None:
-        if stage != self.stage:
-            self.line(f"== {stage}")
-        self.stage, self.fraction = stage, max(self.fraction, fraction)
-        self._emit(save=True)
-
-    def line(self, text: str) -> None:
-        text = text.rstrip()
-        if text:
-            self.job.log = (self.job.log + text + "\n")[-LOG_CHARS:]
-            self.last_line = text
-            self._emit(save=time.monotonic() - self._saved_at >= 1)
-
-    def _emit(self, *, save: bool) -> None:
-        if self.callback:
-            self.callback(self.fraction, self.stage, self.last_line)
-        if save:
-            ImportJob.objects.filter(pk=self.job.pk).update(progress=self.text, log=self.job.log)
-            self._saved_at = time.monotonic()
-
-
-def _output_lines(stream: BufferedReader) -> Iterator[str]:
-    """Lines of a subprocess's output as they come, progress bars' carriage returns included."""
-    pending = b""
-    while chunk := stream.read1(65536):
-        *lines, pending = re.split(rb"[\r\n]", pending + chunk)
-        for line in lines:
-            yield line.decode(errors="replace")
-    if pending:
-        yield pending.decode(errors="replace")
-
-
-def _run_stage(cmd: list[str], *, stage: str, failure: str, progress: _Progress, start: float, end: float,
-               milestones: tuple[tuple[str, float], ...] = ()) -> None:
-    """A conversion step in a process of its own (its memory goes back when it ends), offline, its output
-    streamed into the progress."""
-    progress.step(stage, start)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    tail: deque[str] = deque(maxlen=30)
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as proc:
-        for line in _output_lines(proc.stdout):  # type: ignore[arg-type]  # a PIPE, so not None
-            tail.append(line)
-            progress.line(line)
-            for marker, done in milestones:
-                if marker in line:
-                    progress.step(stage, start + (end - start) * done)
-    if proc.returncode:
-        lines = [line.strip() for line in tail if line.strip()] or ["no output"]
-        cause = next((line for line in reversed(lines) if re.search(r"(Error|Exception)\b", line)), lines[-1])
-        raise ImportFailed(f"{failure} exited with {proc.returncode}: {cause}")
-    progress.step(stage, end)
-
-
-def export(*, source: Path, target: Path, weight_format: str, role: str, progress: _Progress,
-           start: float, end: float) -> None:
-    """optimum-cli's OpenVINO export of a local Hugging Face folder."""
-    cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", str(source),
-           "--task", "text-generation-with-past", "--weight-format", weight_format, str(target)]
-    _run_stage(cmd, stage=f"exporting the {role} ({weight_format})", progress=progress, start=start, end=end,
-               failure=f"Export of the {role} from {source} failed: optimum-cli", milestones=EXPORT_MILESTONES)
-
-
-def dequantize(*, source: Path, target: Path, role: str, progress: _Progress, start: float, end: float) -> None:
-    """A GGUF file turned into a Hugging Face folder (pairs/gguf.py)."""
-    _run_stage([sys.executable, "-m", "inference.pairs.gguf", str(source), str(target)],
-               stage=f"dequantizing the {role}'s GGUF file", progress=progress, start=start, end=end,
-               failure=f"Conversion of the {role}'s GGUF file {source.name} failed: the converter",
-               milestones=(("dequantizing", 0.1), ("saving", 0.8)))
-
-
 def _checked_source(source_text: str, *, digest: str, role: str,
-                    progress: _Progress) -> tuple[Path, gguf.GgufHeader | None]:
+                    progress: ImportProgress) -> tuple[Path, gguf.GgufHeader | None]:
     """A source that can be exported, and its GGUF header if it is a GGUF file, whose bytes are checked
     against the publisher's digest when one is given."""
     source = local_source(source_text, role=role)
@@ -286,7 +190,7 @@ def _checked_source(source_text: str, *, digest: str, role: str,
     return source, header
 
 
-def _hf_folder(source: Path, header: gguf.GgufHeader | None, *, staging: Path, role: str, progress: _Progress,
+def _hf_folder(source: Path, header: gguf.GgufHeader | None, *, staging: Path, role: str, progress: ImportProgress,
                start: float, end: float) -> Path:
     """The Hugging Face folder to export: the source itself, or its GGUF file dequantized into staging."""
     if header is None:
@@ -297,7 +201,7 @@ def _hf_folder(source: Path, header: gguf.GgufHeader | None, *, staging: Path, r
     return folder
 
 
-def _import(job: ImportJob, progress: _Progress) -> ModelPair:
+def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
     if not can_export():
         raise ImportFailed("optimum-intel is not installed where this import runs: install the train extra "
                            "(pip install torch==2.13.0 -e '.[train]').")
@@ -365,7 +269,7 @@ def _import(job: ImportJob, progress: _Progress) -> ModelPair:
 
 def run_import(*, job: ImportJob, on_progress: ProgressCallback | None = None) -> ModelPair:
     """Run a job to the end: the registered pair, or ImportFailed with the job marked failed."""
-    progress = _Progress(job, on_progress)
+    progress = ImportProgress(job, on_progress)
     if not jobs.claim(model=ImportJob, job_id=job.pk):
         raise ImportFailed(f"The import of {job.slug} has already started.")
     try:

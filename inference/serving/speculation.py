@@ -12,12 +12,12 @@ where it measured only one of them at a load of 4 or more streams, it tries the 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 
-from inference.limits import DEFAULT_K, K_MAX, K_MIN, SpeculativeMode
+from inference.limits import DEFAULT_K, SpeculativeMode
 from inference.models import ModelPair
+from inference.pair_checks import profile_errors
 
 log = logging.getLogger(__name__)
 EXACT_THRESHOLD = "the confidence threshold applies to greedy requests; exact sampling takes K"
@@ -71,33 +71,6 @@ def measured_k(*, pair: ModelPair, sampled: bool, load: int) -> tuple[int, int] 
     at_or_below = [entry for entry in measured if entry[0] <= load]
     streams, k = at_or_below[-1] if at_or_below else measured[0]
     return k, streams
-
-
-PROFILE_MODES = ("greedy", "sampled")
-
-
-def profile_errors(profile) -> list[str]:
-    """What is wrong with a speculation profile ({"greedy": {"<streams>": K, ...}, "sampled": {...}},
-    K 0 for the main alone or K_MIN..K_MAX); empty if nothing. The pair's validation refuses one with
-    errors, and a stored one with errors is ignored at request time rather than failing every request."""
-    if profile in (None, {}):
-        return []
-    if not isinstance(profile, dict):
-        return ["it must be an object such as {\"greedy\": {\"1\": 4, \"8\": 2}}"]
-    problems = [f"unknown mode {json.dumps(mode)[:40]} (use {' or '.join(PROFILE_MODES)})"
-                for mode in profile if mode not in PROFILE_MODES]
-    for mode in PROFILE_MODES:
-        table = profile.get(mode) or {}
-        if not isinstance(table, dict):
-            problems.append(f"{mode} must be an object of streams to K")
-            continue
-        for streams, k in table.items():
-            if not (isinstance(streams, str) and streams.isdigit() and 0 < int(streams) <= 100_000):
-                problems.append(f"{mode}: {json.dumps(streams)[:40]} is not a number of streams (1 or more)")
-            if isinstance(k, bool) or not isinstance(k, int) or not (k == 0 or K_MIN <= k <= K_MAX):
-                problems.append(f"{mode}[{json.dumps(streams)[:40]}]: K must be 0 (the main alone) or an integer "
-                                f"in [{K_MIN}, {K_MAX}], not {json.dumps(k)[:40]}")
-    return problems
 
 
 def _profile(pair: ModelPair, *, sampled: bool) -> list[tuple[int, int]]:

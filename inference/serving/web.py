@@ -21,11 +21,10 @@ from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError
 
-from inference import errors, limits, selectors, transport
+from inference import errors, limits, pair_checks, selectors, transport
 from inference.celery_worker import worker_command_line
 from inference.engines.base import DecodingParams, Sampling, context_length
 from inference.models import Generation, ModelPair
-from inference.pairs import checks
 from inference.serving import speculation
 from inference.serving.records import fail_if_stalled, pair_spec, planned_decoding
 
@@ -171,17 +170,17 @@ def _check_float32_floor(value: float | None, param: str, *, zero_means: str = "
 
 def count_prompt_tokens(*, pair: ModelPair, prompt: str, add_special_tokens: bool) -> int:
     try:
-        main = checks.resolve_model_dir(pair.main_dir)
-    except checks.PairFolderError as exc:
+        main = pair_checks.resolve_model_dir(pair.main_dir)
+    except pair_checks.PairFolderError as exc:
         raise errors.ModelUnavailable(f"Pair '{pair.slug}' cannot be served: {exc}", param="model") from exc
-    tokenizer = checks.load_tokenizer(str(main))
+    tokenizer = pair_checks.load_tokenizer(str(main))
     return int(tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.shape[1])
 
 
 def chat_prompt(*, pair: ModelPair, messages: list[dict], tools: list[dict] | None = None) -> str:
     """The conversation as the model sees it, through the main model's own chat template (which describes
     the tools, if any)."""
-    tokenizer = checks.load_tokenizer(str(checks.resolve_model_dir(pair.main_dir)))
+    tokenizer = pair_checks.load_tokenizer(str(pair_checks.resolve_model_dir(pair.main_dir)))
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except Exception as exc:

@@ -4,15 +4,9 @@ import json
 
 import pytest
 
-from inference.benchmark.inprocess import (
-    Prompt,
-    Sample,
-    Variant,
-    VariantResult,
-    loop_warning,
-    prompts_from_file,
-    repeated_ngram_share,
-)
+from inference.benchmark.inprocess import Sample, Variant, VariantResult
+from inference.benchmark.prompts import Prompt, prompts_from_file, repeated_ngram_share
+from inference.benchmark.summary import loop_warning
 
 
 def test_repeated_ngram_share_is_zero_for_fresh_text_and_high_for_a_loop():

@@ -4,7 +4,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.benchmark import modes
-from inference.benchmark.inprocess import prompts_from_file
+from inference.benchmark.prompts import prompts_from_file
 from inference.benchmark.runs import int_list
 from inference.engines.base import load_tokenizer
 from inference.engines.grammar import Grammar, GrammarError, check

@@ -4,8 +4,9 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from inference.benchmark import profile, runs
-from inference.benchmark.inprocess import heldout_prompts
-from inference.benchmark.stack import StackError, StackTarget, StreamError, check_served, local_stack, stack_credentials
+from inference.benchmark.prompts import heldout_prompts
+from inference.benchmark.servers import StackError, check_served, local_stack, stack_credentials
+from inference.benchmark.stack import StackTarget, StreamError
 from inference.models import ModelPair
 
 

@@ -4,8 +4,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from inference.demo import main_model
 from inference.models import ModelPair
-from inference.pairs import demo_main
 
 
 class Command(BaseCommand):
@@ -21,14 +21,14 @@ class Command(BaseCommand):
         info = json.loads((folder / "pair.json").read_text()) if (folder / "pair.json").exists() else {}
         measured = info.get("measured_large" if main == "large" else "measured", {})
         if main == "large":
-            demo_main.build(out=self.stdout.write)
+            main_model.build(out=self.stdout.write)
         pair = ModelPair.objects.filter(slug="demo-code").first() or ModelPair(slug="demo-code")
         pair.name = "Demo code pair"
         pair.description = ("Completes Python code: type the start of a function (its def line) and it writes the "
                             "body. A small model trained for the demo: it does not answer questions.")
         pair.completes_text = True
         pair.is_default = pair.is_default or not ModelPair.objects.filter(is_default=True).exists()
-        pair.main_dir = f"{settings.DEMO_PAIR_DIR}/{demo_main.TARGET.name if main == 'large' else 'main'}"
+        pair.main_dir = f"{settings.DEMO_PAIR_DIR}/{main_model.TARGET.name if main == 'large' else 'main'}"
         pair.draft_dir = f"{settings.DEMO_PAIR_DIR}/draft"
         pair.num_assistant_tokens = measured.get("best_k") or 4
         pair.speculation_profile = measured.get("profile", {})

@@ -7,7 +7,7 @@ from tqdm import tqdm
 
 from inference.benchmark import soak
 from inference.benchmark.runs import int_list
-from inference.benchmark.stack import StackError, stack_credentials
+from inference.benchmark.servers import StackError, private_stack, stack_credentials
 from inference.models import ModelPair
 
 
@@ -52,7 +52,7 @@ def run(*, pair: ModelPair, options: soak.SoakOptions, base_env: dict[str, str])
     """The soak through its private stack, with a progress bar; the figures `soak.verdicts` judges."""
     level = max(options.concurrency)
     try:
-        with stack_credentials(max_concurrent=level + 2) as credentials, soak.private_stack(
+        with stack_credentials(max_concurrent=level + 2) as credentials, private_stack(
                 pair=pair, base_env=base_env, threads=options.worker_threads, stream_ttl_s=options.stream_ttl_s,
                 chat_max_concurrent=level + 2) as stack, tqdm(total=options.generations, unit="gen") as bar:
             return soak.run_soak(stack=stack, credentials=credentials, options=options,

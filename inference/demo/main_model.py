@@ -8,7 +8,7 @@ projection's columns tiled and divided by GROWTH), so the grown main computes wh
 computes (to float16 rounding), at the cost of a ~230 M-parameter model with float16 MLP weights. The
 IR is written next to the committed one (gitignored) and checked by its sha256.
 
-    python -m inference.pairs.demo_main          # build if missing or changed; print the checksum
+    python -m inference.demo.main_model          # build if missing or changed; print the checksum
 """
 
 from __future__ import annotations

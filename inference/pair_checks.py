@@ -1,4 +1,5 @@
-"""Checks that a main/draft pair can be served: folders, files, and one shared tokenizer.
+"""Checks that a main/draft pair can be served: folders, files, one shared tokenizer, and a valid
+speculation profile. Below the models and the serving code that call them.
 
 openvino-genai's own check encodes one sentence and compares token counts and special ids, which
 two different vocabularies can pass; here the vocabularies, special ids and a set of probe strings
@@ -7,6 +8,7 @@ must all agree.
 
 from __future__ import annotations
 
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -15,6 +17,7 @@ from django.conf import settings
 
 from inference import limits
 from inference.engines import base as engines_base
+from inference.limits import K_MAX, K_MIN
 
 REQUIRED_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
 PROBE_STRINGS = (
@@ -122,3 +125,30 @@ def validate_pair_fields(
         if problems:
             errors["draft_dir"] = "The draft's tokenizer is not the main's: " + "; ".join(problems) + "."
     return errors
+
+
+PROFILE_MODES = ("greedy", "sampled")
+
+
+def profile_errors(profile) -> list[str]:
+    """What is wrong with a speculation profile ({"greedy": {"<streams>": K, ...}, "sampled": {...}},
+    K 0 for the main alone or K_MIN..K_MAX); empty if nothing. The pair's validation refuses one with
+    errors, and a stored one with errors is ignored at request time rather than failing every request."""
+    if profile in (None, {}):
+        return []
+    if not isinstance(profile, dict):
+        return ["it must be an object such as {\"greedy\": {\"1\": 4, \"8\": 2}}"]
+    problems = [f"unknown mode {json.dumps(mode)[:40]} (use {' or '.join(PROFILE_MODES)})"
+                for mode in profile if mode not in PROFILE_MODES]
+    for mode in PROFILE_MODES:
+        table = profile.get(mode) or {}
+        if not isinstance(table, dict):
+            problems.append(f"{mode} must be an object of streams to K")
+            continue
+        for streams, k in table.items():
+            if not (isinstance(streams, str) and streams.isdigit() and 0 < int(streams) <= 100_000):
+                problems.append(f"{mode}: {json.dumps(streams)[:40]} is not a number of streams (1 or more)")
+            if isinstance(k, bool) or not isinstance(k, int) or not (k == 0 or K_MIN <= k <= K_MAX):
+                problems.append(f"{mode}[{json.dumps(streams)[:40]}]: K must be 0 (the main alone) or an integer "
+                                f"in [{K_MIN}, {K_MAX}], not {json.dumps(k)[:40]}")
+    return problems

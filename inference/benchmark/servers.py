@@ -1,0 +1,313 @@
+"""The servers a benchmark starts for itself, and the user it logs in as.
+
+`local_stack` runs daphne and one Celery worker as `manage.py serve` does, against this machine's
+Redis, for the speed benchmark. `private_stack` runs the soak's own redis-server (a free port, no
+persistence, so a restart loses everything as a real one would; the machine's Redis is never
+touched), two workers with short heartbeats and daphne, so faults can be injected without harm.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from importlib import import_module
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+
+from inference import selectors, transport
+from inference.api.auth import set_new_key
+from inference.benchmark import memory
+from inference.celery_worker import worker_command
+from inference.limits import ServingState
+from inference.models import ApiKey, ModelPair
+
+BENCHMARK_USERNAME = "specchat-benchmark"  # has no password: only the benchmark logs in as it
+
+
+class StackError(Exception):
+    """The stack could not be started or reached."""
+
+
+# ------------------------------------------------------------------ credentials
+@dataclass(frozen=True)
+class Credentials:
+    session_cookie: str  # "name=value" of a logged-in session, for the websocket
+    api_key: str  # a Bearer key, for the REST API
+
+
+@contextmanager
+def stack_credentials(*, max_concurrent: int) -> Iterator[Credentials]:
+    """A logged-in session and an API key of the `benchmark` user (who cannot log in with a
+    password); both, and the user's conversations, are removed afterwards."""
+    user = get_user_model().objects.filter(username=BENCHMARK_USERNAME).first()
+    if user is None:
+        user = get_user_model()(username=BENCHMARK_USERNAME)
+        user.set_unusable_password()
+        user.save()
+    elif user.has_usable_password():
+        raise StackError(f"a user '{BENCHMARK_USERNAME}' with a password exists; the benchmark will not use it")
+    store = import_module(settings.SESSION_ENGINE).SessionStore()
+    store[SESSION_KEY] = str(user.pk)
+    store[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[-1]  # the one that loads users (axes only guards)
+    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    store.create()
+    api_key = ApiKey(name="benchmark", user=user, max_concurrent=max_concurrent)
+    key = set_new_key(api_key)
+    api_key.save()
+    try:
+        yield Credentials(session_cookie=f"{settings.SESSION_COOKIE_NAME}={store.session_key}", api_key=key)
+    finally:
+        api_key.delete()
+        store.delete()
+        user.conversations.all().delete()
+
+
+# ------------------------------------------------------------------ the stack
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+
+def check_served(*, pair: ModelPair) -> None:
+    """StackError unless a live worker serves (or is loading) the pair."""
+    state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client()))
+    if not state.served:
+        raise StackError(f"nobody serves '{pair.slug}': {state.error}")
+
+
+def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180) -> None:
+    """Until this worker reports the pair AVAILABLE (it loads its queues' pairs at start)."""
+    client = transport.sync_client()
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        workers = [w for w in selectors.live_workers(client=client) if w.get("name", "").endswith(f":{worker_pid}")]
+        state = selectors.pair_state(pair=pair, workers=workers)
+        if state.state == ServingState.AVAILABLE:
+            return
+        if state.state == ServingState.UNAVAILABLE and workers:
+            raise StackError(f"'{pair.slug}' cannot be served: {state.error}")
+        time.sleep(0.3)
+    raise StackError(f"'{pair.slug}' was not served within {timeout:.0f} s ({state.error if state else 'no state'})")
+
+
+@contextmanager
+def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
+    """daphne and one Celery worker for the pair's queue (as `manage.py serve` runs them) on a free
+    port, with this process's settings (engines not renewed); yields the base URL. Refuses to start
+    while another worker takes the pair's queue, since it would take part of the load."""
+    others = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
+    if others:
+        raise StackError(f"worker(s) {', '.join(others)} already serve {pair.queue}: stop them, or benchmark "
+                         f"that server with --url")
+    root = Path(settings.BASE_DIR)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "chatsite.settings"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
+           "SPECCHAT_CHAT_MAX_CONCURRENT": str(worker_threads),  # the benchmark user's websocket sweep, as its key
+           # No engine renewal within the run: a pipeline built mid-run takes the cores for seconds and
+           # would be charged to whichever line ran then (the soak covers renewals).
+           "SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS": "0"}
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="specchat-bench-") as logs:
+        worker_log, web_log = Path(logs, "worker.log"), Path(logs, "daphne.log")
+        procs = []
+        try:
+            with open(worker_log, "w") as wl, open(web_log, "w") as dl:
+                procs.append(subprocess.Popen(
+                    worker_command(queues=[pair.queue], concurrency=worker_threads, name=f"benchmark-{os.getpid()}@%h",
+                                   loglevel="WARNING"),
+                    cwd=root, env=env, stdout=wl, stderr=subprocess.STDOUT))
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+                    cwd=root, env=env, stdout=dl, stderr=subprocess.STDOUT))
+            try:
+                wait_for_port(port, procs[1])
+                wait_until_served(pair=pair, worker_pid=procs[0].pid)
+            except StackError as exc:
+                logs_tail = f"--- worker log\n{_tail(worker_log)}\n--- daphne log\n{_tail(web_log)}"
+                raise StackError(f"{exc}\n{logs_tail}") from exc
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise StackError("daphne exited") from None
+            time.sleep(0.2)
+    raise StackError(f"daphne did not listen on port {port} within {timeout:.0f} s")
+
+
+# ------------------------------------------------------------------ the soak's private stack
+class PrivateRedis:
+    """A redis-server of the soak's own on a free port, without persistence."""
+
+    def __init__(self, workdir: Path):
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, decode_responses=True)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(self.workdir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with suppress(redis.ConnectionError):
+                if self.client().ping():
+                    return
+            time.sleep(0.05)
+        raise StackError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def restart(self, *, down_s: float = 1.0) -> None:
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+
+@dataclass
+class PrivateStack:
+    base_url: str
+    redis: PrivateRedis
+    env: dict[str, str]
+    pair: ModelPair
+    logs: Path
+    workers: list[subprocess.Popen] = field(default_factory=list)
+    threads: int = 8
+    # Workers that exited without being killed by the soak (Celery's Redis transport can give up when
+    # Redis restarts) are started again, as compose's restart policy does; each is counted and reported.
+    unplanned_exits: list[str] = field(default_factory=list)
+    _killing: set[int] = field(default_factory=set)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+
+    def supervise(self) -> None:
+        while not self._stopping.wait(0.5):
+            for index, proc in enumerate(list(self.workers)):
+                if proc.poll() is not None and index not in self._killing:
+                    self.unplanned_exits.append(f"worker {index} (pid {proc.pid}) exited with {proc.returncode}")
+                    self.start_worker(index)
+
+    def start_worker(self, index: int) -> subprocess.Popen:
+        log = open(self.logs / f"worker{index}.log", "a")  # noqa: SIM115 - the worker writes to it until it ends
+        proc = subprocess.Popen(
+            worker_command(queues=[self.pair.queue], concurrency=self.threads, name=f"soak{index}-{os.getpid()}@%h",
+                           loglevel="WARNING"),
+            cwd=settings.BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        if index < len(self.workers):
+            self.workers[index] = proc
+        else:
+            self.workers.append(proc)
+        return proc
+
+    def wait_served(self, proc: subprocess.Popen, timeout: float = 180) -> None:
+        """Until the worker announces the pair AVAILABLE on the private Redis."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            workers = [w for w in selectors.live_workers(client=self.redis.client())
+                       if w.get("name", "").endswith(f":{proc.pid}")]
+            if selectors.pair_state(pair=self.pair, workers=workers).state == ServingState.AVAILABLE:
+                return
+            if proc.poll() is not None:
+                raise StackError(f"worker {proc.pid} exited")
+            time.sleep(0.3)
+        raise StackError(f"worker {proc.pid} did not serve '{self.pair.slug}' within {timeout:.0f} s")
+
+    def kill_worker(self, index: int) -> None:
+        self._killing.add(index)
+        self.workers[index].send_signal(signal.SIGKILL)
+        self.workers[index].wait(10)
+
+    def restart_killed_worker(self, index: int) -> None:
+        self.wait_served(self.start_worker(index))
+        self._killing.discard(index)
+
+    def pss_mb(self, index: int) -> tuple[int, float]:
+        """(pid, PSS in MB) of a worker with its step processes (the pipelines live there); 0 MB if gone."""
+        pid = self.workers[index].pid
+        return pid, sum(memory.tree_pss(pid).values()) / 2**20
+
+
+@contextmanager
+def private_stack(*, pair: ModelPair, base_env: dict[str, str], workers: int = 2, threads: int = 8,
+                  stream_ttl_s: int = 15, chat_max_concurrent: int = 16) -> Iterator[PrivateStack]:
+    """Redis, `workers` Celery workers for the pair and daphne, all the soak's own; short heartbeats
+    and requeue delays so a fault shows within seconds."""
+    with tempfile.TemporaryDirectory(prefix="specchat-soak-") as tmp:
+        logs = Path(tmp)
+        private_redis = PrivateRedis(logs)
+        env = {**base_env, "REDIS_URL": private_redis.url, "CELERY_BROKER_URL": private_redis.url,
+               "SPECCHAT_TEST_REDIS_URL": private_redis.url,  # where tests.settings takes Redis from
+               "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3",
+               "SPECCHAT_REQUEUE_AFTER_S": "3", "SPECCHAT_STREAM_TTL_S": str(stream_ttl_s),
+               "SPECCHAT_CHAT_MAX_CONCURRENT": str(chat_max_concurrent), "SPECCHAT_CHAT_ABANDON_GRACE_S": "5",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(settings.BASE_DIR), base_env.get("PYTHONPATH")]))}
+        port = free_port()
+        stack = PrivateStack(base_url=f"http://127.0.0.1:{port}", redis=private_redis, env=env, pair=pair,
+                             logs=logs, threads=threads)
+        with open(logs / "daphne.log", "w") as daphne_log:
+            daphne = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                       "chatsite.asgi:application"], cwd=settings.BASE_DIR, env=env,
+                                      stdout=daphne_log, stderr=subprocess.STDOUT)
+        try:
+            for index in range(workers):
+                stack.start_worker(index)
+            wait_for_port(port, daphne)
+            for proc in stack.workers:
+                stack.wait_served(proc)
+            threading.Thread(target=stack.supervise, name="soak-supervisor", daemon=True).start()
+            yield stack
+        except StackError as exc:
+            tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in logs.glob("*.log"))
+            raise StackError(f"{exc}\n{tails}") from exc
+        finally:
+            stack._stopping.set()
+            for proc in [*stack.workers, daphne]:
+                proc.terminate()
+            for proc in [*stack.workers, daphne]:
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            private_redis.stop()
