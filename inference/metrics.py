@@ -113,7 +113,7 @@ def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, pro
                 per_token = (summary["duration_ms"] / 1000 - ttft) / (tokens - 1)
                 _observe(pipe, "vllm:time_per_output_token_seconds", labels, TPOT_BUCKETS, per_token, tokens - 1)
         if summary["accepted_tokens"] is not None:
-            count("vllm:spec_decode_num_drafts", max(summary["main_steps"] - 1, 0))
+            count("vllm:spec_decode_num_drafts", summary["draft_steps"] or 0)
             count("vllm:spec_decode_num_accepted_tokens", summary["accepted_tokens"])
             if summary["draft_tokens"] is not None:
                 count("vllm:spec_decode_num_draft_tokens", summary["draft_tokens"])

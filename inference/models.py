@@ -188,6 +188,7 @@ class Generation(models.Model):
     main_steps = models.PositiveIntegerField(default=0)
     draft_tokens = models.PositiveIntegerField(null=True, blank=True)
     accepted_tokens = models.PositiveIntegerField(null=True, blank=True)
+    draft_steps = models.PositiveIntegerField(null=True, blank=True, help_text="main steps that verified a draft")
     acceptance_rate = models.FloatField(null=True, blank=True)
     mean_accepted_length = models.FloatField(null=True, blank=True)
     accepted_by_position = models.JSONField(default=list, blank=True)

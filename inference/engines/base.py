@@ -291,6 +291,7 @@ class SpeculationStats:
     tokens: int = 0
     accepted: int = 0
     proposed: int = 0
+    draft_steps: int = 0  # main steps that verified the draft's proposal (not plain or prefill ones)
     accepted_by_position: list[int] = field(default_factory=list)
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -310,6 +311,7 @@ class SpeculationStats:
         if not self.speculative:
             return
         accepted = n_tokens - 1
+        self.draft_steps += 1
         self.accepted += accepted
         if self.num_assistant_tokens:
             # the draft proposes no more than the tokens left after the main's own one
@@ -335,6 +337,7 @@ class SpeculationStats:
             "tokens_per_s": self.tokens / duration if self.tokens else 0.0,
             "draft_tokens": self.proposed if self.speculative and self.num_assistant_tokens else None,
             "accepted_tokens": self.accepted if self.speculative else None,
+            "draft_steps": self.draft_steps if self.speculative else None,
             "acceptance_rate": (self.accepted / self.proposed) if self.proposed else None,
             # tokens per verifying step, the main's own token included (vLLM's "mean acceptance length")
             "mean_accepted_length": ((self.tokens - self.prefill_steps) / decode_steps)

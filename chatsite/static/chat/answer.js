@@ -1,0 +1,121 @@
+// One assistant answer: its generation's events applied in order and rendered as they come. What it asks of
+// the page around it comes in as `chat` from chat.js, so that this module imports only the rendering
+// helpers and the page's state keeps one owner.
+
+import { copyButton, decorateCode, escapeHtml, formatMetrics, plural, renderMarkdown, technicalMetrics } from "./render.js";
+
+export class Answer {
+  constructor(el, messageId, generationId, pair, chat) {
+    this.el = el;
+    this.chat = chat;
+    this.messageId = messageId;
+    this.generationId = generationId;
+    this.pair = pair;
+    this.el.dataset.generation = generationId;
+    this.highlights = new Map(); // code text -> its highlighted HTML, so streaming re-renders stay cheap
+    this.reset();
+  }
+
+  reset() {
+    this.lastId = "0-0";
+    this.steps = [];
+    this.text = "";
+    this.done = false;
+    this.renderQueued = false;
+    this.el.classList.add("streaming");
+    this.el.querySelector(".meta").textContent = "waiting for the worker…";
+    this.el.querySelector(".meta").title = "";
+    this.el.querySelector(".actions")?.remove();
+  }
+
+  // A completion pair continues the user's text: the answer is shown after its prompt, as one block.
+  prompt() {
+    const user = this.el.previousElementSibling;
+    return this.pair?.completes_text && user?.classList.contains("user") ? user.querySelector(".body").textContent : null;
+  }
+
+  shownText() {
+    const prompt = this.prompt();
+    return prompt == null ? this.text : prompt + this.text;
+  }
+
+  apply(id, event) {
+    this.lastId = id;
+    if (event.type === "start") {
+      this.el.querySelector(".meta").textContent = `${plural(event.prompt_tokens, "prompt token")} · writing…`;
+    } else if (event.type === "delta") {
+      for (const step of event.steps) {
+        this.steps.push(step);
+        this.text += step[0] + step[1];
+      }
+      this.queueRender();
+    } else if (event.type === "done") {
+      this.text = event.text;
+      this.finish(event);
+    } else if (event.type === "error") {
+      this.finish(null);
+      const err = document.createElement("p");
+      err.className = "error";
+      err.textContent = event.message;
+      this.el.querySelector(".body").appendChild(err);
+    }
+  }
+
+  finish(metrics) {
+    this.done = true;
+    this.el.classList.remove("streaming");
+    this.render();
+    const meta = this.el.querySelector(".meta");
+    meta.textContent = metrics ? formatMetrics(metrics) : "";
+    meta.title = metrics ? technicalMetrics(metrics) : "";
+    this.addActions();
+    this.chat.finished();
+  }
+
+  queueRender() {
+    if (this.renderQueued) return;
+    this.renderQueued = true;
+    requestAnimationFrame(() => {
+      this.renderQueued = false;
+      this.render();
+    });
+  }
+
+  render() {
+    const body = this.el.querySelector(".body");
+    const prompt = this.prompt();
+    if (this.chat.showSteps() && this.steps.length) {
+      // One span per main step: the draft tokens it accepted, then the main model's own token.
+      body.className = "body steps";
+      body.innerHTML = (prompt == null ? "" : escapeHtml(prompt)) + this.steps
+        .map((s, i) => `<span class="step" title="step ${i + 1}: ${s[0] ? "draft accepted" : "no draft token accepted"}">`
+          + (s[0] ? `<span class="draft">${escapeHtml(s[0])}</span>` : "")
+          + `<span class="main">${escapeHtml(s[1])}</span></span>`)
+        .join("");
+    } else if (prompt != null) {
+      body.className = "body";
+      body.innerHTML = "<pre><code></code></pre>";
+      body.querySelector("code").textContent = prompt + this.text;
+      decorateCode(body, this.highlights);
+    } else {
+      body.className = "body";
+      body.innerHTML = renderMarkdown(this.text);
+      decorateCode(body, this.highlights);
+    }
+    this.chat.scrollDown();
+  }
+
+  addActions() {
+    if (this.el.querySelector(".actions")) return;
+    const actions = document.createElement("div");
+    actions.className = "actions";
+    const regen = copyButton("Regenerate", "regenerate", "Write this answer again");
+    regen.addEventListener("click", () => {
+      actions.remove();
+      this.chat.regenerate(this);
+    });
+    actions.append(copyButton("Copy", "copy-answer", "Copy the whole answer"), regen);
+    this.el.appendChild(actions);
+    this.chat.actionsShown();
+  }
+}

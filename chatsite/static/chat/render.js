@@ -1,0 +1,170 @@
+// Turning an answer into HTML and its metrics into words. It holds no state of the page, so any of the
+// chat's modules may import it (a module runs once: the sanitiser's hooks below are added once). It needs
+// only the vendor globals (marked, DOMPurify, hljs) that the template's classic scripts define before any
+// module runs.
+
+// Model output is attacker-influenced (prompt injection): only plain formatting survives. No style,
+// no forms or inputs, no id/name/class that could stand in for the page's own elements, nothing that
+// loads from elsewhere (images, frames, svg), links only to http(s) and mailto, opened apart from the chat.
+const ANSWER_HTML = {
+  ALLOWED_TAGS: ["p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "b", "i", "del", "s", "sup",
+                 "sub", "kbd", "code", "pre", "blockquote", "ul", "ol", "li", "a", "table", "thead", "tbody", "tr",
+                 "th", "td"],
+  ALLOWED_ATTR: ["href", "title", "start", "align"],
+  ALLOWED_URI_REGEXP: /^(?:https?|mailto):/i,
+  ALLOW_DATA_ATTR: false,
+  ALLOW_ARIA_ATTR: false,
+};
+// The highlighter's output is made from a code block's text alone, and sanitised again all the same:
+// spans whose only attribute is one of highlight.js's own token classes.
+const HIGHLIGHT_HTML = { ALLOWED_TAGS: ["span"], ALLOWED_ATTR: ["class"], ALLOW_DATA_ATTR: false, ALLOW_ARIA_ATTR: false };
+const HLJS_CLASS = /^hljs-[a-z-]+(?: [a-z]+_*)*$/;
+DOMPurify.addHook("uponSanitizeAttribute", (node, data) => {
+  if (data.attrName === "class" && !HLJS_CLASS.test(data.attrValue)) data.keepAttr = false;
+});
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A" && node.hasAttribute("href")) {
+    node.setAttribute("rel", "noopener noreferrer nofollow");
+    node.setAttribute("target", "_blank");
+  }
+});
+const AUTO_LANGUAGES = ["python", "javascript", "typescript", "java", "c", "cpp", "csharp", "go", "rust", "bash",
+                        "sql", "json", "yaml", "xml", "css", "ruby", "php", "kotlin", "swift", "diff"];
+
+// Each fenced block's language, carried to the sanitised page in the <pre>'s title (an attribute the
+// sanitiser keeps; it is read and removed before the block is shown).
+marked.use({
+  renderer: {
+    code({ text, lang }) {
+      const language = (lang || "").trim().split(/\s+/)[0];
+      return `<pre title="${escapeHtml(language)}"><code>${escapeHtml(text)}</code></pre>\n`;
+    },
+  },
+});
+
+export function renderMarkdown(text) {
+  return DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: false }), ANSWER_HTML);
+}
+
+export function escapeHtml(text) {
+  const div = document.createElement("div");
+  div.textContent = text;
+  return div.innerHTML.replaceAll('"', "&quot;");
+}
+
+export const plural = (n, word) => `${n} ${n === 1 ? word : `${word}s`}`;
+
+function highlighted(text, language) {
+  const result = hljs.getLanguage(language)
+    ? hljs.highlight(text, { language, ignoreIllegals: true })
+    : hljs.highlightAuto(text, AUTO_LANGUAGES);
+  return { html: DOMPurify.sanitize(result.value, HIGHLIGHT_HTML), language: result.language || "" };
+}
+
+// Code blocks (already sanitised <pre><code>) get highlighting, a language label and a copy button.
+export function decorateCode(body, cache) {
+  for (const pre of body.querySelectorAll("pre")) {
+    const code = pre.querySelector("code") || pre;
+    const asked = pre.getAttribute("title") || "";
+    pre.removeAttribute("title");
+    const text = code.textContent;
+    const key = `${asked}\u0000${text}`;
+    if (!cache.has(key)) cache.set(key, highlighted(text, asked));
+    const { html, language } = cache.get(key);
+    code.innerHTML = html;
+    code.classList.add("hljs");
+    const block = document.createElement("div");
+    block.className = "code-block";
+    const tools = document.createElement("div");
+    tools.className = "code-tools";
+    const label = document.createElement("span");
+    label.className = "code-language";
+    label.textContent = hljs.getLanguage(asked) ? language : "code"; // a guessed language is not named
+    tools.append(label, copyButton("Copy", "copy-code", "Copy this code"));
+    pre.replaceWith(block);
+    block.append(tools, pre);
+  }
+}
+
+export function copyButton(text, className, title) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = `${className} link`;
+  button.textContent = text;
+  button.title = title;
+  return button;
+}
+
+export async function copyText(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch {
+    // Plain http on another host has no clipboard API: the old way, through a selection.
+    const holder = document.createElement("pre");
+    holder.className = "copy-holder";
+    holder.textContent = text;
+    document.body.appendChild(holder);
+    const range = document.createRange();
+    range.selectNodeContents(holder);
+    getSelection().removeAllRanges();
+    getSelection().addRange(range);
+    document.execCommand("copy");
+    getSelection().removeAllRanges();
+    holder.remove();
+  }
+  const original = button.textContent;
+  button.textContent = "Copied";
+  button.classList.add("copied");
+  setTimeout(() => {
+    button.textContent = original;
+    button.classList.remove("copied");
+  }, 1500);
+}
+
+// ------------------------------------------------------------------ the metrics line, in words
+function speculationWords(m) {
+  const reason = m.speculative_reason || "";
+  const load = reason.match(/(\d+) running here/);
+  if (m.speculative_mode === "off" || !m.speculative_mode) {
+    if (reason.startsWith("speculative: false")) return "draft off, as asked";
+    if (reason.includes("no draft")) return "no draft model";
+    return m.speculative_mode ? "the main model alone was chosen" : "";
+  }
+  if (m.speculative_mode === "prompt-lookup") return "drafts from the prompt's own words";
+  if (m.speculative_k == null) return "draft while confident";
+  if (reason.includes("asked")) return `K=${m.speculative_k}, as asked`;
+  if (load) return `K=${m.speculative_k} chosen for ${plural(Number(load[1]), "stream")}`;
+  if (reason.includes("default")) return `K=${m.speculative_k}, the pair's default`;
+  return `K=${m.speculative_k}`;
+}
+
+export function formatMetrics(m) {
+  const parts = [];
+  if (m.completion_tokens != null) {
+    parts.push(plural(m.completion_tokens, "token") + (m.tokens_per_s != null ? ` at ${m.tokens_per_s.toFixed(1)} tokens/s` : ""));
+  }
+  if (m.main_steps && m.completion_tokens && m.acceptance_rate != null) {
+    parts.push(`${(m.completion_tokens / m.main_steps).toFixed(1)}x fewer main-model steps`);
+  }
+  if (m.acceptance_rate != null) parts.push(`${Math.round(m.acceptance_rate * 100)}% of draft tokens accepted`);
+  const speculation = speculationWords(m);
+  if (speculation) parts.push(speculation);
+  if (m.finish_reason === "stopped") parts.push("stopped");
+  else if (m.finish_reason === "length") parts.push("reached the max tokens");
+  return parts.join(" · ");
+}
+
+export function technicalMetrics(m) {
+  const parts = [];
+  if (m.tokens_per_s != null) parts.push(`${m.tokens_per_s.toFixed(1)} tok/s`);
+  if (m.ttft_ms != null) parts.push(`first token after ${Math.round(m.ttft_ms)} ms`);
+  if (m.acceptance_rate != null) parts.push(`acceptance ${(m.acceptance_rate * 100).toFixed(0)}%`);
+  if (m.mean_accepted_length != null) parts.push(`${m.mean_accepted_length.toFixed(2)} tokens/step`);
+  if (m.completion_tokens != null) parts.push(`${plural(m.completion_tokens, "token")} in ${plural(m.main_steps, "main step")}`);
+  if (m.speculative_mode) {
+    const k = m.speculative_k != null ? ` K=${m.speculative_k}` : "";
+    parts.push(`speculation: ${m.speculative_mode}${k}${m.speculative_reason ? ` (${m.speculative_reason})` : ""}`);
+  }
+  if (m.finish_reason) parts.push(`finish: ${m.finish_reason}`);
+  return parts.join("\n");
+}
