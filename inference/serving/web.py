@@ -168,13 +168,14 @@ def _check_float32_floor(value: float | None, param: str, *, zero_means: str = "
                                      param=param)
 
 
-def count_prompt_tokens(*, pair: ModelPair, prompt: str, add_special_tokens: bool) -> int:
+def encode_prompt(*, pair: ModelPair, prompt: str, add_special_tokens: bool) -> list[int]:
+    """The prompt's token ids, counted here against the context and carried to the worker in the record."""
     try:
         main = pair_checks.resolve_model_dir(pair.main_dir)
     except pair_checks.PairFolderError as exc:
         raise errors.ModelUnavailable(f"Pair '{pair.slug}' cannot be served: {exc}", param="model") from exc
     tokenizer = pair_checks.load_tokenizer(str(main))
-    return int(tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.shape[1])
+    return [int(t) for t in tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.data[0]]
 
 
 def chat_prompt(*, pair: ModelPair, messages: list[dict], tools: list[dict] | None = None) -> str:
@@ -219,8 +220,8 @@ def start_generation(
     if not pair.enabled:
         raise errors.ModelNotFound(f"The model '{pair.slug}' is disabled.", param="model")
     check_prompt_text(prompt, param="prompt")
-    prompt_tokens = count_prompt_tokens(pair=pair, prompt=prompt, add_special_tokens=add_special_tokens)
-    params = decoding_params(pair=pair, options=options, prompt_tokens=prompt_tokens)
+    prompt_ids = encode_prompt(pair=pair, prompt=prompt, add_special_tokens=add_special_tokens)
+    params = decoding_params(pair=pair, options=options, prompt_tokens=len(prompt_ids))
     client = transport.sync_client()
     state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=client))
     # Just after a Redis restart the heartbeats are not back yet: queue it; the stall checks judge it later.
@@ -237,8 +238,8 @@ def start_generation(
         source=source,
         api_key=api_key,
         prompt=prompt,
-        prompt_tokens=prompt_tokens,
-        params={"decoding": asdict(params), "asked": asdict(asked(options)),
+        prompt_tokens=len(prompt_ids),
+        params={"decoding": asdict(params), "asked": asdict(asked(options)), "prompt_ids": prompt_ids,
                 "add_special_tokens": add_special_tokens, "reply": reply or {}},
     )
     transaction.on_commit(lambda: _enqueue(generation_id=generation.id, queue=pair.queue))

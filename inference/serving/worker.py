@@ -106,8 +106,9 @@ def _serve(*, generation: Generation, asked: speculation.Asked, planned: specula
     writer = transport.StreamWriter(transport.sync_client(), generation.id)
     request = None
     try:
-        request = engine.submit(prompt=generation.prompt, params=params,
-                                add_special_tokens=generation.params.get("add_special_tokens", True))
+        # The web encoded the prompt when it checked its length; a record older than that is encoded here.
+        request = engine.submit(prompt=generation.prompt, prompt_ids=generation.params.get("prompt_ids"),
+                                params=params, add_special_tokens=generation.params.get("add_special_tokens", True))
         RUNNING[str(generation.id)] = request
         # Written while the prompt is prefilled: only this thread writes the stream, so it precedes every delta.
         writer.send({"type": "start", "prompt_tokens": request.prompt_tokens, "worker": worker_name,
