@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from django.db.models import Count
@@ -19,6 +19,9 @@ from django.db.models import Count
 from inference.models import Generation
 from inference.selectors import live_workers
 from inference.transport import METRICS_KEY
+
+if TYPE_CHECKING:
+    from inference.engines.base import SpeculationFigures
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +89,9 @@ def _observe(pipe, name: str, labels: dict, buckets: tuple[float, ...], value: f
     pipe.hincrbyfloat(METRICS_KEY, _sample(f"{name}_count", labels), times)
 
 
-def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, prompt_tokens: int, summary: dict,
-                      mode: str, k: int | None) -> None:
-    """Count one ended generation (worker side). `summary` is SpeculationStats.summary().
-    Never raises: metrics must not break a generation."""
+def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, prompt_tokens: int,
+                      figures: SpeculationFigures, mode: str, k: int | None) -> None:
+    """Count one ended generation (worker side). Never raises: metrics must not break a generation."""
     labels = {"model_name": pair}
     try:
         pipe = client.pipeline(transaction=False)
@@ -102,22 +104,22 @@ def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, pro
         else:
             count("specchat_request_errors", 1)
         count("specchat_requests_by_mode", 1, {"mode": mode, "k": str(k) if k is not None else ""})
-        tokens = summary["completion_tokens"]
+        tokens = figures.completion_tokens
         count("vllm:prompt_tokens", prompt_tokens)
         count("vllm:generation_tokens", tokens)
-        if summary["ttft_ms"] is not None:
-            ttft = summary["ttft_ms"] / 1000
+        if figures.ttft_ms is not None:
+            ttft = figures.ttft_ms / 1000
             _observe(pipe, "vllm:time_to_first_token_seconds", labels, TTFT_BUCKETS, ttft)
-            _observe(pipe, "vllm:e2e_request_latency_seconds", labels, E2E_BUCKETS, summary["duration_ms"] / 1000)
+            _observe(pipe, "vllm:e2e_request_latency_seconds", labels, E2E_BUCKETS, figures.duration_ms / 1000)
             if tokens > 1:
-                per_token = (summary["duration_ms"] / 1000 - ttft) / (tokens - 1)
+                per_token = (figures.duration_ms / 1000 - ttft) / (tokens - 1)
                 _observe(pipe, "vllm:time_per_output_token_seconds", labels, TPOT_BUCKETS, per_token, tokens - 1)
-        if summary["accepted_tokens"] is not None:
-            count("vllm:spec_decode_num_drafts", summary["draft_steps"] or 0)
-            count("vllm:spec_decode_num_accepted_tokens", summary["accepted_tokens"])
-            if summary["draft_tokens"] is not None:
-                count("vllm:spec_decode_num_draft_tokens", summary["draft_tokens"])
-            for position, accepted in enumerate(summary["accepted_by_position"]):
+        if figures.accepted_tokens is not None:
+            count("vllm:spec_decode_num_drafts", figures.draft_steps or 0)
+            count("vllm:spec_decode_num_accepted_tokens", figures.accepted_tokens)
+            if figures.draft_tokens is not None:
+                count("vllm:spec_decode_num_draft_tokens", figures.draft_tokens)
+            for position, accepted in enumerate(figures.accepted_by_position):
                 count("vllm:spec_decode_num_accepted_tokens_per_pos", accepted, {"position": str(position)})
         pipe.execute()
     except Exception:

@@ -9,6 +9,7 @@ from django.views.decorators.http import require_POST
 
 from chatsite.chat import selectors, services
 from inference import errors
+from inference.engines.base import FIGURES
 from inference.serving import web
 
 
@@ -20,9 +21,7 @@ def answer_json(message) -> dict:
         data["generation"] = {
             "id": str(generation.id), "status": generation.status, "done": generation.is_done,
             "finish_reason": generation.finish_reason, "error": generation.error, "steps": generation.steps,
-            "tokens_per_s": generation.tokens_per_s, "ttft_ms": generation.ttft_ms,
-            "acceptance_rate": generation.acceptance_rate, "mean_accepted_length": generation.mean_accepted_length,
-            "completion_tokens": generation.completion_tokens, "main_steps": generation.main_steps,
+            **{name: getattr(generation, name) for name in FIGURES},
             "pair": generation.pair.slug, "speculative_mode": generation.speculative_mode,
             "speculative_reason": generation.speculative_reason, "speculative_k": generation.speculative_k,
         }

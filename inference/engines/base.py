@@ -280,6 +280,28 @@ class TextAssembler:
         return piece
 
 
+@dataclass(frozen=True)
+class SpeculationFigures:
+    """What one ended generation measured. The one list of these names: the Generation's columns, the
+    stream's `done` event, the API's usage, the chat's metrics line and the Prometheus counters all
+    take them from here. The speculative ones are None when no draft ran."""
+
+    completion_tokens: int
+    main_steps: int
+    ttft_ms: float | None
+    duration_ms: float
+    tokens_per_s: float
+    draft_tokens: int | None  # proposed by the draft (None in the confidence-threshold mode: not counted)
+    accepted_tokens: int | None
+    draft_steps: int | None  # main steps that verified a proposal (vLLM's count of drafts)
+    acceptance_rate: float | None
+    mean_accepted_length: float | None  # tokens per verifying step, the main's own included
+    accepted_by_position: list[int]
+
+
+FIGURES = tuple(f.name for f in fields(SpeculationFigures))
+
+
 @dataclass
 class SpeculationStats:
     """Counts per generation, from the tokens each main step delivered."""
@@ -326,21 +348,20 @@ class SpeculationStats:
         self.num_assistant_tokens, self.speculative = num_assistant_tokens, speculative
         self.prefill_next = True
 
-    def summary(self, *, started_at: float, ended_at: float) -> dict:
+    def summary(self, *, started_at: float, ended_at: float) -> SpeculationFigures:
         decode_steps = max(self.main_steps - self.prefill_steps, 0)
         duration = max(ended_at - started_at, 1e-9)
-        return {
-            "completion_tokens": self.tokens,
-            "main_steps": self.main_steps,
-            "ttft_ms": (self.first_token_at - started_at) * 1000 if self.first_token_at else None,
-            "duration_ms": duration * 1000,
-            "tokens_per_s": self.tokens / duration if self.tokens else 0.0,
-            "draft_tokens": self.proposed if self.speculative and self.num_assistant_tokens else None,
-            "accepted_tokens": self.accepted if self.speculative else None,
-            "draft_steps": self.draft_steps if self.speculative else None,
-            "acceptance_rate": (self.accepted / self.proposed) if self.proposed else None,
-            # tokens per verifying step, the main's own token included (vLLM's "mean acceptance length")
-            "mean_accepted_length": ((self.tokens - self.prefill_steps) / decode_steps)
+        return SpeculationFigures(
+            completion_tokens=self.tokens,
+            main_steps=self.main_steps,
+            ttft_ms=(self.first_token_at - started_at) * 1000 if self.first_token_at else None,
+            duration_ms=duration * 1000,
+            tokens_per_s=self.tokens / duration if self.tokens else 0.0,
+            draft_tokens=self.proposed if self.speculative and self.num_assistant_tokens else None,
+            accepted_tokens=self.accepted if self.speculative else None,
+            draft_steps=self.draft_steps if self.speculative else None,
+            acceptance_rate=(self.accepted / self.proposed) if self.proposed else None,
+            mean_accepted_length=((self.tokens - self.prefill_steps) / decode_steps)
             if self.speculative and decode_steps else None,
-            "accepted_by_position": self.accepted_by_position if self.speculative else [],
-        }
+            accepted_by_position=list(self.accepted_by_position) if self.speculative else [],
+        )

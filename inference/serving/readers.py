@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from inference import transport
+from inference.engines.base import FIGURES
 from inference.models import Generation
 from inference.serving.records import fail_generation, stalled_generation_problem
 
@@ -133,9 +134,8 @@ def nothing_after(*, generation_id, seen: str) -> bool:
     return (timezone.now() - finished_at).total_seconds() >= END_GRACE_S
 
 
-DONE_FIELDS = ("finish_reason", "text", "prompt_tokens", "completion_tokens", "main_steps", "ttft_ms", "duration_ms",
-               "tokens_per_s", "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length",
-               "accepted_by_position", "speculative_mode", "speculative_reason", "speculative_k")
+DONE_FIELDS = ("finish_reason", "text", "prompt_tokens", *FIGURES, "speculative_mode", "speculative_reason",
+               "speculative_k")
 
 
 def ending_from_record(*, generation_id, seen: str, aligner: StepAligner) -> list[tuple[str | None, dict]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import timedelta
 
 from celery import current_app
@@ -298,7 +298,7 @@ class Answer:
 
     def _record(self, finished: Finished) -> None:
         generation, writer = self.generation, self.writer
-        metrics = self.stats.summary(started_at=self.started_at,
+        figures = self.stats.summary(started_at=self.started_at,
                                      ended_at=self.stats.last_token_at or time.perf_counter())
         status = {"stopped": Generation.Status.STOPPED, "error": Generation.Status.FAILED}.get(
             finished.finish_reason, Generation.Status.FINISHED
@@ -308,7 +308,7 @@ class Answer:
             ended = finish_generation(
                 generation_id=generation.id, status=status, text=self.text.text, steps=self.steps,
                 finish_reason=finished.finish_reason, error=finished.error, prompt_tokens=prompt_tokens,
-                finished_at=timezone.now(), **metrics)
+                finished_at=timezone.now(), **asdict(figures))
         except DatabaseError:
             # Retried for FINAL_WRITE_RETRY_S: its readers end with an error rather than wait forever.
             log.exception("generation %s ended but its record could not be written", generation.id)
@@ -320,13 +320,13 @@ class Answer:
             log.warning("generation %s was failed by another process before it finished here", generation.id)
             return
         record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
-                          prompt_tokens=prompt_tokens, summary=metrics, mode=generation.speculative_mode,
+                          prompt_tokens=prompt_tokens, figures=figures, mode=generation.speculative_mode,
                           k=generation.speculative_k)
         if finished.finish_reason == "error":
             writer.send({"type": "error", "message": finished.error})
         else:
             writer.send({"type": "done", "finish_reason": finished.finish_reason, "prompt_tokens": prompt_tokens,
-                         "text": self.text.text, **_served(generation), **metrics})
+                         "text": self.text.text, **_served(generation), **asdict(figures)})
 
 
 def _served(generation: Generation) -> dict:
