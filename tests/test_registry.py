@@ -14,7 +14,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture
 def models_root(tmp_path) -> Path:
-    """A models root holding the demo pair, a draft with another tokenizer, and an incomplete folder."""
+    """A models root holding the demo pair, a draft with another tokenizer, and an incomplete folder; the
+    demo's folders are symlinks to outside it, which the policy accepts (docs/deploy.md)."""
     demo = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR
     (tmp_path / "main").symlink_to(demo / "main")
     (tmp_path / "draft").symlink_to(demo / "draft")
