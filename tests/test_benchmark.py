@@ -226,7 +226,11 @@ def test_own_prompts_from_a_file_and_from_the_pairs_history(demo_pair, tmp_path)
     run_command(*TINY, "--no-stack", "--sampled-ks", "", "--out", str(tmp_path / "history"), "--from-history", "5")
     replayed = json.loads((tmp_path / "history" / "results.json").read_text())
     assert replayed["prompt_sets"] == ["history"] and replayed["prompts"] == 2  # distinct prompts, newest first
-    assert [s["prompt"] for s in replayed["samples"]["inprocess"]["plain"]] == ["class Queue:", "def area(radius):"]
+    # Users' prompts are not copied into result files or kept runs, which outlive the history's retention.
+    digests = [s["prompt"] for s in replayed["samples"]["inprocess"]["plain"]]
+    assert len(set(digests)) == 2 and all(d.startswith("sha256:") for d in digests)
+    kept = json.dumps(BenchmarkRun.objects.latest("id").results) + (tmp_path / "history" / "results.md").read_text()
+    assert "class Queue" not in kept + (tmp_path / "history" / "results.json").read_text() and "def area" not in kept
 
     bad = tmp_path / "bad.json"
     for content, message in (("[]", "no prompts"), ('[{"text": "x"}]', "item 1"), ("{oops", "not JSON")):

@@ -112,7 +112,7 @@ class Sample:
         return (self.duration_s * 1000 - self.ttft_ms) / (self.main_steps - 1)
 
     def as_dict(self) -> dict:
-        return {"prompt": self.prompt.text, "set": self.prompt.set, "repeat": self.repeat, "tokens": self.tokens,
+        return {"prompt": self.prompt.shown, "set": self.prompt.set, "repeat": self.repeat, "tokens": self.tokens,
                 "duration_s": self.duration_s, "tokens_per_s": self.tokens_per_s, "ttft_ms": self.ttft_ms,
                 "token_latency_ms": self.token_latency_ms, "main_steps": self.main_steps,
                 "accepted": self.accepted, "proposed": self.proposed, "generation_id": self.generation_id,

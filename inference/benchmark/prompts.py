@@ -2,6 +2,7 @@
 measure of how much an answer repeats itself (acceptance on looping answers says nothing)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -15,6 +16,13 @@ PROMPTS_FILE = Path(__file__).resolve().parents[1] / "prompts" / "heldout.json"
 class Prompt:
     text: str
     set: str = ""
+    private: bool = False  # a user's (replayed from the history): results name it by a digest, not its text
+
+    @property
+    def shown(self) -> str:
+        """The prompt as results and reports keep it: kept result files and runs outlive the history's
+        retention, so a user's prompt is never copied into them."""
+        return f"sha256:{hashlib.sha256(self.text.encode()).hexdigest()[:16]}" if self.private else self.text
 
 
 WORDS = re.compile(r"\w+|[^\w\s]")  # words and single punctuation marks: code and prose alike, no tokenizer needed

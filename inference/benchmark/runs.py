@@ -268,7 +268,7 @@ def measure_sampled(*, pair: ModelPair, options: BenchmarkOptions, engines: Engi
 
 def history_prompts(*, pair: ModelPair, count: int) -> list[Prompt]:
     """The last `count` distinct prompts the pair was sent (chat and API), as its worker got them (chat
-    template applied): the workload its users really send."""
+    template applied): the workload its users really send. Private: the results keep digests of them."""
     texts: list[str] = []
     for text in pair.generations.order_by("-created_at").values_list("prompt", flat=True).iterator():
         if text not in texts:
@@ -277,7 +277,7 @@ def history_prompts(*, pair: ModelPair, count: int) -> list[Prompt]:
             break
     if not texts:
         raise ValueError(f"'{pair.slug}' has no recorded prompts yet")
-    return [Prompt(text, "history") for text in texts]
+    return [Prompt(text, "history", private=True) for text in texts]
 
 
 # ------------------------------------------------------------------ runs kept in the database
