@@ -151,6 +151,19 @@ def test_disk_full(db, hf, models_root, settings):
     assert_nothing_left(models_root, error="Not enough disk space")
 
 
+def test_a_hub_download_takes_only_what_an_export_reads():
+    """No subfolders (a hub repository may hold other formats, datasets, ONNX copies), weights in one
+    format; the disk is checked against these sizes before anything is downloaded."""
+    files = {"config.json": 700, "tokenizer.json": 7_000_000, "merges.txt": 1_600_000, "chat_template.jinja": 2_000,
+             "model-00001-of-00002.safetensors": 3 * 2**30, "model-00002-of-00002.safetensors": 2**30,
+             "pytorch_model.bin": 4 * 2**30, "onnx/model.onnx": 4 * 2**30, "onnx/config.json": 700,
+             "README.md": 9_000, "figures/scores.txt": 50_000_000}
+    assert importer.hub_files(files) == {
+        name: files[name] for name in ("config.json", "tokenizer.json", "merges.txt", "chat_template.jinja",
+                                       "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")}
+    assert set(importer.hub_files({"config.json": 1, "pytorch_model.bin": 2})) == {"config.json", "pytorch_model.bin"}
+
+
 def test_export_failure_removes_the_partial_export(db, hf, models_root):
     with pytest.raises(CommandError, match=r"Export of the draft .* failed"):
         import_pair(hf["main"], hf["corrupt_draft"])

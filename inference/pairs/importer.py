@@ -80,8 +80,9 @@ def request_errors(*, name: str, slug: str, main_source: str, draft_source: str,
     return errors
 
 
-def local_source(source: str, *, role: str) -> Path:
-    """The local source for `source`: a folder or a GGUF file as they are, or a hub id's download."""
+def local_source(source: str, *, role: str, staging: Path) -> Path:
+    """The local source for `source`: a folder or a GGUF file as they are, or a hub id's download into
+    the staging folder (removed with it, not left in a cache)."""
     path = Path(source).expanduser()
     if path.is_dir():
         return path.resolve()
@@ -92,21 +93,35 @@ def local_source(source: str, *, role: str) -> Path:
         return path.resolve()
     if path.is_absolute() or source.startswith((".", "~")) or not HUB_ID.match(source):
         raise ImportFailed(f"The {role} folder {source} does not exist.")
-    return _download(source, role=role)
+    return _download(source, role=role, target=staging / f"hub-{role}")
 
 
-def _download(repo_id: str, *, role: str) -> Path:
-    """The hub model's config, tokenizer and weights (one format) in the Hugging Face cache."""
+HUB_SUFFIXES = (".json", ".txt", ".model", ".tiktoken", ".jinja")  # config, tokenizer, chat template
+
+
+def hub_files(files: dict[str, int]) -> dict[str, int]:
+    """Of a hub model's files (name -> bytes), those an export reads: the top-level config and tokenizer
+    files and the weights in one format (safetensors if there are any); nothing in subfolders."""
+    top = {name: size for name, size in files.items() if "/" not in name}
+    weights = ".safetensors" if any(name.endswith(".safetensors") for name in top) else ".bin"
+    return {name: size for name, size in top.items() if name.endswith((*HUB_SUFFIXES, weights))}
+
+
+def _download(repo_id: str, *, role: str, target: Path) -> Path:
+    """The hub model's files an export reads, once the disk is known to hold them and their export."""
     from huggingface_hub import HfApi, snapshot_download
 
     try:
-        files = HfApi().list_repo_files(repo_id)
-        weights = "*.safetensors" if any(f.endswith(".safetensors") for f in files) else "*.bin"
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja",
-                                                               weights]))
+        info = HfApi().model_info(repo_id, files_metadata=True)
+        files = hub_files({s.rfilename: s.size or 0 for s in info.siblings or []})
     except Exception as exc:
         raise ImportFailed(f"The {role} '{repo_id}' is neither a local folder nor a Hugging Face hub model that "
-                           f"could be downloaded ({type(exc).__name__}: {exc}).") from exc
+                           f"could be found ({type(exc).__name__}: {exc}).") from exc
+    check_disk(need=2 * sum(files.values()), root=target.parent)  # the download, then an IR at most its size
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=list(files), local_dir=target))
+    except Exception as exc:
+        raise ImportFailed(f"The {role} '{repo_id}' could not be downloaded ({type(exc).__name__}: {exc}).") from exc
 
 
 def check_causal_lm(folder: Path, *, role: str) -> None:
@@ -172,11 +187,11 @@ def check_disk(*, need: int, root: Path) -> None:
                            f"{settings.IMPORT_DISK_RESERVE_GB} GB must stay free (SPECCHAT_IMPORT_DISK_RESERVE_GB).")
 
 
-def _checked_source(source_text: str, *, digest: str, role: str,
+def _checked_source(source_text: str, *, digest: str, role: str, staging: Path,
                     progress: ImportProgress) -> tuple[Path, gguf.GgufHeader | None]:
     """A source that can be exported, and its GGUF header if it is a GGUF file, whose bytes are checked
     against the publisher's digest when one is given."""
-    source = local_source(source_text, role=role)
+    source = local_source(source_text, role=role, staging=staging)
     if source.is_dir():
         check_causal_lm(source, role=role)
         return source, None
@@ -211,19 +226,18 @@ def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
                             main_sha256=job.main_sha256, draft_sha256=job.draft_sha256)
     if errors:
         raise ImportFailed(" ".join(errors.values()))
-    progress.step("checking the sources", 0.0)
-    main, main_header = _checked_source(job.main_source, digest=job.main_sha256, role="main", progress=progress)
-    draft, draft_header = _checked_source(job.draft_source, digest=job.draft_sha256, role="draft",
-                                          progress=progress) if job.draft_source else (None, None)
     root = settings.MODELS_ROOT
-    root.mkdir(parents=True, exist_ok=True)
-    need = _disk_need(main, main_header) + (_disk_need(draft, draft_header) if draft else 0)
-    check_disk(need=need, root=root)
-
     staging = root / f".import-{job.slug}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
     final = root / job.slug
     placed = staging
     try:
+        progress.step("checking the sources", 0.0)
+        main, main_header = _checked_source(job.main_source, digest=job.main_sha256, role="main", staging=staging,
+                                            progress=progress)
+        draft, draft_header = _checked_source(job.draft_source, digest=job.draft_sha256, role="draft",
+                                              staging=staging, progress=progress) if job.draft_source else (None, None)
+        check_disk(need=_disk_need(main, main_header) + (_disk_need(draft, draft_header) if draft else 0), root=root)
         converting = 0.3 if main_header or draft_header else 0.0  # of the progress bar, for GGUF dequantizing
         main = _hf_folder(main, main_header, staging=staging, role="main", progress=progress, start=0.02,
                           end=0.02 + converting * 0.7)
@@ -240,11 +254,13 @@ def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
         middle = first + (0.95 - first) * main_share
         export(source=main, target=staging / "main", weight_format=job.weight_format, role="main",
                progress=progress, start=first, end=middle)
-        shutil.rmtree(staging / "hf-main", ignore_errors=True)  # float32 weights: gigabytes, needed no more
+        for spent in ("hf-main", "hub-main"):  # the weights exported from: gigabytes, needed no more
+            shutil.rmtree(staging / spent, ignore_errors=True)
         if draft:
             export(source=draft, target=staging / "draft", weight_format=job.draft_weight_format or job.weight_format,
                    role="draft", progress=progress, start=middle, end=0.95)
-            shutil.rmtree(staging / "hf-draft", ignore_errors=True)
+            for spent in ("hf-draft", "hub-draft"):
+                shutil.rmtree(staging / spent, ignore_errors=True)
         progress.step("checking and registering the pair", 0.95)
         try:
             staging.rename(final)
