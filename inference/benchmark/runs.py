@@ -304,7 +304,7 @@ def execute_benchmark_run(*, run_id: int) -> None:
     """The worker's side: measure in-process on this worker's own engines for the pair (shared
     with any live traffic, which the notes say), write the report, keep the results."""
     from inference.serving.records import pair_spec
-    from inference.serving.worker import ENGINES
+    from inference.serving.worker import STATE
 
     if not jobs.claim(model=BenchmarkRun, job_id=run_id):
         return  # a replayed delivery of a run that already started
@@ -321,7 +321,7 @@ def execute_benchmark_run(*, run_id: int) -> None:
         with jobs.leased(model=BenchmarkRun, job_id=run_id):
             options = BenchmarkOptions.from_json(run.options)
             results = run_benchmark(pair=run.pair, options=options, progress=progress,
-                                    engines=Engines(pair_spec(pair=run.pair), get=ENGINES.get),
+                                    engines=Engines(pair_spec(pair=run.pair), get=STATE.engines.get),
                                     notes=("Run on a worker's own engines, which live traffic may have shared.",))
             report_dir = Path(settings.BENCHMARK_DIR) / f"{run.pair.slug}-{run.id}"
             report.write_report(results, report_dir)

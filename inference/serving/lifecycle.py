@@ -25,7 +25,7 @@ from inference import jobs, transport
 from inference.models import BenchmarkRun, ModelPair
 from inference.pairs.importer import fail_abandoned_imports
 from inference.serving.worker import (
-    ENGINES,
+    STATE,
     fail_orphaned_generations,
     load_engine,
     reconcile_claimed_generations,
@@ -60,12 +60,12 @@ def heartbeat_payload() -> dict:
     return {
         "name": WORKER_NAME,
         "queues": _queues,
-        "pairs": dict(ENGINES.states),
-        "active": ENGINES.active_requests(),
-        "engines": ENGINES.loaded(),
+        "pairs": dict(STATE.engines.states),
+        "active": STATE.engines.active_requests(),
+        "engines": STATE.engines.loaded(),
         "slots": settings.WORKER_SLOTS,
         # {slug: {streams: {K: tok/s}}}: what the plans follow (engines/rates.py), for /metrics
-        "figures": {slug: rates.figures() for slug, rates in ENGINES.rates.items()},
+        "figures": {slug: rates.figures() for slug, rates in STATE.engines.rates.items()},
     }
 
 
@@ -79,10 +79,10 @@ def _beat_forever() -> None:
             reconcile_claimed_generations(worker_name=WORKER_NAME)
             fail_abandoned_imports()
             jobs.fail_abandoned(model=BenchmarkRun)
-            if ENGINES.active_requests() < settings.WORKER_SLOTS:
+            if STATE.engines.active_requests() < settings.WORKER_SLOTS:
                 resend_lost_generations(client=client, queues=list(_queues))
             _load_unloaded_pairs()
-            ENGINES.release_idle_extras()
+            STATE.engines.release_idle_extras()
         except Exception:
             log.exception("heartbeat failed")
         finally:
@@ -120,7 +120,7 @@ def _control(message: dict) -> None:
         _consumer[0].call_soon(_consumer[0].cancel_task_queue, queue)
         if queue in _queues:
             _queues.remove(queue)
-        ENGINES.unload(slug)
+        STATE.engines.unload(slug)
 
 
 def _load(slug: str) -> None:
@@ -141,7 +141,7 @@ def _load_unloaded_pairs() -> None:
     its first request otherwise). A pair that failed keeps its error until the admin loads it again."""
     for queue in list(_queues):
         slug = queue.removeprefix("pair.")
-        if queue.startswith("pair.") and slug not in ENGINES.states and slug not in _loading:
+        if queue.startswith("pair.") and slug not in STATE.engines.states and slug not in _loading:
             _loading.add(slug)
             threading.Thread(target=_load, args=(slug,), name=f"load-{slug}", daemon=True).start()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 
 from celery import current_app
@@ -41,12 +41,23 @@ from inference.serving.records import (
 
 log = logging.getLogger(__name__)
 
-ENGINES = EngineRegistry(renew_after=settings.ENGINE_RENEW_AFTER_REQUESTS, live_figures_s=settings.LIVE_FIGURES_S,
-                         live_figures_min_step_s=settings.LIVE_FIGURES_MIN_STEP_MS / 1000,
-                         release_extra_after_s=settings.RELEASE_EXTRA_ENGINES_AFTER_S,
-                         step_timeout_s=settings.STEP_TIMEOUT_S)
-RUNNING: dict[str, ActiveRequest] = {}  # generation id -> its request in this worker's engine
-CLAIMED: set[str] = set()  # the generations a thread of this worker holds, from its claim to its end
+
+@dataclass
+class WorkerState:
+    """All this worker process holds, in one place: its engines, the request each running answer has in
+    them, and the generations its threads claimed. Made when the worker imports this module (the web
+    never does)."""
+
+    engines: EngineRegistry
+    running: dict[str, ActiveRequest] = field(default_factory=dict)  # generation id -> its request
+    claimed: set[str] = field(default_factory=set)  # held by a thread of this worker, from claim to end
+
+
+STATE = WorkerState(engines=EngineRegistry(
+    renew_after=settings.ENGINE_RENEW_AFTER_REQUESTS, live_figures_s=settings.LIVE_FIGURES_S,
+    live_figures_min_step_s=settings.LIVE_FIGURES_MIN_STEP_MS / 1000,
+    release_extra_after_s=settings.RELEASE_EXTRA_ENGINES_AFTER_S, step_timeout_s=settings.STEP_TIMEOUT_S))
+
 OVERRAN = "The answer ran past the server's limit of {limit} s and was stopped; what it wrote is kept."
 WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
 
@@ -55,7 +66,7 @@ def load_engine(*, pair: ModelPair, speculative: bool = True,
                 exact_sampling: bool = False) -> Engine:
     """This worker's engine for the pair, loaded on first use; the last load result is kept on the pair."""
     try:
-        engine = ENGINES.get(pair_spec(pair=pair, speculative=speculative, exact_sampling=exact_sampling))
+        engine = STATE.engines.get(pair_spec(pair=pair, speculative=speculative, exact_sampling=exact_sampling))
     except Exception as exc:
         ModelPair.objects.filter(id=pair.id).update(load_error=f"{type(exc).__name__}: {exc}",
                                                     load_reported_at=timezone.now())
@@ -70,13 +81,13 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     if generation is None or generation.status != Generation.Status.QUEUED:
         return  # a replayed delivery of a generation that already ran
     asked = speculation.Asked(**generation.params.get("asked", {}))
-    load, rates = current_load(pair=generation.pair), ENGINES.rates_of(generation.pair.slug)
+    load, rates = current_load(pair=generation.pair), STATE.engines.rates_of(generation.pair.slug)
     planned = speculation.join_running_batch(
         pair=generation.pair, asked=asked,
         planned=speculation.plan(pair=generation.pair, asked=asked, load=load, live=rates.at_load(load),
                                  exploring=speculation.left_to_the_profile(asked) and rates.exploring(load)),
-        running_speculative=ENGINES.active_requests(slug=generation.pair.slug, speculative=True),
-        running_alone=ENGINES.active_requests(slug=generation.pair.slug, speculative=False))
+        running_speculative=STATE.engines.active_requests(slug=generation.pair.slug, speculative=True),
+        running_alone=STATE.engines.active_requests(slug=generation.pair.slug, speculative=False))
     planned = speculation.on_own_engine(pair=generation.pair, asked=asked, planned=planned, load=load)
     # One write claims the generation and records its plan (each write before the first token delays it).
     claimed = Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
@@ -84,11 +95,11 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         **_plan_fields(generation=generation, planned=planned))
     if not claimed:
         return
-    CLAIMED.add(str(generation.id))
+    STATE.claimed.add(str(generation.id))
     try:
         _serve(generation=generation, asked=asked, planned=planned, worker_name=worker_name)
     finally:
-        CLAIMED.discard(str(generation.id))
+        STATE.claimed.discard(str(generation.id))
 
 
 def _serve(*, generation: Generation, asked: speculation.Asked, planned: speculation.Plan, worker_name: str) -> None:
@@ -109,7 +120,7 @@ def _serve(*, generation: Generation, asked: speculation.Asked, planned: specula
         # The web encoded the prompt when it checked its length; a record older than that is encoded here.
         request = engine.submit(prompt=generation.prompt, prompt_ids=generation.params.get("prompt_ids"),
                                 params=params, add_special_tokens=generation.params.get("add_special_tokens", True))
-        RUNNING[str(generation.id)] = request
+        STATE.running[str(generation.id)] = request
         # Written while the prompt is prefilled: only this thread writes the stream, so it precedes every delta.
         writer.send({"type": "start", "prompt_tokens": request.prompt_tokens, "worker": worker_name,
                      **_served(generation)})
@@ -119,12 +130,12 @@ def _serve(*, generation: Generation, asked: speculation.Asked, planned: specula
         answer.run()
     except Exception:  # whatever went wrong, the reader gets an error instead of waiting forever
         log.exception("generation %s failed", generation.id)
-        running = RUNNING.get(str(generation.id)) or request
+        running = STATE.running.get(str(generation.id)) or request
         if running is not None:
             running.stop()
         fail_generation(generation_id=generation.id, message=WORKER_FAILED)
     finally:
-        RUNNING.pop(str(generation.id), None)
+        STATE.running.pop(str(generation.id), None)
 
 
 def _plan_fields(*, generation: Generation, planned: speculation.Plan) -> dict:
@@ -146,19 +157,19 @@ def current_load(*, pair: ModelPair) -> int:
     the pair's generations in flight (queued ones included) spread over the workers serving it, or the
     most it ran in the last seconds (with live figures on); a burst's first requests would otherwise
     plan for a load that is about to come."""
-    running_here = ENGINES.active_requests(slug=pair.slug) + 1
+    running_here = STATE.engines.active_requests(slug=pair.slug) + 1
     in_flight = Generation.objects.filter(pair=pair, status__in=[Generation.Status.QUEUED,
                                                                Generation.Status.RUNNING]).count()
     serving = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
     load = max(running_here, -(-in_flight // max(len(serving), 1)))
-    rates = ENGINES.rates_of(pair.slug)
+    rates = STATE.engines.rates_of(pair.slug)
     rates.note_load(load)
     return max(load, rates.recent_peak())
 
 
 def stop_running(*, generation_id: str) -> None:
     """A cancel published by the web side: the step thread stops the request before its next step."""
-    request = RUNNING.get(generation_id)
+    request = STATE.running.get(generation_id)
     if request is not None:
         request.stop()
 
@@ -262,7 +273,7 @@ class Answer:
                 or (self.params.temperature > 0 and not exact)):
             return
         slug = self.generation.pair.slug
-        rates, running = ENGINES.rates_of(slug), ENGINES.active_requests(slug=slug)
+        rates, running = STATE.engines.rates_of(slug), STATE.engines.active_requests(slug=slug)
         rates.note_load(running)
         load = rates.recent_peak() or running  # the load a request joining now plans for (0: live figures off)
         if load > speculation.HANDOVER_MAX_STREAMS and not exact:
@@ -291,7 +302,7 @@ class Answer:
             log.exception("generation %s could not be handed over", self.generation.id)
             return Finished("error", f"The answer could not go on ({planned.reason}): {WORKER_FAILED}")
         self.engine, self.request, self.planned = engine, request, planned
-        RUNNING[str(self.generation.id)] = request
+        STATE.running[str(self.generation.id)] = request
         self.stats.hand_over(num_assistant_tokens=self._fixed_k(engine, params), speculative=engine.spec.uses_draft)
         _record_plan(generation=self.generation, planned=planned)
         return None
@@ -357,7 +368,7 @@ def reconcile_claimed_generations(*, worker_name: str) -> None:
     final write failed (its readers were told it was not saved) must not stay running, holding its slot."""
     running = list(Generation.objects.filter(status=Generation.Status.RUNNING, worker=worker_name)
                    .values_list("id", flat=True))
-    claimed = set(CLAIMED)  # read after the rows: a generation claimed in between is not among them
+    claimed = set(STATE.claimed)  # read after the rows: a generation claimed in between is not among them
     for generation_id in running:
         if str(generation_id) not in claimed:
             log.warning("generation %s is running in the database but not on this worker: failed", generation_id)
