@@ -16,13 +16,7 @@ from inference.benchmark.servers import private_stack, stack_credentials
 from inference.models import Generation, ModelPair
 from tests.conftest import Worker, wait_until_done
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    # Redis and worker faults, run once, on SQLite: on PostgreSQL the brief soak's warm-up once got an
-    # internal error from the API, not understood yet (the manual 1,000-generation soaks ran on PostgreSQL).
-    pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"),
-                       reason="run in the SQLite pass of make test"),
-]
+pytestmark = pytest.mark.django_db(transaction=True)  # run on SQLite and on PostgreSQL, as make test does
 
 
 @pytest.fixture
