@@ -292,16 +292,19 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
     if not chat and (data.get("tools") or data.get("tool_choice")):
         raise errors.InvalidValue("Tools are for /chat/completions.", param="tools")
     tool_request = tools.parse(data) if chat else None
+    logprobs = _logprobs(data, chat=chat)
+    grammar = _checked_grammar(data, tool_call=tool_request.grammar if tool_request else None)
+    messages = _chat_messages(data) if chat else []
+    completion_prompt = "" if chat else _completion_prompt(data)
+    speculation_steps = _flag(data, "speculation_steps")
+    # The API's own checks are done: what the chat shares (decoding options, the pair, its template) follows.
     options = replace(web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens")),
-                      logprobs=_logprobs(data, chat=chat),
-                      **_checked_grammar(data, tool_call=tool_request.grammar if tool_request else None))
+                      logprobs=logprobs, **grammar)
+    pair = web.find_pair(slug=model)
     if chat:
-        messages = _chat_messages(data)
-        pair = web.find_pair(slug=model)
         prompt = web.chat_prompt(pair=pair, messages=messages, tools=tool_request.tools if tool_request else None)
     else:
-        prompt = _completion_prompt(data)
-        pair = web.find_pair(slug=model)
+        prompt = completion_prompt
     return ApiRequest(pair=pair, prompt=prompt, options=options, chat=chat, stream=stream,
                       include_usage=bool(include_usage), background=background, tool_calls=tool_request is not None,
-                      speculation_steps=_flag(data, "speculation_steps"))
+                      speculation_steps=speculation_steps)
