@@ -263,6 +263,18 @@ class PrivateStack:
         self.wait_served(self.start_worker(index))
         self._killing.discard(index)
 
+    def freeze_steps(self, index: int, *, seconds: float) -> None:
+        """Stop a worker's step processes (SIGSTOP) for `seconds`, then let them go on."""
+        steps = memory.process_tree(self.workers[index].pid)[1:]
+        for pid in steps:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            for pid in steps:
+                with suppress(ProcessLookupError):  # killed meanwhile by the worker's watchdog
+                    os.kill(pid, signal.SIGCONT)
+
     def pss_mb(self, index: int) -> tuple[int, float]:
         """(pid, PSS in MB) of a worker with its step processes (the pipelines live there); 0 MB if gone."""
         pid = self.workers[index].pid

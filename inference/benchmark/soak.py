@@ -41,6 +41,7 @@ class SoakOptions:
     seed: int = 0
     kill_worker: bool = True  # SIGKILL one of the two workers a third of the way, then start it again
     restart_redis: bool = True  # restart Redis two thirds of the way
+    freeze_steps_s: float = 60  # SIGSTOP the step processes of one worker a fifth of the way for this long (0: no)
     worker_threads: int = 8
     stream_ttl_s: int = 15  # streams expire this long after their answer: Redis memory is read after that
 
@@ -259,7 +260,8 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
     outcomes: list[Outcome] = []
     faults: list[dict] = []
     # Mid-phase (not between phases, when nothing runs): answers are being written when it happens.
-    triggers = {int(len(plan) * 0.45): "kill_worker" if options.kill_worker else None,
+    triggers = {int(len(plan) * 0.2): "freeze_steps" if options.freeze_steps_s else None,
+                int(len(plan) * 0.45): "kill_worker" if options.kill_worker else None,
                 int(len(plan) * 0.8): "restart_redis" if options.restart_redis else None}
     pss_by_phase: list[float] = []
 
@@ -267,7 +269,7 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
         fault = triggers.pop(count, None)
         if fault:
             faults.append({"fault": fault, "at": time.monotonic(), "after_generations": count})
-            asyncio.get_running_loop().run_in_executor(None, _inject, stack, fault)
+            asyncio.get_running_loop().run_in_executor(None, _inject, stack, fault, options)
         progress(count)
 
     async def run_all() -> None:
@@ -297,8 +299,10 @@ def _split(items: list, parts: int) -> list[list]:
     return [items[i * size:(i + 1) * size] for i in range(parts)]
 
 
-def _inject(stack: PrivateStack, fault: str) -> None:
-    if fault == "kill_worker":
+def _inject(stack: PrivateStack, fault: str, options: SoakOptions) -> None:
+    if fault == "freeze_steps":  # hung but alive, as a stuck kernel or a swapped-out machine leaves them
+        stack.freeze_steps(0, seconds=options.freeze_steps_s)
+    elif fault == "kill_worker":
         stack.kill_worker(0)
         time.sleep(2)
         stack.restart_killed_worker(0)

@@ -14,7 +14,8 @@ from inference.models import ModelPair
 class Command(BaseCommand):
     help = ("Soak a pair: N mixed generations (chat websocket, SSE, non-streaming, background + resume) with "
             "random disconnects, reconnects and stops, at several concurrencies, through a private stack (its own "
-            "redis-server, two workers, daphne) while a worker is killed and Redis restarted; prints the figures "
+            "redis-server, two workers, daphne) while a worker's step processes freeze, a worker is killed and Redis "
+            "is restarted; prints the figures "
             "and whether each bar is met (exit status 1 if not).")
 
     def add_arguments(self, parser):
@@ -28,6 +29,8 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=defaults.seed)
         parser.add_argument("--no-worker-kill", action="store_true")
         parser.add_argument("--no-redis-restart", action="store_true")
+        parser.add_argument("--freeze-steps", type=float, default=defaults.freeze_steps_s, metavar="S",
+                            help="seconds one worker's step processes stay stopped (SIGSTOP); 0: none")
         parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     def handle(self, *args, **o):
@@ -38,7 +41,8 @@ class Command(BaseCommand):
             raise CommandError("--generations must be at least 3 and --concurrency name a level")
         options = replace(soak.SoakOptions(), generations=o["generations"], concurrency=o["concurrency"],
                           max_tokens=(min(o["max_tokens"]), max(o["max_tokens"])), seed=o["seed"],
-                          kill_worker=not o["no_worker_kill"], restart_redis=not o["no_redis_restart"])
+                          kill_worker=not o["no_worker_kill"], restart_redis=not o["no_redis_restart"],
+                          freeze_steps_s=o["freeze_steps"])
         figures = run(pair=pair, options=options, base_env=dict(os.environ))
         if o["json"]:
             self.stdout.write(json.dumps(figures, indent=2))
