@@ -87,6 +87,14 @@ class ModelUnavailable(ServiceError):
     code = "model_unavailable"
 
 
+class DatabaseUnavailable(ServiceError):
+    status = 503
+    code = "database_unavailable"
+
+
+DATABASE_DOWN = "The database did not answer (it may be restarting); try again in a few seconds."
+
+
 class GenerationFailed(ServiceError):
     status = 503
     code = "generation_failed"

@@ -23,7 +23,7 @@ from asgiref.sync import ThreadSensitiveContext
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from chatsite.chat import access, services
 from inference import errors, transport
@@ -109,6 +109,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await getattr(self, f"do_{action}")(content)
         except errors.ServiceError as exc:
             await self.send_error(exc, ref=content.get("ref"))
+        except DatabaseError:
+            log.exception("chat action %s failed: the database", action)
+            await self.send_error(errors.DatabaseUnavailable(errors.DATABASE_DOWN), ref=content.get("ref"))
         except Exception:
             log.exception("chat action %s failed", action)
             await self.send_error(errors.InternalError("Internal error; it has been logged."),

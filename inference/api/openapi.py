@@ -57,7 +57,7 @@ def _errors(*statuses: int) -> dict:
     meaning = {400: "Invalid request; `error.param` names the field.", 401: "Missing, wrong or revoked API key.",
                404: "Unknown model or generation.", 413: "Body too large.",
                429: "This key has too many generations in flight.",
-               503: "No worker can serve the pair now, or the generation failed."}
+               503: "No worker can serve the pair now, the generation failed, or the database did not answer."}
     return {str(status): {"description": meaning[status], "content": {"application/json": {"schema": ERROR}}}
             for status in statuses}
 

@@ -12,6 +12,7 @@ import logging
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 from django.db.models import Max
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -54,6 +55,9 @@ def api_view(*methods: str, authenticated: bool = False):
                 return await handler(request, **kwargs)
             except errors.ServiceError as exc:
                 return error_response(exc)
+            except DatabaseError:
+                log.exception("API error on %s %s: the database", request.method, request.path)
+                return error_response(errors.DatabaseUnavailable(errors.DATABASE_DOWN))
             except Exception:
                 log.exception("API error on %s %s", request.method, request.path)
                 return error_response(errors.InternalError("Internal error; it has been logged."))
