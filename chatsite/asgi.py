@@ -5,6 +5,11 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+# No persistent database connections here. Django keeps a connection in the thread that opened it, and
+# under ASGI each request runs in a thread of its own that ends with it: every request left a
+# connection behind, and PostgreSQL (max_connections 100) refused new ones within 30 s of 16 streams.
+# Workers, whose threads live on, keep theirs.
+os.environ["CONN_MAX_AGE"] = "0"
 site_app = get_asgi_application()
 
 from django.conf import settings

@@ -89,15 +89,14 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         running_speculative=STATE.engines.active_requests(slug=generation.pair.slug, speculative=True),
         running_alone=STATE.engines.active_requests(slug=generation.pair.slug, speculative=False))
     planned = speculation.on_own_engine(pair=generation.pair, asked=asked, planned=planned, load=load)
-    # One write claims the generation and records its plan (each write before the first token delays it).
-    claimed = Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
-        status=Generation.Status.RUNNING, worker=worker_name, started_at=timezone.now(),
-        **_plan_fields(generation=generation, planned=planned))
-    if not claimed:
-        return
+    # Held before the row says so: the heartbeat's reconcile fails a running row that no thread holds.
     STATE.claimed.add(str(generation.id))
     try:
-        _serve(generation=generation, asked=asked, planned=planned, worker_name=worker_name)
+        # One write claims the generation and records its plan (each write before the first token delays it).
+        if Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
+                status=Generation.Status.RUNNING, worker=worker_name, started_at=timezone.now(),
+                **_plan_fields(generation=generation, planned=planned)):
+            _serve(generation=generation, asked=asked, planned=planned, worker_name=worker_name)
     finally:
         STATE.claimed.discard(str(generation.id))
 
@@ -368,7 +367,7 @@ def reconcile_claimed_generations(*, worker_name: str) -> None:
     final write failed (its readers were told it was not saved) must not stay running, holding its slot."""
     running = list(Generation.objects.filter(status=Generation.Status.RUNNING, worker=worker_name)
                    .values_list("id", flat=True))
-    claimed = set(STATE.claimed)  # read after the rows: a generation claimed in between is not among them
+    claimed = set(STATE.claimed)  # read after the rows: a thread holds a generation before its row is running
     for generation_id in running:
         if str(generation_id) not in claimed:
             log.warning("generation %s is running in the database but not on this worker: failed", generation_id)
