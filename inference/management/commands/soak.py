@@ -70,6 +70,7 @@ def report(figures: dict, bars: list[tuple[str, bool, str]]) -> str:
              + (", ".join(f"{f['fault']} after {f['after_generations']}" for f in figures["faults"]) or "none"),
              f"clients saw: {figures['ended']}; stored: {figures['stored_status']}",
              f"by kind: {figures['by_kind']}",
-             f"503 (a failure said to its client): {figures['unavailable_503']}; errors: {figures['errors']}"]
+             f"503 (a failure said to its client): {figures['unavailable_503']}; errors: {figures['errors']}",
+             f"workers that exited unplanned (started again): {figures['unplanned_worker_exits'] or 'none'}"]
     lines += [f"{'MET ' if met else 'MISS'} {name}: {measured}" for name, met, measured in bars]
     return "\n".join(lines)
