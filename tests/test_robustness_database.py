@@ -13,7 +13,7 @@ from django.db import connection
 
 from inference.models import Generation
 from tests.api_client import PROMPT, post
-from tests.conftest import ROOT
+from tests.conftest import ROOT, STACK_APPLICATION_NAME
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,12 +26,12 @@ def _admin_dsn() -> str:
                                           password=db.get("PASSWORD") or None)
 
 
-def _refuse_connections(name: str, *, keep_pid: int, refuse: bool) -> None:
+def _refuse_connections(name: str, *, refuse: bool) -> None:
     with psycopg.connect(_admin_dsn(), autocommit=True) as admin:
         admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {"false" if refuse else "true"}')
-        if refuse:  # as a restart does: every open connection goes (but this test's own)
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> %s",
-                          (name, keep_pid))
+        if refuse:  # as a restart does: the site's and the workers' open connections go (not the test process's)
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s AND application_name = %s", (name, STACK_APPLICATION_NAME))
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no server to lose")
@@ -41,17 +41,14 @@ def test_the_api_answers_503_while_the_database_is_gone_and_serves_again_after(l
     assert post(live_server_url, "/v1/completions", api_key.secret, body).status_code == 200
 
     name = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        own_pid = cursor.fetchone()[0]
-    _refuse_connections(name, keep_pid=own_pid, refuse=True)
+    _refuse_connections(name, refuse=True)
     try:
         refused = post(live_server_url, "/v1/completions", api_key.secret, body)
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"]["code"] == "database_unavailable"
         assert "try again" in refused.json()["error"]["message"]
     finally:
-        _refuse_connections(name, keep_pid=own_pid, refuse=False)
+        _refuse_connections(name, refuse=False)
 
     deadline = time.monotonic() + 30
     while (answer := post(live_server_url, "/v1/completions", api_key.secret, body)).status_code != 200:
