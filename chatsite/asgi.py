@@ -43,12 +43,14 @@ async def http_app(scope, receive, send):
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 
+from chatsite.chat.handshake import DatabaseUnavailableGuard
 from chatsite.chat.origin import SameOriginValidator
 from chatsite.chat.routing import websocket_urlpatterns
 
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginValidator(
+            DatabaseUnavailableGuard(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import TypeVar
 
@@ -46,10 +46,11 @@ def leased(*, model: type[J], job_id: int) -> Iterator[None]:
         while not done.wait(RENEW_EVERY_S):
             try:
                 model.objects.filter(pk=job_id, status=JobStatus.RUNNING).update(lease_until=_lease_end())
-            except DatabaseError:
+            except DatabaseError:  # the next renewal tries again; the lease outlasts a few misses
                 log.warning("could not renew the lease of %s %s", model.__name__, job_id, exc_info=True)
             finally:
-                close_old_connections()
+                with suppress(DatabaseError):  # a broken connection is dropped here or on next use
+                    close_old_connections()
 
     renewer = threading.Thread(target=renew, name=f"lease-{model.__name__}-{job_id}", daemon=True)
     renewer.start()

@@ -18,11 +18,11 @@ import pytest
 import redis
 from django.conf import settings
 
+from inference.benchmark import outages
 from inference.celery_worker import worker_command
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_QUEUES = "pair.demo-code,pair.demo-plain,pair.broken"
-STACK_APPLICATION_NAME = "specchat-test-stack"
 # A test that asks for any of these runs on the real stack (Redis, a worker, daphne, models, a browser):
 # it is marked `stack`, so `pytest -m "not stack"` is the fast tier.
 STACK_FIXTURES = {"redis_client", "stack_env", "celery_worker", "live_server_url", "demo_pair", "large_demo_pair",
@@ -90,7 +90,7 @@ def stack_env(django_db_setup, redis_client) -> dict[str, str]:
         "SPECCHAT_STALL_TIMEOUT_S": str(settings.STALL_TIMEOUT_S),
         "SPECCHAT_LIVE_FIGURES_S": "0",  # plans follow the profile a test sets, whatever earlier tests ran
         "PYTHONPATH": str(ROOT),
-        "PGAPPNAME": STACK_APPLICATION_NAME,  # libpq's: a test can tell the stack's connections from its own
+        "PGAPPNAME": outages.STACK_APPLICATION_NAME,  # libpq's: a test can tell the stack's connections from its own
     }
 
 

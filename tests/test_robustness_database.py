@@ -3,35 +3,23 @@ clear 503 in the API's error shape, not an internal error, and the site serves a
 real daphne, a real worker, the PostgreSQL test database refusing connections (make test runs the suite
 there too; SQLite has no server to lose). And the web keeps no connection past its request."""
 
+import asyncio
+import json
 import subprocess
 import sys
 import time
 
-import psycopg
+import aiohttp
 import pytest
 from django.db import connection
 
+from inference.benchmark.outages import refuse_connections
+from inference.benchmark.servers import open_session, session_cookie
 from inference.models import Generation
-from tests.api_client import PROMPT, post
-from tests.conftest import ROOT, STACK_APPLICATION_NAME
+from tests.api_client import PROMPT, chunk_text, post, sse_events
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _admin_dsn() -> str:
-    """A connection to the server's maintenance database: a database cannot lock itself out."""
-    db = connection.settings_dict
-    return psycopg.conninfo.make_conninfo(dbname="postgres", user=db.get("USER") or "postgres",
-                                          host=db.get("HOST") or "127.0.0.1", port=db.get("PORT") or 5432,
-                                          password=db.get("PASSWORD") or None)
-
-
-def _refuse_connections(name: str, *, refuse: bool) -> None:
-    with psycopg.connect(_admin_dsn(), autocommit=True) as admin:
-        admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {"false" if refuse else "true"}')
-        if refuse:  # as a restart does: the site's and the workers' open connections go (not the test process's)
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE datname = %s AND application_name = %s", (name, STACK_APPLICATION_NAME))
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no server to lose")
@@ -40,15 +28,14 @@ def test_the_api_answers_503_while_the_database_is_gone_and_serves_again_after(l
     body = {"model": "demo-code", "prompt": PROMPT, "max_tokens": 8}
     assert post(live_server_url, "/v1/completions", api_key.secret, body).status_code == 200
 
-    name = connection.settings_dict["NAME"]
-    _refuse_connections(name, refuse=True)
+    refuse_connections(refuse=True)
     try:
         refused = post(live_server_url, "/v1/completions", api_key.secret, body)
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"]["code"] == "database_unavailable"
         assert "try again" in refused.json()["error"]["message"]
     finally:
-        _refuse_connections(name, refuse=False)
+        refuse_connections(refuse=False)
 
     deadline = time.monotonic() + 30
     while (answer := post(live_server_url, "/v1/completions", api_key.secret, body)).status_code != 200:
@@ -57,6 +44,53 @@ def test_the_api_answers_503_while_the_database_is_gone_and_serves_again_after(l
     assert answer.json()["usage"]["completion_tokens"] == 8
     assert Generation.objects.filter(status=Generation.Status.FINISHED).count() == 2
 
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no server to lose")
+@pytest.mark.usefixtures("celery_worker")
+def test_a_stream_goes_on_through_a_database_restart_and_ends_as_stored(live_server_url, large_demo_pair, api_key):
+    """The stream is read from Redis while the database is gone (its key is rechecked every second
+    meanwhile); the worker writes the record once it is back; the text streamed is the text stored."""
+    body = {"model": "demo-code", "prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with post(live_server_url, "/v1/completions", api_key.secret, body, stream=True) as response:
+        assert response.status_code == 200, response.text
+        generation_id, text, ended = response.headers["X-Generation-Id"], "", False
+        for index, (_, data) in enumerate(sse_events(response)):
+            if index == 3:
+                refuse_connections(refuse=True)
+                try:
+                    time.sleep(3)
+                finally:
+                    refuse_connections(refuse=False)
+            ended = data == "[DONE]"
+            if not ended:
+                assert "error" not in json.loads(data), data
+                text += chunk_text(data)
+    generation = Generation.objects.get(id=generation_id)
+    assert ended and generation.status == Generation.Status.FINISHED
+    assert generation.completion_tokens == 400 and text == generation.text
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no server to lose")
+def test_a_chat_socket_opened_while_the_database_is_gone_is_told_why(live_server_url, user):
+    """Not the bare HTTP 500 daphne answers a handshake that fails: the chat's error frame, then a close
+    with 4503 (try again later), after which the page reconnects on its own."""
+    cookie = session_cookie(open_session(user_id=user.pk))
+
+    async def handshake() -> tuple[dict, int | None]:
+        async with aiohttp.ClientSession() as http, http.ws_connect(
+                live_server_url.replace("http", "ws", 1) + "/ws/chat/", origin=live_server_url,
+                headers={"Cookie": cookie}) as ws:
+            frame = await ws.receive_json(timeout=10)
+            await ws.receive(timeout=10)
+            return frame, ws.close_code
+
+    refuse_connections(refuse=True)
+    try:
+        frame, code = asyncio.run(handshake())
+    finally:
+        refuse_connections(refuse=False)
+    assert frame["type"] == "error" and frame["code"] == "database_unavailable", frame
+    assert code == 4503
 
 
 def test_the_web_keeps_no_connection_past_its_request(stack_env):

@@ -190,16 +190,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         while True:
             await asyncio.sleep(settings.ACCESS_RECHECK_S)
             user = self.scope["user"]
-            ended = await _pooled(access.session_ended)(session_key=session_key, user_id=user.pk)
+            try:
+                ended = await _pooled(access.session_ended)(session_key=session_key, user_id=user.pk)
+                if not ended and self.followers:
+                    await services.watch(client=self.redis, generation_ids=list(self.followers),
+                                         connection_id=self.connection_id)
+            except (DatabaseError, *transport.REDIS_ERRORS):  # away for a moment: checked again next time
+                log.warning("could not recheck a chat socket's session", exc_info=True)
+                continue
             if ended:
                 await self.send_error(errors.AccessRevoked(ended))
                 if ended == access.DEACTIVATED:
                     await _pooled(services.stop_all_answers)(user=user)
                 await self.close(code=4401)
                 return
-            if self.followers:
-                await services.watch(client=self.redis, generation_ids=list(self.followers),
-                                     connection_id=self.connection_id)
 
 
 async def _stop_if_abandoned(generation_ids: list[str]) -> None:

@@ -16,6 +16,7 @@ from contextlib import aclosing
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 from django.http import StreamingHttpResponse
 
 from inference import errors, transport
@@ -44,6 +45,13 @@ def response(stream: AsyncIterator[bytes], *, generation: Generation) -> Streami
 REVOKED = errors.InvalidKey("The API key was revoked (or its owner deactivated) during this stream.")
 
 
+async def _key_revoked(generation: Generation) -> bool:
+    try:
+        return not await sync_to_async(auth.key_is_usable)(api_key_id=generation.api_key_id)
+    except DatabaseError:  # away for a moment (a restart): checked again at the next recheck
+        return False
+
+
 async def events(*, generation: Generation, shape: Shape, after: str, include_usage: bool,
                  owner: bool) -> AsyncIterator[bytes]:
     """The generation's chunks after entry `after`, ending with `data: [DONE]`. `owner`: this
@@ -56,7 +64,7 @@ async def events(*, generation: Generation, shape: Shape, after: str, include_us
             async for entry_id, event in follow:
                 if time.monotonic() - checked_at >= settings.ACCESS_RECHECK_S:
                     checked_at = time.monotonic()
-                    if not await sync_to_async(auth.key_is_usable)(api_key_id=generation.api_key_id):
+                    if await _key_revoked(generation):
                         if owner:
                             await sync_to_async(web.request_stop)(generation=generation)
                         ended = True

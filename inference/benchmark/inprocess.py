@@ -22,8 +22,7 @@ from typing import Protocol
 
 from inference.benchmark.prompts import Prompt
 from inference.engines.base import DecodingParams, Engine, Finished, PairSpec, SpeculationStats, TextAssembler
-from inference.engines.exact import ExactEngine
-from inference.engines.library import PairEngine
+from inference.engines.registry import build_engine
 
 INPROCESS = "inprocess"
 
@@ -193,7 +192,7 @@ class Engines:
         if self._get:
             return self._get(spec)
         if spec not in self._built:
-            self._built[spec] = ExactEngine(spec) if spec.exact_sampling else PairEngine(spec)
+            self._built[spec] = build_engine(spec)
         return self._built[spec]
 
     def pair(self, *, speculative: bool, exact_sampling: bool = False) -> Engine:

@@ -20,9 +20,8 @@ import openvino as ov
 
 from inference.benchmark.prompts import repeated_ngram_share
 from inference.engines.base import DecodingParams, Engine, Finished, PairSpec
-from inference.engines.exact import ExactEngine
 from inference.engines.grammar import Grammar
-from inference.engines.library import PairEngine
+from inference.engines.registry import build_engine
 
 # Each mode as PairSpec fields ("" precision: the device's default). fast-f32: f32 with the CPU's dynamic int8
 # activations, the fastest main alone on some hosts, where the library's speculation is not exact; own: the same
@@ -62,10 +61,6 @@ class Line:
 def mode_spec(spec: PairSpec, mode: str, *, speculative: bool) -> PairSpec:
     fields = {"exact_sampling": False, "own_engine": False, "dynamic_quantization": False, **MODES[mode]}
     return replace(spec, speculative=speculative or fields["exact_sampling"], **fields)
-
-
-def build_engine(spec: PairSpec) -> Engine:
-    return ExactEngine(spec) if spec.exact_sampling else PairEngine(spec)
 
 
 def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int,

@@ -29,6 +29,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from inference import selectors, transport
 from inference.api.auth import set_new_key
 from inference.benchmark import memory
+from inference.benchmark.outages import STACK_APPLICATION_NAME
 from inference.celery_worker import worker_command
 from inference.limits import ServingState
 from inference.models import ApiKey, ModelPair
@@ -43,8 +44,28 @@ class StackError(Exception):
 # ------------------------------------------------------------------ credentials
 @dataclass(frozen=True)
 class Credentials:
+    user_id: int
     session_cookie: str  # "name=value" of a logged-in session, for the websocket
     api_key: str  # a Bearer key, for the REST API
+
+
+def open_session(*, user_id: int) -> str:
+    """The key of a new logged-in session of the user, made without a password."""
+    user = get_user_model().objects.get(pk=user_id)
+    store = import_module(settings.SESSION_ENGINE).SessionStore()
+    store[SESSION_KEY] = str(user.pk)
+    store[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[-1]  # the one that loads users (axes only guards)
+    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    store.create()
+    return store.session_key
+
+
+def close_session(key: str) -> None:
+    import_module(settings.SESSION_ENGINE).SessionStore(session_key=key).delete()
+
+
+def session_cookie(key: str) -> str:
+    return f"{settings.SESSION_COOKIE_NAME}={key}"
 
 
 @contextmanager
@@ -58,19 +79,15 @@ def stack_credentials(*, max_concurrent: int) -> Iterator[Credentials]:
         user.save()
     elif user.has_usable_password():
         raise StackError(f"a user '{BENCHMARK_USERNAME}' with a password exists; the benchmark will not use it")
-    store = import_module(settings.SESSION_ENGINE).SessionStore()
-    store[SESSION_KEY] = str(user.pk)
-    store[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[-1]  # the one that loads users (axes only guards)
-    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
-    store.create()
+    session = open_session(user_id=user.pk)
     api_key = ApiKey(name="benchmark", user=user, max_concurrent=max_concurrent)
     key = set_new_key(api_key)
     api_key.save()
     try:
-        yield Credentials(session_cookie=f"{settings.SESSION_COOKIE_NAME}={store.session_key}", api_key=key)
+        yield Credentials(user_id=user.pk, session_cookie=session_cookie(session), api_key=key)
     finally:
         api_key.delete()
-        store.delete()
+        close_session(session)
         user.conversations.all().delete()
 
 
@@ -294,6 +311,7 @@ def private_stack(*, pair: ModelPair, base_env: dict[str, str], workers: int = 2
                "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3",
                "SPECCHAT_REQUEUE_AFTER_S": "3", "SPECCHAT_STREAM_TTL_S": str(stream_ttl_s),
                "SPECCHAT_CHAT_MAX_CONCURRENT": str(chat_max_concurrent), "SPECCHAT_CHAT_ABANDON_GRACE_S": "5",
+               "PGAPPNAME": STACK_APPLICATION_NAME,  # a database outage ends these connections, not the soak's own
                "PYTHONPATH": os.pathsep.join(filter(None, [str(settings.BASE_DIR), base_env.get("PYTHONPATH")]))}
         port = free_port()
         stack = PrivateStack(base_url=f"http://127.0.0.1:{port}", redis=private_redis, env=env, pair=pair,

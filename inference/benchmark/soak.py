@@ -3,34 +3,40 @@ hung, nothing was lost and nothing leaked.
 
 The stack is `inference.benchmark.servers.private_stack`: its own Redis, two Celery workers on the
 pair's queue and daphne. `run_soak` sends generations of four kinds (the chat's websocket, SSE,
-non-streaming, background + resume) with random disconnects, reconnects and stops, phase by phase at
-each concurrency, kills a worker and restarts Redis on the way, and `check` reads what is left: every
-generation ended, every streamed text equals the stored one, no 500, no phantom in-flight slot, memory
-of the surviving worker and of Redis back to where it was.
+non-streaming, background + resume) with random disconnects, reconnects, stops and logouts, phase by
+phase at each concurrency; on the way one worker's step processes freeze, a worker is killed, the
+database goes away and Redis restarts; and `check` reads what is left: every generation ended, every
+streamed text equals the stored one, no 500, no phantom in-flight slot, every logged-out socket closed,
+memory of the surviving worker and of Redis back to where it was.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import aiohttp
 from django.db.models import Q
 
 from inference import transport
+from inference.benchmark.outages import database_outage
 from inference.benchmark.prompts import heldout_prompts
-from inference.benchmark.servers import BENCHMARK_USERNAME, Credentials, PrivateStack, StackError
+from inference.benchmark.servers import (
+    BENCHMARK_USERNAME,
+    Credentials,
+    PrivateStack,
+    StackError,
+    close_session,
+    open_session,
+    session_cookie,
+)
+from inference.benchmark.soak_client import BEHAVIOURS, KIND_WEIGHTS, Outcome, SoakClient
 from inference.models import Generation, ModelPair
 from inference.serving import web
-
-KINDS = ("websocket", "sse", "blocking", "background")
-TIMEOUT = aiohttp.ClientTimeout(total=300, sock_read=120)
 
 
 @dataclass(frozen=True)
@@ -42,178 +48,9 @@ class SoakOptions:
     kill_worker: bool = True  # SIGKILL one of the two workers a third of the way, then start it again
     restart_redis: bool = True  # restart Redis two thirds of the way
     freeze_steps_s: float = 60  # SIGSTOP the step processes of one worker a fifth of the way for this long (0: no)
+    database_outage_s: float = 20  # the database gone (PostgreSQL) or write-locked (SQLite) this long, 60% in (0: no)
     worker_threads: int = 8
     stream_ttl_s: int = 15  # streams expire this long after their answer: Redis memory is read after that
-
-
-# ------------------------------------------------------------------ one generation, as a client sees it
-@dataclass
-class Outcome:
-    kind: str
-    behaviour: str
-    generation_id: str = ""
-    text: str = ""
-    ended: str = ""  # done, error, left (the client went away on purpose), broken (closed without an end)
-    http_status: int = 200
-    error: str = ""
-    last_event_at: float = field(default_factory=time.monotonic)  # the request's start, then each event's arrival
-    previous_event_at: float = field(default_factory=time.monotonic)  # the event before the last one
-    ended_at: float = 0.0
-    surfaced_s: float | None = None  # for a failure: how long its client waited for the error since the last event
-
-    def seen(self) -> None:
-        self.previous_event_at, self.last_event_at = self.last_event_at, time.monotonic()
-
-    def end(self, how: str, error: str = "") -> Outcome:
-        self.ended, self.error, self.ended_at = how, error, time.monotonic()
-        if how in {"error", "broken"}:
-            self.surfaced_s = self.ended_at - self.previous_event_at
-        return self
-
-
-class SoakClient:
-    def __init__(self, *, base_url: str, credentials: Credentials, pair: str):
-        self.base_url = base_url.rstrip("/")
-        self.credentials = credentials
-        self.pair = pair
-        self.auth = {"Authorization": f"Bearer {credentials.api_key}"}
-
-    async def run(self, *, kind: str, behaviour: str, prompt: str, max_tokens: int) -> Outcome:
-        outcome = Outcome(kind=kind, behaviour=behaviour)
-        try:
-            async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
-                if kind == "websocket":
-                    return await self._websocket(http, outcome, prompt, max_tokens)
-                if kind == "blocking":
-                    return await self._blocking(http, outcome, prompt, max_tokens)
-                return await self._sse(http, outcome, prompt, max_tokens)
-        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
-            return outcome.end("broken", f"{type(exc).__name__}: {exc}")
-
-    async def _blocking(self, http, outcome: Outcome, prompt: str, max_tokens: int) -> Outcome:
-        body = {"model": self.pair, "prompt": prompt, "max_tokens": max_tokens}
-        async with http.post(f"{self.base_url}/v1/completions", json=body, headers=self.auth) as resp:
-            outcome.http_status, outcome.generation_id = resp.status, resp.headers.get("X-Generation-Id", "")
-            data = await resp.json(content_type=None)
-        outcome.seen()
-        if resp.status != 200:
-            return outcome.end("error", (data.get("error") or {}).get("message", str(data)))
-        outcome.text = data["choices"][0]["text"]
-        return outcome.end("done")
-
-    async def _sse(self, http, outcome: Outcome, prompt: str, max_tokens: int) -> Outcome:
-        """SSE: `background` leaves after the first chunk and resumes with Last-Event-ID; `leave`
-        goes away for good (its answer is stopped); `cancel` asks the API to stop it."""
-        background = outcome.kind == "background"
-        body = {"model": self.pair, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                "background": background}
-        async with http.post(f"{self.base_url}/v1/completions", json=body, headers=self.auth) as resp:
-            outcome.http_status, outcome.generation_id = resp.status, resp.headers.get("X-Generation-Id", "")
-            if resp.status != 200:
-                return outcome.end("error", (await resp.text())[:300])
-            last_id, ended = await self._read_sse(resp, outcome,
-                                                  stop_after_first=background or outcome.behaviour != "plain")
-        if ended:
-            return outcome
-        if outcome.behaviour == "leave":
-            return outcome.end("left")
-        if outcome.behaviour == "cancel":
-            async with http.post(f"{self.base_url}/v1/completions/{outcome.generation_id}/cancel",
-                                 headers=self.auth) as resp:
-                outcome.http_status = resp.status
-        await asyncio.sleep(random.uniform(0, 1))
-        headers = {**self.auth, "Last-Event-ID": last_id} if last_id else self.auth
-        async with http.get(f"{self.base_url}/v1/completions/{outcome.generation_id}/events",
-                            headers=headers) as resp:
-            outcome.http_status = resp.status
-            if resp.status != 200:
-                return outcome.end("error", (await resp.text())[:300])
-            _, ended = await self._read_sse(resp, outcome, stop_after_first=False)
-        return outcome if ended else outcome.end("broken", "the resumed stream closed before [DONE]")
-
-    @staticmethod
-    async def _read_sse(resp, outcome: Outcome, *, stop_after_first: bool) -> tuple[str, bool]:
-        last_id = ""
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if line.startswith("id:"):
-                last_id = line[3:].strip()
-            if not line.startswith("data:"):
-                continue
-            outcome.seen()
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                if not outcome.ended:
-                    outcome.end("done")
-                return last_id, True
-            chunk = json.loads(payload)
-            if chunk.get("error"):
-                outcome.end("error", chunk["error"].get("message", ""))
-                continue
-            outcome.text += "".join(choice.get("text") or "" for choice in chunk.get("choices") or [])
-            if stop_after_first and outcome.text and last_id:
-                return last_id, False
-        if outcome.ended:
-            return last_id, True
-        return last_id, bool(outcome.end("broken", "the stream closed before [DONE]"))
-
-    async def _websocket(self, http, outcome: Outcome, prompt: str, max_tokens: int) -> Outcome:
-        """The chat: `reconnect` drops the socket after the first delta and follows again from its
-        last event; `stop` asks for a stop after the first delta."""
-        url = self.base_url.replace("http", "ws", 1) + "/ws/chat/"
-        headers = {"Cookie": self.credentials.session_cookie}
-        state = {"after": "0-0", "steps": 0}
-        message: dict[str, object] = {"action": "send", "pair": self.pair, "text": prompt,
-                                      "settings": {"max_tokens": max_tokens}}
-        for attempt in range(2):
-            async with http.ws_connect(url, origin=self.base_url, headers=headers) as ws:
-                await ws.send_json(message)
-                left = await self._read_socket(ws, outcome, state, drop_after_first=attempt == 0 and
-                                               outcome.behaviour == "reconnect")
-            if outcome.ended or not left:
-                return outcome if outcome.ended else outcome.end("broken", "the socket closed without an end")
-            message = {"action": "follow", "generation": outcome.generation_id, "after": state["after"],
-                       "steps": state["steps"]}
-        return outcome
-
-    async def _read_socket(self, ws, outcome: Outcome, state: dict, *, drop_after_first: bool) -> bool:
-        """True if it left on purpose (to reconnect)."""
-        async for raw in ws:
-            if raw.type != aiohttp.WSMsgType.TEXT:
-                return False
-            data = json.loads(raw.data)
-            outcome.seen()
-            if data.get("type") == "error":
-                if data.get("code") == "internal_error":
-                    outcome.http_status = 500  # what the API would have answered
-                outcome.end("error", data.get("message", ""))
-                return False
-            outcome.generation_id = outcome.generation_id or data.get("generation") or ""
-            event = data.get("event") or {}
-            if data.get("id"):
-                state["after"] = data["id"]
-            if event.get("type") == "delta":
-                state["steps"] += len(event["steps"])
-                outcome.text += "".join(draft + main for draft, main, *_ in event["steps"])
-                if drop_after_first:
-                    return True
-                if outcome.behaviour == "stop" and not state.get("stopped"):
-                    state["stopped"] = True
-                    await ws.send_json({"action": "stop", "generation": outcome.generation_id})
-            elif event.get("type") == "done":
-                outcome.end("done")
-                return False
-            elif event.get("type") == "error":
-                outcome.end("error", event.get("message", ""))
-                return False
-        return False
-
-
-BEHAVIOURS = {"websocket": (("plain", 6), ("reconnect", 3), ("stop", 1)),
-              "sse": (("plain", 7), ("leave", 1), ("cancel", 2)),
-              "blocking": (("plain", 1),),
-              "background": (("plain", 1),)}
-KIND_WEIGHTS = {"websocket": 4, "sse": 3, "blocking": 1, "background": 2}
 
 
 def plan_requests(*, options: SoakOptions) -> list[dict]:
@@ -247,7 +84,14 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
     """Run the plan phase by phase (one per concurrency), with the faults on the way;
     then wait for the stack to settle and return the figures `check` judges."""
     plan = plan_requests(options=options)
-    client = SoakClient(base_url=stack.base_url, credentials=credentials, pair=stack.pair.slug)
+    sessions: list[str] = []  # those of the clients that log out: closed at the end if a logout failed
+
+    def new_session() -> str:
+        sessions.append(open_session(user_id=credentials.user_id))
+        return session_cookie(sessions[-1])
+
+    client = SoakClient(base_url=stack.base_url, credentials=credentials, pair=stack.pair.slug,
+                        open_session=new_session)
     started_wall = time.time()
     top = max(options.concurrency)
     warm: list[Outcome] = []  # a burst at the top level first: the engines' caches grow to their working size
@@ -262,6 +106,7 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
     # Mid-phase (not between phases, when nothing runs): answers are being written when it happens.
     triggers = {int(len(plan) * 0.2): "freeze_steps" if options.freeze_steps_s else None,
                 int(len(plan) * 0.45): "kill_worker" if options.kill_worker else None,
+                int(len(plan) * 0.6): "database_outage" if options.database_outage_s else None,
                 int(len(plan) * 0.8): "restart_redis" if options.restart_redis else None}
     pss_by_phase: list[float] = []
 
@@ -279,7 +124,11 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
             pss_by_phase.append(stack.pss_mb(1)[1])
 
     began = time.monotonic()
-    asyncio.run(run_all())
+    try:
+        asyncio.run(run_all())
+    finally:
+        for key in sessions:
+            close_session(key)
     elapsed = time.monotonic() - began
     settled = _wait_settled(stack=stack, since_wall=started_wall, timeout=60 + options.stream_ttl_s)
     figures = check(outcomes=outcomes, stack=stack, since_wall=started_wall, credentials=credentials)
@@ -302,6 +151,8 @@ def _split(items: list, parts: int) -> list[list]:
 def _inject(stack: PrivateStack, fault: str, options: SoakOptions) -> None:
     if fault == "freeze_steps":  # hung but alive, as a stuck kernel or a swapped-out machine leaves them
         stack.freeze_steps(0, seconds=options.freeze_steps_s)
+    elif fault == "database_outage":
+        database_outage(seconds=options.database_outage_s)
     elif fault == "kill_worker":
         stack.kill_worker(0)
         time.sleep(2)
@@ -368,8 +219,13 @@ def check(*, outcomes: list[Outcome], stack: PrivateStack, since_wall: float, cr
         "server_errors": sum(o.http_status >= 500 and o.http_status != 503 for o in outcomes),
         "unavailable_503": sum(o.http_status == 503 for o in outcomes),
         "broken": sum(o.ended == "broken" for o in outcomes),
+        "broken_examples": [f"{o.kind}/{o.behaviour} {o.generation_id}: {o.error[:120]}"
+                            for o in outcomes if o.ended == "broken"][:5],
         "failure_surfaced_max_s": max(surfaced, default=0.0),
-        "errors": dict(Counter(o.error[:80] for o in failed).most_common(8)),
+        "logouts": sum(o.behaviour == "logout" for o in outcomes),
+        "logout_closed_max_s": max((o.logout_closed_s or 0.0 for o in outcomes), default=0.0),
+        "logout_left_open": sum(o.behaviour == "logout" and o.ended == "broken" for o in outcomes),
+        "errors": dict(Counter(f"{o.kind}/{o.behaviour}: {o.error[:80]}" for o in failed).most_common(10)),
         "phantom_in_flight": phantom,
     }
 
@@ -385,6 +241,10 @@ def verdicts(figures: dict) -> list[tuple[str, bool, str]]:
         ("0 streams closed without an end", figures["broken"] == 0, f"{figures['broken']}"),
         ("failures surfaced within 15 s", figures["failure_surfaced_max_s"] <= 15,
          f"max {figures['failure_surfaced_max_s']:.1f} s"),
+        ("a logged-out socket closed within 10 s", figures["logout_left_open"] == 0 and
+         figures["logout_closed_max_s"] <= 10,
+         (f"{figures['logouts']} logouts, closed within {figures['logout_closed_max_s']:.1f} s, "
+          f"{figures['logout_left_open']} left open")),
         ("0 phantom in-flight slots", figures["phantom_in_flight"] == 0, f"{figures['phantom_in_flight']}"),
         ("worker memory back to baseline (+10% or +64 MB)", memory["same_worker"] and
          memory["worker_growth_mb"] <= max(64, 0.1 * memory["baseline_worker_pss_mb"]),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from inference.engines.base import Engine, PairSpec
 from inference.engines.exact import ExactEngine
-from inference.engines.library import PairEngine
+from inference.engines.library import PairEngine, StepObserver
 from inference.engines.rates import StepRates
 from inference.limits import LoadState
 
@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 # token from ~0.2 s to 1.2 s for 8 s. So an engine due for renewal waits until the pair runs at most this
 # many requests, or until it has taken twice `renew_after` (its memory keeps growing meanwhile).
 RENEW_WHEN_RUNNING_AT_MOST = 1
+
+
+def build_engine(spec: PairSpec, *, on_step: StepObserver | None = None, step_timeout_s: float = 0) -> Engine:
+    """The engine a spec asks for: our exact sampler, or the library's pipeline in a step process."""
+    if spec.exact_sampling:
+        return ExactEngine(spec)
+    return PairEngine(spec, on_step=on_step, step_timeout_s=step_timeout_s)
 
 
 class EngineRegistry:
@@ -88,9 +95,7 @@ class EngineRegistry:
         return quiet or engine.submitted >= 2 * self.renew_after
 
     def _build(self, spec: PairSpec) -> Engine:
-        if spec.exact_sampling:
-            return ExactEngine(spec)
-        return PairEngine(spec, on_step=self._record_step, step_timeout_s=self.step_timeout_s)
+        return build_engine(spec, on_step=self._record_step, step_timeout_s=self.step_timeout_s)
 
     def _record_step(self, engine: PairEngine, k: int, streams: int, tokens: int, seconds: float) -> None:
         if self.active_requests(slug=engine.spec.slug) > engine.active_count:

@@ -15,13 +15,17 @@ import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import DatabaseError
 from django.utils import timezone
 
-from inference import transport
+from inference import errors, transport
 from inference.engines.base import FIGURES
 from inference.models import Generation
 from inference.serving.records import fail_generation, stalled_generation_problem
 
+# A reader keeps following a stream while the database is away, this long: a restart or a failover
+# takes seconds; past it the reader is told, and its answer's record ends it once the database is back.
+DATABASE_PATIENCE_S = 60
 ENDED = {"type": "ended", "message": "This answer has ended: nothing follows the event asked for."}
 
 
@@ -66,13 +70,15 @@ async def follow_generation(*, generation_id, after: str = "0-0", known_steps: i
     """The generation's events after `after`, then a terminal one. A queued generation that no
     live worker serves, or a running one whose worker stopped beating, ends with an error event;
     a follower past the end of an ended generation gets (None, ENDED), never silence; Redis lost
-    for longer than the transport's retries ends with (None, error). `known_steps`: how many steps a
+    for longer than the transport's retries ends with (None, error), and so does the database for
+    longer than DATABASE_PATIENCE_S (while it is away, the stream is followed on). `known_steps`: how many steps a
     resuming reader has, so that a stream written again after a Redis restart continues exactly."""
     client = transport.async_client()
     quiet_since = time.monotonic()
     last = after or "0-0"
     resumed = last != "0-0"
     aligner = StepAligner(known=known_steps if resumed else 0, resumed=resumed)
+    database_lost_at: float | None = None
     try:
         async for entry_id, event in transport.follow(client, generation_id, after=after):
             if entry_id is not None:
@@ -86,26 +92,38 @@ async def follow_generation(*, generation_id, after: str = "0-0", known_steps: i
                     yield entry_id, aligned
                 continue
             yield None, event  # idle: lets the caller keep its connection alive
-            if await sync_to_async(nothing_after)(generation_id=generation_id, seen=last):
-                record = await sync_to_async(ending_from_record)(generation_id=generation_id, seen=last,
-                                                                 aligner=aligner)
-                for item in record or [(None, ENDED)]:
-                    yield item
-                return
-            if time.monotonic() - quiet_since >= 2:
-                problem = await sync_to_async(stalled_generation_problem)(generation_id=generation_id)
-                if problem:
-                    error_id = await sync_to_async(fail_generation)(generation_id=generation_id, message=problem)
-                    if error_id is None:
-                        continue  # it finished meanwhile: its last events are on the stream
-                    yield error_id, {"type": "error", "message": problem}
+            try:
+                if await sync_to_async(nothing_after)(generation_id=generation_id, seen=last):
+                    record = await sync_to_async(ending_from_record)(generation_id=generation_id, seen=last,
+                                                                     aligner=aligner)
+                    for item in record or [(None, ENDED)]:
+                        yield item
                     return
-                quiet_since = time.monotonic()
+                if time.monotonic() - quiet_since >= 2:
+                    failed = await sync_to_async(_fail_if_stalled)(generation_id=generation_id)
+                    if failed:
+                        yield failed
+                        return
+                    quiet_since = time.monotonic()
+                database_lost_at = None
+            except DatabaseError:  # the stream goes on meanwhile: its worker may still end the answer
+                database_lost_at = database_lost_at or time.monotonic()
+                if time.monotonic() - database_lost_at >= DATABASE_PATIENCE_S:
+                    yield None, {"type": "error", "message": errors.DATABASE_DOWN}
+                    return
     except transport.REDIS_ERRORS as exc:
         yield None, {"type": "error", "message": f"Lost the connection to Redis: {exc}. Reload to see the answer "
                                                  "as it was saved."}
     finally:
         await client.aclose()
+
+
+def _fail_if_stalled(*, generation_id) -> tuple[str, dict] | None:
+    """The error event of a generation its worker will never finish, failed now; None if it is
+    healthy, or finished meanwhile (its last events are then on the stream)."""
+    problem = stalled_generation_problem(generation_id=generation_id)
+    error_id = fail_generation(generation_id=generation_id, message=problem) if problem else None
+    return (error_id, {"type": "error", "message": problem}) if error_id else None
 
 
 def _entry_key(entry_id: str) -> tuple[int, int]:

@@ -40,4 +40,6 @@ class Command(BaseCommand):
             raise CommandError(f"The pair in {settings.MODELS_ROOT / slug} cannot be registered: "
                                f"{exc.message_dict}; remove that folder and run this again.") from exc
         pair.save()
-        self.stdout.write(self.style.SUCCESS(f"pair '{slug}' is installed: {real.name}"))
+        chosen = ", ".join(f"{name}={value}" for name, value in real.pair_settings.items())
+        self.stdout.write(self.style.SUCCESS(f"pair '{slug}' is installed: {real.name}; its catalogue settings "
+                                             f"replace the importer's defaults: {chosen}"))

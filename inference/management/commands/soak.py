@@ -13,10 +13,10 @@ from inference.models import ModelPair
 
 class Command(BaseCommand):
     help = ("Soak a pair: N mixed generations (chat websocket, SSE, non-streaming, background + resume) with "
-            "random disconnects, reconnects and stops, at several concurrencies, through a private stack (its own "
-            "redis-server, two workers, daphne) while a worker's step processes freeze, a worker is killed and Redis "
-            "is restarted; prints the figures "
-            "and whether each bar is met (exit status 1 if not).")
+            "random disconnects, reconnects, stops and logouts, at several concurrencies, through a private stack "
+            "(its own redis-server, two workers, daphne) while a worker's step processes freeze, a worker is killed, "
+            "the database goes away and Redis is restarted; prints the figures and whether each bar is met (exit "
+            "status 1 if not).")
 
     def add_arguments(self, parser):
         defaults = soak.SoakOptions()
@@ -31,6 +31,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-redis-restart", action="store_true")
         parser.add_argument("--freeze-steps", type=float, default=defaults.freeze_steps_s, metavar="S",
                             help="seconds one worker's step processes stay stopped (SIGSTOP); 0: none")
+        parser.add_argument("--database-outage", type=float, default=defaults.database_outage_s, metavar="S",
+                            help="seconds the database refuses connections (PostgreSQL) or stays write-locked "
+                                 "(SQLite); 0: none")
         parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     def handle(self, *args, **o):
@@ -42,7 +45,7 @@ class Command(BaseCommand):
         options = replace(soak.SoakOptions(), generations=o["generations"], concurrency=o["concurrency"],
                           max_tokens=(min(o["max_tokens"]), max(o["max_tokens"])), seed=o["seed"],
                           kill_worker=not o["no_worker_kill"], restart_redis=not o["no_redis_restart"],
-                          freeze_steps_s=o["freeze_steps"])
+                          freeze_steps_s=o["freeze_steps"], database_outage_s=o["database_outage"])
         figures = run(pair=pair, options=options, base_env=dict(os.environ))
         if o["json"]:
             self.stdout.write(json.dumps(figures, indent=2))
