@@ -193,7 +193,8 @@ function connect() {
       location.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname);
       return;
     }
-    setStatus("Connection lost; reconnecting…", true);
+    // 4503: the server turned the socket away for now (its database did not answer)
+    setStatus(e.code === 4503 ? "The server is unavailable for a moment; reconnecting…" : "Connection lost; reconnecting…", true);
     setTimeout(connect, retryMs);
     retryMs = Math.min(retryMs * 2, 5000);
   });
