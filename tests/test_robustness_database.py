@@ -93,6 +93,31 @@ def test_a_chat_socket_opened_while_the_database_is_gone_is_told_why(live_server
     assert code == 4503
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no server to lose")
+def test_an_open_chat_socket_whose_session_cannot_be_checked_is_closed(live_server_url, user, settings):
+    """A logout during the outage could not be seen: after two failed rechecks the socket is closed (4503,
+    the page reconnects once the database is back) rather than kept open on a session nobody vouches for."""
+    cookie = session_cookie(open_session(user_id=user.pk))
+
+    async def held_open() -> tuple[dict, int | None, float]:
+        async with aiohttp.ClientSession() as http, http.ws_connect(
+                live_server_url.replace("http", "ws", 1) + "/ws/chat/", origin=live_server_url,
+                headers={"Cookie": cookie}) as ws:
+            await asyncio.sleep(1.5 * settings.ACCESS_RECHECK_S)  # rechecked once with the database there
+            refuse_connections(refuse=True)
+            gone_at = time.monotonic()
+            frame = await ws.receive_json(timeout=10 * settings.ACCESS_RECHECK_S)
+            await ws.receive(timeout=10)
+            return frame, ws.close_code, time.monotonic() - gone_at
+
+    try:
+        frame, code, after_s = asyncio.run(held_open())
+    finally:
+        refuse_connections(refuse=False)
+    assert frame["code"] == "database_unavailable" and code == 4503, frame
+    assert after_s <= 3 * settings.ACCESS_RECHECK_S + 1
+
+
 def test_the_web_keeps_no_connection_past_its_request(stack_env):
     """Each ASGI request runs in a thread of its own that ends with it, so a connection kept for reuse
     outlived it: 16 streams used up PostgreSQL's 100 connections within 30 s (the soak, 400 answers:

@@ -15,6 +15,7 @@ short reads and stops run in the shared pool, so they do not queue behind that w
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -26,9 +27,11 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 
 from chatsite.chat import access, services
+from chatsite.chat.handshake import DATABASE_UNAVAILABLE_CLOSE
 from inference import errors, transport
 from inference.selectors import generation_for_user
 from inference.serving import readers, web
+from inference.serving.records import reconnecting
 from inference.transport import valid_entry_id
 
 log = logging.getLogger(__name__)
@@ -183,21 +186,32 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.followers.pop(generation_id, None)
 
     async def watch(self):
-        """Every ACCESS_RECHECK_S: close if the session ended (a deactivated user's answers are stopped
-        too; those of a logout are left to the abandon grace, another tab may follow them), else mark
-        the followed answers watched."""
+        """Every ACCESS_RECHECK_S: mark the followed answers watched, and close if the session ended (a
+        deactivated user's answers are stopped too; those of a logout are left to the abandon grace,
+        another tab may follow them) or could not be checked twice in a row."""
         session_key = self.scope["session"].session_key
+        unverified_since: float | None = None
         while True:
             await asyncio.sleep(settings.ACCESS_RECHECK_S)
             user = self.scope["user"]
-            try:
-                ended = await _pooled(access.session_ended)(session_key=session_key, user_id=user.pk)
-                if not ended and self.followers:
+            if self.followers:
+                try:
                     await services.watch(client=self.redis, generation_ids=list(self.followers),
                                          connection_id=self.connection_id)
-            except (DatabaseError, *transport.REDIS_ERRORS):  # away for a moment: checked again next time
-                log.warning("could not recheck a chat socket's session", exc_info=True)
-                continue
+                except transport.REDIS_ERRORS:  # marked again at the next recheck
+                    log.warning("could not mark a chat socket's answers watched", exc_info=True)
+            try:
+                ended = await _pooled(reconnecting(access.session_ended))(session_key=session_key, user_id=user.pk)
+                unverified_since = None
+            except DatabaseError:
+                # A session nobody can vouch for is not kept open: after two failed rechecks the socket
+                # closes with 4503 and the page reconnects (and resumes) once the database is back.
+                unverified_since = unverified_since or time.monotonic()
+                if time.monotonic() - unverified_since < settings.ACCESS_RECHECK_S:
+                    continue
+                await self.send_error(errors.DatabaseUnavailable(errors.DATABASE_DOWN))
+                await self.close(code=DATABASE_UNAVAILABLE_CLOSE)
+                return
             if ended:
                 await self.send_error(errors.AccessRevoked(ended))
                 if ended == access.DEACTIVATED:

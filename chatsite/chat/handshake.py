@@ -17,7 +17,7 @@ from django.db import DatabaseError
 from inference import errors
 
 log = logging.getLogger(__name__)
-TRY_AGAIN_LATER = 4503
+DATABASE_UNAVAILABLE_CLOSE = 4503  # the chat page reconnects after it
 
 
 class DatabaseUnavailableGuard:
@@ -43,4 +43,4 @@ class DatabaseUnavailableGuard:
                  "param": None, "ref": None}
         await send({"type": "websocket.accept"})
         await send({"type": "websocket.send", "text": json.dumps(frame)})
-        await send({"type": "websocket.close", "code": TRY_AGAIN_LATER})
+        await send({"type": "websocket.close", "code": DATABASE_UNAVAILABLE_CLOSE})

@@ -24,6 +24,7 @@ from inference.api import auth
 from inference.api.shapes import Shape, error_body
 from inference.models import Generation
 from inference.serving import readers, web
+from inference.serving.records import reconnecting
 
 KEEPALIVE_S = 15  # a comment line this often keeps proxies from closing a quiet stream
 
@@ -47,7 +48,7 @@ REVOKED = errors.InvalidKey("The API key was revoked (or its owner deactivated) 
 
 async def _key_revoked(generation: Generation) -> bool:
     try:
-        return not await sync_to_async(auth.key_is_usable)(api_key_id=generation.api_key_id)
+        return not await sync_to_async(reconnecting(auth.key_is_usable))(api_key_id=generation.api_key_id)
     except DatabaseError:  # away for a moment (a restart): checked again at the next recheck
         return False
 

@@ -21,7 +21,7 @@ from django.utils import timezone
 from inference import errors, transport
 from inference.engines.base import FIGURES
 from inference.models import Generation
-from inference.serving.records import fail_generation, stalled_generation_problem
+from inference.serving.records import fail_generation, reconnecting, stalled_generation_problem
 
 # A reader keeps following a stream while the database is away, this long: a restart or a failover
 # takes seconds; past it the reader is told, and its answer's record ends it once the database is back.
@@ -118,6 +118,7 @@ async def follow_generation(*, generation_id, after: str = "0-0", known_steps: i
         await client.aclose()
 
 
+@reconnecting
 def _fail_if_stalled(*, generation_id) -> tuple[str, dict] | None:
     """The error event of a generation its worker will never finish, failed now; None if it is
     healthy, or finished meanwhile (its last events are then on the stream)."""
@@ -134,6 +135,7 @@ def _entry_key(entry_id: str) -> tuple[int, int]:
 END_GRACE_S = 5  # a worker writes the record, then the terminal event: it may lag the record this long
 
 
+@reconnecting
 def nothing_after(*, generation_id, seen: str) -> bool:
     """True once the generation has ended and its stream holds nothing after `seen`: the reader
     already read the terminal event, asked past it, or the stream expired. The record ends a moment
@@ -156,6 +158,7 @@ DONE_FIELDS = ("finish_reason", "text", "prompt_tokens", *FIGURES, "speculative_
                "speculative_k")
 
 
+@reconnecting
 def ending_from_record(*, generation_id, seen: str, aligner: StepAligner) -> list[tuple[str | None, dict]]:
     """When an ended generation's stream is gone (expired, or lost with a Redis restart) before the
     reader saw its end: the rest from the database (its steps after the reader's place, and the end),

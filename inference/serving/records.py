@@ -5,6 +5,7 @@ locked, PostgreSQL restarting) does not leave it `running` forever."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -70,6 +71,22 @@ def with_fresh_connections(write: Callable[[], T], *, what: str) -> T:
             connection.close()  # the next query opens a new one
         time.sleep(pause)
         pause = min(2 * pause, 2.0)
+
+
+def reconnecting(func: Callable[..., T]) -> Callable[..., T]:
+    """`func`, with this thread's connection dropped when the database errors, so the next call opens a
+    new one: Django replaces a broken connection only between requests, and a stream or a chat socket
+    is one long request (a PostgreSQL restart ends every connection)."""
+    @functools.wraps(func)
+    def call(*args, **kwargs) -> T:
+        try:
+            return func(*args, **kwargs)
+        except DatabaseError:
+            if not connection.in_atomic_block:
+                with suppress(DatabaseError):
+                    connection.close()
+            raise
+    return call
 
 
 def finish_generation(*, generation_id, status: str, **fields) -> bool:
