@@ -179,7 +179,8 @@ ENGINE_RENEW_AFTER_REQUESTS = env_int("SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS", 20
 RELEASE_EXTRA_ENGINES_AFTER_S = env_int("SPECCHAT_RELEASE_EXTRA_ENGINES_AFTER_S", 120)
 # A step process that sends no step for this long while requests wait (plus as much again per 512 prompt
 # tokens still to prefill) is killed and its answers failed; the next request loads it again. 0: no watchdog.
-STEP_TIMEOUT_S = env_int("SPECCHAT_STEP_TIMEOUT_S", 120)
+# Well above a decode step (well under a second for the real pair here) so its answers end within a minute.
+STEP_TIMEOUT_S = env_int("SPECCHAT_STEP_TIMEOUT_S", 30)
 # An answer still running this long after it started is stopped and ends with an error, its text kept;
 # one whose engine does not even stop is ended 10 s later all the same. 0: no limit.
 MAX_ANSWER_S = env_int("SPECCHAT_MAX_ANSWER_S", 1800)

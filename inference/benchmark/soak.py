@@ -35,6 +35,7 @@ from inference.benchmark.servers import (
     session_cookie,
 )
 from inference.benchmark.soak_client import BEHAVIOURS, KIND_WEIGHTS, Outcome, SoakClient
+from inference.engines.library import HUNG_ENGINE
 from inference.models import Generation, ModelPair
 from inference.serving import web
 
@@ -202,7 +203,9 @@ def check(*, outcomes: list[Outcome], stack: PrivateStack, since_wall: float, cr
                                "behaviour": outcome.behaviour, "streamed": len(outcome.text),
                                "stored": len(row.text)})
     failed = [o for o in outcomes if o.ended in {"error", "broken"}]
-    surfaced = [o.surfaced_s for o in failed if o.surfaced_s is not None]
+    # A frozen engine's answers can only fail once the step watchdog gives up on it: they have a bar of their own.
+    hung = [o.surfaced_s for o in failed if o.surfaced_s is not None and HUNG_ENGINE in o.error]
+    surfaced = [o.surfaced_s for o in failed if o.surfaced_s is not None and HUNG_ENGINE not in o.error]
     # A key's and a chat user's slots are counted from their records in flight: what is left there
     # after the soak would refuse requests that should pass.
     phantom = Generation.objects.filter(Q(api_key__user__username=BENCHMARK_USERNAME) |
@@ -222,6 +225,8 @@ def check(*, outcomes: list[Outcome], stack: PrivateStack, since_wall: float, cr
         "broken_examples": [f"{o.kind}/{o.behaviour} {o.generation_id}: {o.error[:120]}"
                             for o in outcomes if o.ended == "broken"][:5],
         "failure_surfaced_max_s": max(surfaced, default=0.0),
+        "hung_engine_failures": len(hung),
+        "hung_engine_failure_surfaced_max_s": max(hung, default=0.0),
         "logouts": sum(o.behaviour == "logout" for o in outcomes),
         "logout_closed_max_s": max((o.logout_closed_s or 0.0 for o in outcomes), default=0.0),
         "logout_left_open": sum(o.behaviour == "logout" and o.ended == "broken" for o in outcomes),
@@ -241,6 +246,9 @@ def verdicts(figures: dict) -> list[tuple[str, bool, str]]:
         ("0 streams closed without an end", figures["broken"] == 0, f"{figures['broken']}"),
         ("failures surfaced within 15 s", figures["failure_surfaced_max_s"] <= 15,
          f"max {figures['failure_surfaced_max_s']:.1f} s"),
+        ("a frozen engine's answers ended with an error within 60 s",
+         figures["hung_engine_failure_surfaced_max_s"] <= 60,
+         f"{figures['hung_engine_failures']} answers, max {figures['hung_engine_failure_surfaced_max_s']:.1f} s"),
         ("a logged-out socket closed within 10 s", figures["logout_left_open"] == 0 and
          figures["logout_closed_max_s"] <= 10,
          (f"{figures['logouts']} logouts, closed within {figures['logout_closed_max_s']:.1f} s, "

@@ -44,6 +44,7 @@ from inference.engines.pages import RELEASE_EVERY_S, release_weight_pages
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 600
+HUNG_ENGINE = "made no step"  # in the error of the answers a step watchdog failed
 WATCH_EVERY_S = 1.0  # how often the reader looks for a stalled step process
 PREFILL_TOKENS_PER_BUDGET = 512  # each this many prompt tokens waiting for their prefill add one step budget
 
@@ -186,7 +187,7 @@ class PairEngine:
         self._conn.close()
         if not self._closed or self._active:
             log.error("the step process of %s exited (code %s)", self.spec.slug, code)
-        reason = (f"the engine made no step in {self._stalled_for:.0f} s and was restarted" if self._stalled_for
+        reason = (f"the engine {HUNG_ENGINE} in {self._stalled_for:.0f} s and was restarted" if self._stalled_for
                   else f"the engine process exited (code {code})")
         for request in list(self._active.values()):
             request.events.put(Finished("error", reason))
