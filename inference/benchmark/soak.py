@@ -225,6 +225,8 @@ def check(*, outcomes: list[Outcome], stack: PrivateStack, since_wall: float, cr
         "broken_examples": [f"{o.kind}/{o.behaviour} {o.generation_id}: {o.error[:120]}"
                             for o in outcomes if o.ended == "broken"][:5],
         "failure_surfaced_max_s": max(surfaced, default=0.0),
+        "slowest_failures": [f"{o.surfaced_s:.1f} s {o.kind}/{o.behaviour}: {o.error[:100]}" for o in sorted(
+            (o for o in failed if o.surfaced_s is not None), key=lambda o: -(o.surfaced_s or 0))[:3]],
         "hung_engine_failures": len(hung),
         "hung_engine_failure_surfaced_max_s": max(hung, default=0.0),
         "logouts": sum(o.behaviour == "logout" for o in outcomes),
