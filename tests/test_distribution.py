@@ -125,3 +125,18 @@ def test_sampled_answers_through_the_api_follow_the_main_alone(live_server_url, 
     tested = samples(through_api, range(20_000, 20_000 + N), threads=4)
     report = compare(tested, samples(reference, range(N), threads=16), positions=1)
     assert not differs(report), report
+
+
+def test_exact_engine_samples_under_a_grammar_follow_the_main_alone_under_it(main_alone, exact):
+    """Under a grammar the exact engine masks the draft's q and the main's p with llguidance's view of it;
+    the reference is the library's main alone under the same grammar (xgrammar's view): samples from the
+    two follow one distribution, and every token is one the grammar allows."""
+    letters = {"grammar_kind": "regex", "grammar_text": "[a-z_ ]{40,80}"}  # too long to end within 3 tokens
+    sampling = {"temperature": 0.8, **letters}
+    reference = samples(sampler(main_alone, **sampling), range(N), threads=16)
+    tested = samples(sampler(exact, num_assistant_tokens=3, **sampling), range(40_000, 40_000 + N))
+    report = compare(tested, reference)
+    assert not differs(report), report
+    assert len(set(tested)) > 20
+    texts = [exact.tokenizer.decode(list(answer)) for answer in tested]
+    assert all(set(text) <= set("abcdefghijklmnopqrstuvwxyz_ ") for text in texts), texts[:5]

@@ -3,6 +3,8 @@ activations, the fastest way to run an int8 main alone), its greedy answers with
 alone's token for token, because rejected tokens are cut from the main's cache; and a worker serving
 such a pair answers one stream on it alone: one copy of the weights, no step process."""
 
+import json
+import re
 import time
 from pathlib import Path
 
@@ -30,13 +32,13 @@ def engine():
     return ExactEngine(SPEC)
 
 
-def answer(engine, prompt: str, k: int) -> list[int]:
-    request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=40, ignore_eos=True,
-                                                                 num_assistant_tokens=k))
+def answer(engine, prompt: str, k: int, **held) -> list[int]:
+    request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=40, ignore_eos=not held,
+                                                                 num_assistant_tokens=k, **held))
     tokens: list[int] = []
     while not isinstance(event := request.events.get(timeout=120), Finished):
         tokens += event.token_ids
-    assert event.finish_reason == "length", event
+    assert event.finish_reason == ("stop" if held.get("grammar_kind") == "regex" else "length"), event
     return tokens
 
 
@@ -57,6 +59,26 @@ def test_greedy_answers_with_the_draft_are_the_main_alones_token_for_token(engin
     for prompt in PROMPTS:
         alone = answer(engine, prompt, 0)
         assert answer(engine, prompt, 3) == alone and answer(engine, prompt, 5) == alone, prompt
+
+
+SNIPPET = {"type": "object", "properties": {"lang": {"enum": ["python", "rust", "go"]},
+                                            "lines": {"type": "integer", "minimum": 1, "maximum": 99}},
+           "required": ["lang", "lines"], "additionalProperties": False}
+CODE = r"[a-z]{2,10}-[0-9]{1,3}"
+
+
+def test_under_a_grammar_the_draft_changes_no_token_and_the_answer_holds_to_it(engine):
+    """The draft proposes under the grammar too (engines/constraint.py): the answer is the main alone's under
+    it, token for token. The demo main writes JSON's optional whitespace until its tokens run out; a regex
+    answer ends where the grammar allows nothing more."""
+    for prompt in PROMPTS:
+        for held, holds in (({"grammar_kind": "json_schema", "grammar_text": json.dumps(SNIPPET)},
+                             r'\s*\{\s*"lang"\s*:\s*"(python|rust|go)"[\s\S]*'),
+                            ({"grammar_kind": "regex", "grammar_text": CODE}, CODE)):
+            alone = answer(engine, prompt, 0, **held)
+            assert answer(engine, prompt, 3, **held) == alone, (prompt, held)
+            text = engine.tokenizer.decode(alone, skip_special_tokens=True)
+            assert re.fullmatch(holds, text), text
 
 
 @pytest.fixture

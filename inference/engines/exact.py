@@ -36,6 +36,7 @@ from inference.engines.base import (
     load_tokenizer,
     prompt_token_ids,
 )
+from inference.engines.constraint import TokenConstraint, load_vocabulary
 from inference.engines.pages import release_weight_pages
 from inference.limits import DEFAULT_K
 
@@ -169,6 +170,7 @@ class ExactEngine:
         self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.device, props)
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
+        self._grammar_vocabulary = None  # built on the first request held to a grammar (see grammar_vocabulary)
         self.load_seconds = time.perf_counter() - started
         self._active: dict[int, ActiveRequest] = {}
         self._ids = itertools.count()
@@ -184,10 +186,15 @@ class ExactEngine:
     def alive(self) -> bool:
         return True  # it runs in this process
 
+    def grammar_vocabulary(self):
+        """The main's vocabulary as llguidance reads it, built once (a second or so on 152k tokens)."""
+        with self._lock:
+            if self._grammar_vocabulary is None:
+                self._grammar_vocabulary = load_vocabulary(self.spec.main_dir, self.tokenizer, self.eos_ids)
+            return self._grammar_vocabulary
+
     def submit(self, *, prompt: str = "", params: DecodingParams, add_special_tokens: bool = True,
                prompt_ids: list[int] | None = None) -> ActiveRequest:
-        if params.grammar:  # the plan sends these to the main alone (speculation.CONSTRAINED_SAMPLING)
-            raise ValueError("the exact engine does not hold output to a grammar")
         prompt_ids = prompt_token_ids(self.tokenizer, prompt=prompt, add_special_tokens=add_special_tokens,
                                       prompt_ids=prompt_ids)
         request = ActiveRequest(next(self._ids), prompt_ids, time.perf_counter())
@@ -225,10 +232,14 @@ class Decoding:
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
         self.draft_backlog: list[int] = []  # tokens the draft has not seen yet (the last emitted among them)
+        grammar = params.grammar
+        self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
 
     def run(self) -> Finished:
         logits = self.main.feed(self.prompt_ids)[-1]
-        first = draw(probabilities(logits, self.params), self.rng)
+        first = draw(probabilities(self._allowed(logits), self.params), self.rng)
+        if self.constraint:
+            self.constraint.take(first)
         if self.k:
             self.draft.feed(self.prompt_ids)
         finished = self._emit([first], self._logprobs([logits], [first]))
@@ -238,6 +249,20 @@ class Decoding:
             self._compact_if_mostly_dead()
             finished = self._emit(*self._step())
         return finished
+
+    def _allowed(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+        """The logits with the tokens the grammar refuses at -inf: those it refuses now, or by `allowed`
+        (a row per position when verifying); unchanged without a grammar. Ids past the tokenizer's
+        vocabulary (a model's rows may be wider) are refused."""
+        if self.constraint is None:
+            return logits
+        if allowed is None:
+            allowed = self.constraint.allowed()
+        width = logits.shape[-1]
+        fitted = allowed[..., :width]
+        if fitted.shape[-1] < width:
+            fitted = np.pad(fitted, [(0, 0)] * (fitted.ndim - 1) + [(0, width - fitted.shape[-1])])
+        return np.where(fitted, logits, -np.inf)
 
     def _logprobs(self, rows, tokens: list[int]) -> list[float] | None:
         """log p_main(token) from the main's raw logits, as the library reports them; None unless asked."""
@@ -250,34 +275,61 @@ class Decoding:
         last = self.emitted[-1]
         k = min(self.k, self.params.max_new_tokens - len(self.emitted) - 1)  # never propose past the cap
         greedy = self.params.temperature == 0
-        proposals, qs = [], []
-        feed = [*self.draft_backlog, last]
-        for _ in range(k):
-            row = self.draft.feed(feed)[-1]
-            if greedy:
-                proposals.append(int(np.argmax(row)))
-            else:
-                qs.append(probabilities(row, self.params))
-                proposals.append(draw(qs[-1], self.rng))
-            feed = [proposals[-1]]
+        proposals, qs, masks = self._propose(k, [*self.draft_backlog, last], greedy=greedy)
         main_logits = self.main.feed([last, *proposals])
+        scored = main_logits
+        if self.constraint:  # the main scores each position under the grammar's state there
+            masks.append(self.constraint.allowed())
+            scored = self._allowed(main_logits, np.stack(masks))
         if greedy:  # the rule at T=0: proposals are kept while each is the main's own choice
-            choices = main_logits.argmax(axis=-1)
-            accepted = next((i for i, x in enumerate(proposals) if x != choices[i]), k)
+            choices = scored.argmax(axis=-1)
+            accepted = next((i for i, x in enumerate(proposals) if x != choices[i]), len(proposals))
             token = int(choices[accepted])
         else:
-            accepted, token = self._accept(proposals, qs, main_logits)
-        self.main.drop_last(k - accepted)
+            accepted, token = self._accept(proposals, qs, scored)
+        if self.constraint:
+            self.constraint.rollback(len(proposals) - accepted)
+            self.constraint.take(token)
+        self.main.drop_last(len(proposals) - accepted)
         tokens = [*proposals[:accepted], token]
-        logprobs = self._logprobs(main_logits[:accepted + 1], tokens)
-        if k == 0:
-            self.draft_backlog = feed if self.k else []  # the draft saw nothing this step (none at all: K=0)
-        elif accepted == k:
+        self._catch_up_draft(last, proposals, accepted)
+        return tokens, self._logprobs(main_logits[:accepted + 1], tokens)
+
+    def _propose(self, k: int, feed: list[int], *, greedy: bool) -> tuple[list[int], list[np.ndarray], list]:
+        """Up to k draft proposals, drawn from q (the draft's distribution, under the grammar if any); their
+        q's when sampled, and what the grammar allowed before each. Fewer once the grammar has ended."""
+        proposals: list[int] = []
+        qs: list[np.ndarray] = []
+        masks: list[np.ndarray] = []
+        for _ in range(k):
+            if self.constraint and self.constraint.ended:
+                break  # the grammar allows nothing after its end: the main says the last token alone
+            row = self.draft.feed(feed)[-1]
+            if self.constraint:
+                masks.append(self.constraint.allowed())
+                row = self._allowed(row, masks[-1])
+                self.constraint.take(proposal := self._choose(row, qs, greedy=greedy))
+            else:
+                proposal = self._choose(row, qs, greedy=greedy)
+            proposals.append(proposal)
+            feed = [proposal]
+        return proposals, qs, masks
+
+    def _choose(self, row: np.ndarray, qs: list[np.ndarray], *, greedy: bool) -> int:
+        if greedy:
+            return int(np.argmax(row))
+        qs.append(probabilities(row, self.params))
+        return draw(qs[-1], self.rng)
+
+    def _catch_up_draft(self, last: int, proposals: list[int], accepted: int) -> None:
+        """What the draft must be fed next step: it saw every proposal but the last, after `last`."""
+        if not proposals:
+            self.draft_backlog = [*self.draft_backlog, last] if self.k else []  # it saw nothing (none at all: K=0)
+        elif accepted == len(proposals):
             self.draft_backlog = [proposals[-1]]  # fed to the main, not yet to the draft
         else:
             self.draft_backlog = []
-            self.draft.drop_last(k - 1 - accepted)
-        return tokens, logprobs
+            self.draft.drop_last(len(proposals) - 1 - accepted)
 
     def _accept(self, proposals: list[int], qs: list[np.ndarray], main_logits: np.ndarray) -> tuple[int, int]:
         """How many proposals the rule keeps, and the token the main adds: each proposal x is accepted with

@@ -25,8 +25,6 @@ EXACT_THRESHOLD = "the confidence threshold applies to greedy requests; exact sa
 # the pair measured the masks cost more than speculation saved (docs/exactness.md#under-a-grammar). So a
 # request under one speculates only when it names its K (or threshold).
 CONSTRAINED = "held to a grammar, where speculation measured slower than the main alone; name a K to speculate"
-CONSTRAINED_SAMPLING = ("sampled under a grammar: the exact engine does not apply one, so the main alone "
-                        "samples (the library's speculative sampling is not exact)")
 INEXACT_ALLOWED = "allowed by the pair: answers are not drawn from the main model's distribution"
 # The device's default precision quantizes activations differently for one token and for K+1 verified at once.
 FAST_MODE = "fast mode: tokens may differ from the main alone's where two are near-tied"
@@ -141,13 +139,11 @@ def _plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | 
     if not pair.is_speculative:
         return Plan(mode=SpeculativeMode.OFF, reason="the pair has no draft model")
     named = asked.k is not None or asked.threshold is not None
-    if asked.constrained and not named and not (asked.sampled and pair.allow_inexact_sampling):
-        return Plan(mode=SpeculativeMode.OFF, reason=CONSTRAINED_SAMPLING if asked.sampled else CONSTRAINED)
+    if asked.constrained and not named and not asked.sampled:
+        return Plan(mode=SpeculativeMode.OFF, reason=CONSTRAINED)
     if not pair.draft_dir:  # prompt lookup samples from the main and compares with the n-gram: exact
         return Plan(mode=SpeculativeMode.PROMPT_LOOKUP, k=asked.k or pair.num_assistant_tokens or DEFAULT_K)
-    exact = asked.sampled and not pair.allow_inexact_sampling
-    if exact and asked.constrained:
-        return Plan(mode=SpeculativeMode.OFF, reason=CONSTRAINED_SAMPLING)
+    exact = asked.sampled and not pair.allow_inexact_sampling  # under a grammar too: it masks both models
     if asked.sampled:
         mode = SpeculativeMode.EXACT_SAMPLING if exact else SpeculativeMode.INEXACT_SAMPLING
     else:
@@ -212,9 +208,9 @@ OWN_ENGINE = "on SpecChat's own engine (the only answer of the pair here)"
 
 def on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -> Plan:
     """The plan moved to the pair's own engine (ModelPair.own_engine_at_one_stream) when this answer is the
-    pair's only one here: greedy, sampled or the main alone (K=0), exact with dynamic quantization and one
-    copy of the weights. Not for a grammar or a confidence threshold, which only the library applies."""
-    if not pair.own_engine_at_one_stream or load > 1 or asked.constrained or planned.threshold is not None:
+    pair's only one here: greedy, sampled or the main alone (K=0), under a grammar or not, exact with dynamic
+    quantization and one copy of the weights. Not for a confidence threshold, which only the library applies."""
+    if not pair.own_engine_at_one_stream or load > 1 or planned.threshold is not None:
         return planned
     if planned.mode not in (SpeculativeMode.DRAFT, SpeculativeMode.OFF, SpeculativeMode.EXACT_SAMPLING):
         return planned

@@ -7,7 +7,6 @@ from inference.limits import SpeculativeMode
 from inference.models import Generation, ModelPair
 from inference.serving.speculation import (
     CONSTRAINED,
-    CONSTRAINED_SAMPLING,
     EXACT_THRESHOLD,
     Asked,
     handover,
@@ -62,16 +61,18 @@ def test_sampling_never_takes_the_inexact_library_path_unless_the_pair_allows_it
 
 
 
-def test_under_a_grammar_greedy_speculates_when_it_names_k_and_sampling_runs_on_the_main_alone():
-    """Speculation measured slower under a grammar: a greedy request speculates only when it names its K.
-    The exact engine applies no grammar: a sampled answer under one is the main alone's, never the
-    library's inexact speculative sampling (unless the pair allows that)."""
+def test_under_a_grammar_greedy_speculates_when_it_names_k_and_sampling_runs_on_the_exact_engine():
+    """Speculation measured slower under a grammar on the library: a greedy request speculates only when it
+    names its K. A sampled answer under one runs on the exact engine, which holds both models to it, never
+    on the library's inexact speculative sampling (unless the pair allows that)."""
     greedy = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(constrained=True), load=1)
     assert (greedy.mode, greedy.reason) == (SpeculativeMode.OFF, CONSTRAINED)
     named = plan(pair=pair(), asked=Asked(constrained=True, k=3), load=1)
     assert (named.mode, named.k) == (SpeculativeMode.DRAFT, 3)
     sampled = plan(pair=pair(), asked=Asked(sampled=True, constrained=True, k=3), load=1)
-    assert (sampled.mode, sampled.reason) == (SpeculativeMode.OFF, CONSTRAINED_SAMPLING)
+    assert (sampled.mode, sampled.k) == (SpeculativeMode.EXACT_SAMPLING, 3)
+    left = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(sampled=True, constrained=True), load=1)
+    assert (left.mode, left.k) == (SpeculativeMode.EXACT_SAMPLING, 3)
     allowed = plan(pair=pair(allow_inexact_sampling=True), asked=Asked(sampled=True, constrained=True), load=1)
     assert allowed.mode == SpeculativeMode.INEXACT_SAMPLING
 
