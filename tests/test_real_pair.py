@@ -21,7 +21,7 @@ from inference.engines.base import DecodingParams, PairSpec
 from inference.engines.library import PairEngine
 from inference.models import Generation, ModelPair
 from inference.pairs import catalog
-from inference.serving.speculation import OWN_ENGINE
+from inference.serving.speculation import OWN_CONSTRAINED, OWN_ENGINE
 from tests.conftest import Worker, in_thread, log_in
 from tests.distribution import compare, differs, samples
 from tests.test_chat_ui import SHOTS
@@ -170,8 +170,9 @@ TASKS = ["reverses a string in Python", "counts words in Rust", "finds duplicate
 
 @pytest.mark.usefixtures("real_worker")
 def test_twenty_answers_held_to_a_json_schema_are_valid_and_the_main_alones(live_server_url, real_pair, key):
-    """Speculation stays exact under a grammar: the main's tokens are masked alike with and without the draft
-    (K named: left to the pair, a request under a grammar runs on the main alone, measured faster)."""
+    """Speculation stays exact under a grammar: the main's tokens are masked alike with and without the draft.
+    Left to the pair, one stream runs on its own engine, which masks the draft too (K=3); sampled answers
+    under the schema speculate there as well (the distribution under a grammar: tests/test_distribution.py)."""
     import json
 
     import jsonschema_rs
@@ -179,17 +180,23 @@ def test_twenty_answers_held_to_a_json_schema_are_valid_and_the_main_alones(live
     api = client(live_server_url, key)
     response_format = {"type": "json_schema", "json_schema": {"name": "snippet", "schema": SNIPPET, "strict": True}}
     accepted = drafted_tokens = 0
-    for task in TASKS:
+    for number, task in enumerate(TASKS):
         messages = [{"role": "user", "content": f"Describe, as JSON, a snippet that {task}."}]
         drafted, alone = (api.chat.completions.create(model=SLUG, messages=messages, max_tokens=160, temperature=0,
                                                       response_format=response_format, extra_body=extra)
-                          for extra in ({"num_assistant_tokens": 3}, {"speculative": False}))
+                          for extra in ({}, {"speculative": False}))
         text = drafted.choices[0].message.content
         assert jsonschema_rs.is_valid(SNIPPET, json.loads(text)), text
         assert text == alone.choices[0].message.content, task
         usage = drafted.usage.model_dump()
-        assert usage["speculative_mode"] == "draft", usage
+        assert (usage["speculative_mode"], usage["speculative_k"]) == ("draft", 3), usage
+        assert OWN_CONSTRAINED in usage["speculative_reason"], usage
         accepted, drafted_tokens = accepted + usage["accepted_tokens"], drafted_tokens + usage["draft_tokens"]
+        if number < 3:
+            sampled = api.chat.completions.create(model=SLUG, messages=messages, max_tokens=160, temperature=0.8,
+                                                  seed=number, response_format=response_format)
+            assert jsonschema_rs.is_valid(SNIPPET, json.loads(sampled.choices[0].message.content)), sampled
+            assert sampled.usage.model_dump()["speculative_mode"] == "draft-exact-sampling"
     print(f"\nunder the schema: {accepted} of {drafted_tokens} drafted tokens accepted "
           f"({accepted / drafted_tokens:.0%})")
 

@@ -11,6 +11,7 @@ from inference.serving.speculation import (
     Asked,
     handover,
     join_running_batch,
+    on_own_engine,
     plan,
 )
 
@@ -75,6 +76,22 @@ def test_under_a_grammar_greedy_speculates_when_it_names_k_and_sampling_runs_on_
     assert (left.mode, left.k) == (SpeculativeMode.EXACT_SAMPLING, 3)
     allowed = plan(pair=pair(allow_inexact_sampling=True), asked=Asked(sampled=True, constrained=True), load=1)
     assert allowed.mode == SpeculativeMode.INEXACT_SAMPLING
+
+def test_on_the_own_engine_a_grammar_speculates_with_the_pairs_k():
+    """The own engine masks the draft by the grammar too (acceptance 0.81 against the library's 0.52 on the real
+    pair): an answer it serves alone speculates with the pair's K; beside others, the library's main alone."""
+    own = pair(own_engine_at_one_stream=True, num_assistant_tokens=3)
+
+    def planned(asked: Asked, load: int):
+        return on_own_engine(pair=own, asked=asked, planned=plan(pair=own, asked=asked, load=load), load=load)
+
+    alone = planned(Asked(constrained=True), 1)
+    assert (alone.mode, alone.k, alone.own_engine) == (SpeculativeMode.DRAFT, 3, True)
+    off = planned(Asked(constrained=True, speculative=False), 1)
+    assert (off.mode, off.own_engine) == (SpeculativeMode.OFF, True)
+    busy = planned(Asked(constrained=True), 2)
+    assert (busy.mode, busy.own_engine) == (SpeculativeMode.OFF, False)
+
 
 @pytest.mark.parametrize(("fields", "asked", "mode"), [
     ({}, Asked(speculative=False), SpeculativeMode.OFF),
