@@ -50,7 +50,9 @@ TOOL_CALL = {"type": "object", "properties": {
     "function": {"type": "object", "properties": {"name": {"type": "string"},
                                                   "arguments": {"type": "string", "description": "JSON object"}}}}}
 LOGPROBS = ("Each token's log probability under the main model's raw distribution (before temperature), the "
-            "same with or without the draft; no alternatives (top_logprobs) are computed.")
+            "same with or without the draft.")
+ALTERNATIVES = ("The most likely tokens at each position, with their log probabilities: computed by the exact "
+                "engine, which then serves the request (pairs with a draft model; not with a confidence threshold).")
 
 
 def _errors(*statuses: int) -> dict:
@@ -276,11 +278,13 @@ def document(*, models: list[str], max_tokens: int) -> dict:
                     }}}},
                 "CompletionRequest": {"type": "object", "required": ["model", "prompt"], "properties": {
                     **sampling, "prompt": {"type": "string", "minLength": 1, "description": "One prompt."},
-                    "logprobs": {"type": "integer", "enum": [0], "nullable": True, "description": LOGPROBS}}},
+                    "logprobs": {"type": "integer", "minimum": 0, "maximum": 5, "nullable": True,
+                                 "description": f"{LOGPROBS} Above 0: {ALTERNATIVES}"}}},
                 "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "properties": {
                     **sampling, **tools, "messages": {"type": "array", "minItems": 1, "items": message},
                     "logprobs": {"type": "boolean", "nullable": True, "description": LOGPROBS},
-                    "top_logprobs": {"type": "integer", "enum": [0], "nullable": True}}},
+                    "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20, "nullable": True,
+                                     "description": f"{ALTERNATIVES} Needs logprobs: true."}}},
                 "Usage": _usage(),
                 "Completion": _completion(chat=False),
                 "ChatCompletion": _completion(chat=True),

@@ -20,7 +20,7 @@ from inference.api import tools
 from inference.engines.grammar import Grammar, GrammarError
 from inference.engines.grammar import check as grammar_check
 from inference.models import ModelPair
-from inference.serving import web
+from inference.serving import speculation, web
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -148,30 +148,34 @@ def _json_schema(response_format: dict) -> str:
     return json.dumps(schema)
 
 
-NO_ALTERNATIVES = "the library returns the chosen token's log probability only, no alternatives"
+MAX_TOP_LOGPROBS = {True: 20, False: 5}  # chat's top_logprobs, completions' logprobs: OpenAI's bounds
 
 
-def _logprobs(data: dict, *, chat: bool) -> bool:
-    """Whether the answer carries its tokens' log probabilities (chat: logprobs true; completions:
-    logprobs 0). Alternatives (top_logprobs, completions' logprobs > 0) are refused by name."""
-    value, top = data.get("logprobs"), data.get("top_logprobs")
-    if top is not None and (not isinstance(top, int) or isinstance(top, bool)):
-        raise errors.InvalidType("top_logprobs must be an integer.", param="top_logprobs")
-    if top:
-        raise errors.UnsupportedValue(f"top_logprobs={top} is not supported: {NO_ALTERNATIVES}.", param="top_logprobs")
-    if value is None:
-        return False
+def _logprobs(data: dict, *, chat: bool) -> tuple[bool, int]:
+    """Whether the answer carries its tokens' log probabilities, and how many alternatives at each position
+    (chat: logprobs true and top_logprobs N; completions: logprobs N)."""
+    value = data.get("logprobs")
     if chat:
-        if not isinstance(value, bool):
+        if value is not None and not isinstance(value, bool):
             raise errors.InvalidType("logprobs must be a boolean.", param="logprobs")
-        return value
+        top = data.get("top_logprobs")
+        if top is not None and (not isinstance(top, int) or isinstance(top, bool)):
+            raise errors.InvalidType("top_logprobs must be an integer.", param="top_logprobs")
+        if top and not value:
+            raise errors.InvalidValue("top_logprobs needs logprobs: true.", param="top_logprobs")
+        return bool(value), _bounded_top(top or 0, param="top_logprobs", chat=chat)
+    if value is None:
+        return False, 0
     if not isinstance(value, int) or isinstance(value, bool):
-        raise errors.InvalidType("logprobs must be an integer (0: the chosen tokens' log probabilities).",
+        raise errors.InvalidType("logprobs must be an integer (how many alternatives at each position; 0: none).",
                                  param="logprobs")
-    if value:
-        raise errors.UnsupportedValue(f"logprobs={value} is not supported: {NO_ALTERNATIVES} (logprobs: 0).",
-                                      param="logprobs")
-    return True
+    return True, _bounded_top(value, param="logprobs", chat=chat)
+
+
+def _bounded_top(top: int, *, param: str, chat: bool) -> int:
+    if not 0 <= top <= MAX_TOP_LOGPROBS[chat]:
+        raise errors.InvalidValue(f"{param} must be between 0 and {MAX_TOP_LOGPROBS[chat]}.", param=param)
+    return top
 
 
 def _checked_grammar(data: dict, *, tool_call: Grammar | None) -> dict:
@@ -269,6 +273,16 @@ def _tool_calls(message: dict, index: int) -> list[dict]:
     return checked
 
 
+def _check_alternatives(*, pair: ModelPair, options: web.GenerationOptions, param: str) -> None:
+    """Alternatives come from our exact engine alone (the library computes none): it needs the pair's draft
+    model, and takes K rather than a confidence threshold."""
+    if not pair.draft_dir:
+        raise errors.InvalidValue(f"{param} needs a pair with a draft model: {speculation.ALTERNATIVES}.", param=param)
+    if options.assistant_confidence_threshold is not None:
+        raise errors.InvalidValue(f"{param} cannot be combined with assistant_confidence_threshold: "
+                                  f"{speculation.ALTERNATIVES}, which takes num_assistant_tokens.", param=param)
+
+
 def parse(data: dict, *, chat: bool) -> ApiRequest:
     """A checked completions (chat=False) or chat completions request body. Reads the database
     and the pair's tokenizer: call it off the event loop."""
@@ -292,15 +306,17 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
     if not chat and (data.get("tools") or data.get("tool_choice")):
         raise errors.InvalidValue("Tools are for /chat/completions.", param="tools")
     tool_request = tools.parse(data) if chat else None
-    logprobs = _logprobs(data, chat=chat)
+    logprobs, top_logprobs = _logprobs(data, chat=chat)
     grammar = _checked_grammar(data, tool_call=tool_request.grammar if tool_request else None)
     messages = _chat_messages(data) if chat else []
     completion_prompt = "" if chat else _completion_prompt(data)
     speculation_steps = _flag(data, "speculation_steps")
     # The API's own checks are done: what the chat shares (decoding options, the pair, its template) follows.
     options = replace(web.parse_options(data, max_tokens_names=("max_tokens", "max_completion_tokens")),
-                      logprobs=logprobs, **grammar)
+                      logprobs=logprobs, top_logprobs=top_logprobs, **grammar)
     pair = web.find_pair(slug=model)
+    if top_logprobs:
+        _check_alternatives(pair=pair, options=options, param="top_logprobs" if chat else "logprobs")
     if chat:
         prompt = web.chat_prompt(pair=pair, messages=messages, tools=tool_request.tools if tool_request else None)
     else:

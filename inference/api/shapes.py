@@ -43,16 +43,20 @@ class Shape:
         return split_calls(text, ids=self.generation_id.replace("-", "")[:16])
 
     def _logprobs(self, steps: list) -> dict | None:
-        """OpenAI's logprobs object for these steps' tokens (the third element of a step, when asked):
-        the chosen token's only; the library computes no alternatives."""
+        """OpenAI's logprobs object for these steps' tokens (the third element of a step, when asked): each
+        token's log probability, and its alternatives' when top_logprobs was asked (the exact engine's)."""
         if not self.logprobs:
             return None
-        tokens = [(token, logprob) for step in steps for token, logprob in (step[2] if len(step) > 2 else [])]
+        scored = [entry for step in steps for entry in (step[2] if len(step) > 2 else [])]
         if self.chat:
             return {"content": [{"token": token, "logprob": logprob, "bytes": list(token.encode()),
-                                 "top_logprobs": []} for token, logprob in tokens]}
-        return {"tokens": [token for token, _ in tokens], "token_logprobs": [logprob for _, logprob in tokens],
-                "top_logprobs": None, "text_offset": None}
+                                 "top_logprobs": [{"token": alt, "logprob": alt_logprob, "bytes": list(alt.encode())}
+                                                  for alt, alt_logprob in (rest[0] if rest else [])]}
+                                for token, logprob, *rest in scored]}
+        asked_alternatives = any(len(entry) > 2 for entry in scored)
+        return {"tokens": [token for token, *_ in scored], "token_logprobs": [logprob for _, logprob, *_ in scored],
+                "top_logprobs": [dict(rest[0]) if rest else {} for _, _, *rest in scored] if asked_alternatives
+                else None, "text_offset": None}
 
     def _provenance(self, steps: list | None) -> dict:
         """Where each piece of the text came from, per main step: the draft tokens the main accepted ("draft")

@@ -110,6 +110,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False  # each token's log probability under the main's own (raw) distribution
+    top_logprobs: int = 0  # and this many most likely alternatives at each position (our exact engine only)
     grammar_kind: str = ""  # output held to a grammar (engines/grammar.py): one of its FIELDS, or none
     grammar_text: str = ""
 
@@ -192,6 +193,7 @@ class StepTokens(NamedTuple):
     token_ids: list[int]
     at: float
     logprobs: list[float] | None = None  # when the request asked: log p_main(token) before temperature
+    alternatives: list[list[tuple[int, float]]] | None = None  # per token, the top_logprobs most likely (id, logprob)
 
 
 class Finished(NamedTuple):

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import openvino as ov
@@ -86,6 +87,17 @@ def nucleus(probs: np.ndarray, top_p: float, *, candidates: int = NUCLEUS_CANDID
     if cut > len(order) and len(order) < len(probs):  # the head holds too little mass: rank them all
         return nucleus(probs, top_p, candidates=len(probs))
     return order[:cut]
+
+
+class Scores(NamedTuple):
+    """A step's tokens' log probabilities and alternatives, when the request asked (see Decoding._logprobs)."""
+
+    logprobs: list[float] | None
+    alternatives: list[list[tuple[int, float]]] | None
+
+    def cut(self, n: int) -> Scores:
+        return Scores(self.logprobs[:n] if self.logprobs is not None else None,
+                      self.alternatives[:n] if self.alternatives is not None else None)
 
 
 def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
@@ -264,13 +276,22 @@ class Decoding:
             fitted = np.pad(fitted, [(0, 0)] * (fitted.ndim - 1) + [(0, width - fitted.shape[-1])])
         return np.where(fitted, logits, -np.inf)
 
-    def _logprobs(self, rows, tokens: list[int]) -> list[float] | None:
-        """log p_main(token) from the main's raw logits, as the library reports them; None unless asked."""
-        if not self.params.logprobs:
+    def _logprobs(self, rows, tokens: list[int]) -> Scores | None:
+        """log p_main(token) from the main's raw logits, as the library reports them, and the top_logprobs most
+        likely tokens at each position with theirs (most likely first); None unless asked."""
+        if not self.params.logprobs and not self.params.top_logprobs:
             return None
-        return [float(row[token] - _logsumexp(row)) for row, token in zip(rows, tokens, strict=True)]
+        logprobs, alternatives = [], []
+        for row, token in zip(rows, tokens, strict=True):
+            norm = _logsumexp(row)
+            logprobs.append(float(row[token] - norm))
+            if top := self.params.top_logprobs:
+                best = np.argpartition(-row, top)[:top]
+                best = best[np.argsort(-row[best], kind="stable")]
+                alternatives.append([(int(i), float(row[i] - norm)) for i in best])
+        return Scores(logprobs, alternatives if self.params.top_logprobs else None)
 
-    def _step(self) -> tuple[list[int], list[float] | None]:
+    def _step(self) -> tuple[list[int], Scores | None]:
         """One speculative step: the accepted proposals and the main's own token (and their logprobs)."""
         last = self.emitted[-1]
         k = min(self.k, self.params.max_new_tokens - len(self.emitted) - 1)  # never propose past the cap
@@ -342,7 +363,7 @@ class Decoding:
             return i, draw(residual / residual.sum(), self.rng)
         return len(proposals), draw(probabilities(main_logits[len(proposals)], self.params), self.rng)
 
-    def _emit(self, tokens: list[int], logprobs: list[float] | None) -> Finished | None:
+    def _emit(self, tokens: list[int], scores: Scores | None) -> Finished | None:
         """Deliver one step's tokens, cut at EOS, a stop string or the cap; Finished when it ended."""
         params, reason = self.params, None
         if not params.ignore_eos:
@@ -357,8 +378,8 @@ class Decoding:
             tokens, reason = self._cut_at_stop_string(tokens, reason)
         self.emitted.extend(tokens)
         if tokens:
-            self.request.events.put(StepTokens(tokens, time.perf_counter(),
-                                               logprobs[:len(tokens)] if logprobs is not None else None))
+            kept = scores.cut(len(tokens)) if scores else Scores(None, None)
+            self.request.events.put(StepTokens(tokens, time.perf_counter(), kept.logprobs, kept.alternatives))
         return Finished(reason) if reason else None
 
     def _cut_at_stop_string(self, tokens: list[int], reason: str | None) -> tuple[list[int], str | None]:

@@ -39,6 +39,7 @@ class Asked:
     threshold: float | None = None
     sampled: bool = False
     constrained: bool = False  # the output is held to a grammar (response_format, regex, grammar)
+    alternatives: bool = False  # top_logprobs: each position's most likely tokens, which only our exact engine gives
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +205,7 @@ def _explore(*, pair: ModelPair, live: dict[int, float], load: int) -> Plan:
 
 
 OWN_ENGINE = "on SpecChat's own engine (the only answer of the pair here)"
+ALTERNATIVES = "top_logprobs asked: only SpecChat's exact engine computes alternatives"
 # Measured on the real pair under a JSON schema: acceptance 0.81 with the draft masked, against 0.52 on the
 # library's pipeline where it is not (docs/benchmark.md#real-pair).
 OWN_CONSTRAINED = "held to a grammar, which the own engine applies to the draft too: the pair's K"
@@ -213,6 +215,8 @@ def on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) ->
     """The plan moved to the pair's own engine (ModelPair.own_engine_at_one_stream) when this answer is the
     pair's only one here: greedy, sampled or the main alone (K=0), under a grammar or not, exact with dynamic
     quantization and one copy of the weights. Not for a confidence threshold, which only the library applies."""
+    if asked.alternatives:
+        return _for_alternatives(pair=pair, planned=planned)
     if not pair.own_engine_at_one_stream or load > 1 or planned.threshold is not None:
         return planned
     if planned.mode not in (SpeculativeMode.DRAFT, SpeculativeMode.OFF, SpeculativeMode.EXACT_SAMPLING):
@@ -221,6 +225,15 @@ def on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) ->
         return Plan(mode=SpeculativeMode.DRAFT, k=pair.num_assistant_tokens or DEFAULT_K, own_engine=True,
                     reason=_join(OWN_CONSTRAINED, OWN_ENGINE))
     return replace(planned, own_engine=True, reason=_join(planned.reason, OWN_ENGINE))
+
+
+def _for_alternatives(*, pair: ModelPair, planned: Plan) -> Plan:
+    """A request asking top_logprobs runs on the exact engine at any load (the API refuses it for a pair
+    without a draft, or with a confidence threshold): greedy, sampled exactly, or the main alone (K=0)."""
+    mode = SpeculativeMode.EXACT_SAMPLING if planned.mode == SpeculativeMode.INEXACT_SAMPLING else planned.mode
+    k = (planned.k or pair.num_assistant_tokens or DEFAULT_K) if mode != SpeculativeMode.OFF else None
+    reason = planned.reason.replace(INEXACT_ALLOWED, "").strip("; ")
+    return Plan(mode=mode, k=k, own_engine=True, reason=_join(reason, ALTERNATIVES))
 
 
 def join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, running_speculative: int,

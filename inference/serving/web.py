@@ -157,7 +157,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
 def asked(options: GenerationOptions) -> speculation.Asked:
     return speculation.Asked(speculative=options.speculative, k=options.num_assistant_tokens,
                              threshold=options.assistant_confidence_threshold, sampled=options.temperature > 0,
-                             constrained=bool(options.grammar_kind))
+                             constrained=bool(options.grammar_kind), alternatives=options.top_logprobs > 0)
 
 
 def _check_float32_floor(value: float | None, param: str, *, zero_means: str = "") -> None:

@@ -194,7 +194,8 @@ class Answer:
                                       and params.num_assistant_tokens != 0,
                                       max_new_tokens=params.max_new_tokens)
         self.text = TextAssembler(engine.tokenizer)
-        self.steps: list[list] = []  # [draft text, main text] per step, [.., .., [[token, logprob], ..]] if asked
+        # [draft text, main text] per step; a third element when asked: [[token, logprob(, alternatives)], ..]
+        self.steps: list[list] = []
         self.pending: list[list] = []
         self.moving_to: speculation.Plan | None = None
         self.overran = False  # stopped for running past settings.MAX_ANSWER_S
@@ -204,6 +205,15 @@ class Answer:
         if not (engine.spec.uses_draft or engine.spec.uses_prompt_lookup):
             return None
         return params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
+
+    def _scored(self, item: StepTokens) -> list[list]:
+        """[text, logprob] per token, and [[text, logprob], ...] of its alternatives when the request asked."""
+        decode = self.engine.tokenizer.decode
+        scored: list[list] = [[decode([token]), logprob]
+                              for token, logprob in zip(item.token_ids, item.logprobs or [], strict=True)]
+        for entry, alternatives in zip(scored, item.alternatives or [], strict=False):
+            entry.append([[decode([token]), logprob] for token, logprob in alternatives])
+        return scored
 
     def run(self) -> None:
         flush_s = settings.STREAM_FLUSH_MS / 1000
@@ -218,9 +228,7 @@ class Answer:
                 self.stats.add_step(len(item.token_ids), item.at)
                 piece: list = list(self.text.add(item.token_ids))
                 if item.logprobs is not None:  # a third element: each token's text and log probability
-                    decode = self.engine.tokenizer.decode
-                    piece.append([[decode([token]), logprob]
-                                  for token, logprob in zip(item.token_ids, item.logprobs, strict=True)])
+                    piece.append(self._scored(item))
                 self.steps.append(piece)
                 self.pending.append(piece)
             elif isinstance(item, Finished):
