@@ -47,7 +47,7 @@ class ModelPairAdmin(admin.ModelAdmin):
                                              "live_figures")}),
         ("Limits and precision", {
             "fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens", "prefill_first",
-                       "inference_precision", "kv_cache_precision", "precision_mode", "own_engine_at_one_stream"),
+                       "inference_precision", "kv_cache_precision", "precision_mode", "own_engine_streams"),
             "description": "Exact mode (f32 and an f32 KV cache): greedy answers with the draft are the main alone's, "
                            "token for token. Fast mode (the device's defaults, both empty): the fastest main alone, "
                            "where answers with the draft can differ in near-ties; they say so."}),

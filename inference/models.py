@@ -4,7 +4,7 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 # The `model` name API clients use, a folder and a queue name: model names carry dots ("qwen2.5-coder-1.5b"),
@@ -79,11 +79,13 @@ class ModelPair(models.Model):
         max_length=8, choices=KvPrecision.choices, default=KvPrecision.F32, blank=True,
         help_text="f32 keeps speculative greedy output identical to the main alone (u8 flipped 1 in 48 here)."
     )
-    own_engine_at_one_stream = models.BooleanField(
-        default=False, help_text="While the pair runs one answer on a worker, SpecChat's own engine serves it (greedy, "
-        "sampled or the main alone): one copy of the weights, and exact with the CPU's dynamic quantization (the "
-        "fastest way to run an int8 main alone), which the library's speculative pipeline is not. Concurrent answers "
-        "run on the library's pipelines, which batch them. Needs a draft model and the exact mode.")
+    own_engine_streams = models.PositiveSmallIntegerField(
+        default=0, validators=[MaxValueValidator(64)],
+        help_text="While the pair runs at most this many answers on a worker, SpecChat's own engine serves them "
+        "(greedy, sampled or the main alone; 0: never): one copy of the weights, and exact with the CPU's dynamic "
+        "quantization (the fastest way to run an int8 main alone), which the library's speculative pipeline is not. "
+        "It runs each answer on its own; beyond this many the library's pipelines serve, which batch them. Needs a "
+        "draft model and the exact mode.")
     enabled = models.BooleanField(default=True)
     is_default = models.BooleanField(
         default=False, help_text="The chat's pair for a new conversation (at most one: setting it here unsets it "
@@ -141,8 +143,8 @@ class ModelPair(models.Model):
         )
         if problems := profile_errors(self.speculation_profile):
             errors["speculation_profile"] = "Invalid profile: " + "; ".join(problems) + "."
-        if self.own_engine_at_one_stream and not (self.draft_dir and self.precision_mode == self.EXACT):
-            errors["own_engine_at_one_stream"] = "The own engine needs a draft model and the exact mode (f32)."
+        if self.own_engine_streams and not (self.draft_dir and self.precision_mode == self.EXACT):
+            errors["own_engine_streams"] = "The own engine needs a draft model and the exact mode (f32)."
         if errors:
             raise ValidationError(errors)
 

@@ -199,6 +199,12 @@ async def follow(
                 return
 
 
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream id as a sortable pair: "1700000000000-3" -> (1700000000000, 3)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def valid_entry_id(value: str) -> bool:
     """A Redis stream id, as clients send it back in Last-Event-ID or `after`."""
     head, dash, tail = (value or "").partition("-")

@@ -1,4 +1,4 @@
-"""A pair's own engine (ModelPair.own_engine_at_one_stream): with the CPU's dynamic quantization (int8
+"""A pair's own engine (ModelPair.own_engine_streams): with the CPU's dynamic quantization (int8
 activations, the fastest way to run an int8 main alone), its greedy answers with the draft are the main
 alone's token for token, because rejected tokens are cut from the main's cache; and a worker serving
 such a pair answers one stream on it alone: one copy of the weights, no step process."""
@@ -84,7 +84,7 @@ def test_under_a_grammar_the_draft_changes_no_token_and_the_answer_holds_to_it(e
 @pytest.fixture
 def own_engine_pair(demo_pair, stack_env, redis_client, tmp_path):
     yield from pair_on_a_worker_of_its_own(demo_pair, stack_env, redis_client, tmp_path, slug="own-engine",
-                                           env={}, own_engine_at_one_stream=True)
+                                           env={}, own_engine_streams=1)
 
 
 @pytest.mark.django_db(transaction=True)

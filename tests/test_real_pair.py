@@ -213,7 +213,7 @@ CLOCK = {"type": "function", "function": {
 def test_a_tool_call_round_trip_with_the_official_client(live_server_url, real_pair, key):
     """The model chooses to call (tool_choice auto), the call comes back in OpenAI's shape, the tool's
     result goes back and the model answers from it; a forced call is the same with and without the draft,
-    streamed or not."""
+    streamed or not; a text answer beside tools streams as it is written."""
     import json
 
     api = client(live_server_url, key)
@@ -240,6 +240,15 @@ def test_a_tool_call_round_trip_with_the_official_client(live_server_url, real_p
     assert [(c.function.name, c.function.arguments) for c in streamed] == [(drafted.function.name,
                                                                              drafted.function.arguments)]
     assert drafted.function.name == "get_time" and json.loads(drafted.function.arguments)["zone"]
+
+    # Offered tools it has no use for, the model answers in text: streamed as it is written, not whole at the end.
+    unrelated = {"model": SLUG, "messages": [{"role": "user", "content": "Write a Python one-liner that reverses "
+                                              "a string s."}], "tools": [WEATHER, CLOCK], "max_tokens": 96}
+    whole = api.chat.completions.create(**unrelated).choices[0]
+    pieces = [chunk.choices[0].delta.content for chunk in api.chat.completions.create(**unrelated, stream=True)
+              if chunk.choices and chunk.choices[0].delta.content]
+    assert whole.finish_reason != "tool_calls" and whole.message.content == "".join(pieces)
+    assert len(pieces) > 5, pieces
 
 
 @pytest.mark.usefixtures("real_worker")
@@ -288,10 +297,10 @@ def test_the_chat_streams_a_coherent_answer_in_the_browser(live_server_url, real
 # ------------------------------------------------------------------ memory
 def test_a_worker_holds_one_copy_of_the_main_once_its_extra_engines_are_idle(
         stack_env, redis_client, live_server_url, real_pair, key, tmp_path):
-    """50 mixed requests (greedy with the draft, speculation off, sampled), four at a time, through a worker of
-    its own: one stream runs on the pair's own engine, more on the library's pipelines. Its PSS, summed over
-    its step processes, while all its engines are loaded and once the library's were idle long enough to be
-    freed. The figures are printed (`-s`)."""
+    """50 mixed requests (greedy with the draft, speculation off, sampled) two at a time, then 50 six at a time,
+    through a worker of its own: up to two streams run on the pair's own engine (one copy of the weights, no
+    step process), more on the library's pipelines. Its PSS, summed over its step processes, after each
+    phase and once the library's were idle long enough to be freed. The figures are printed (`-s`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from inference.benchmark.memory import ir_bytes, tree_pss
@@ -314,9 +323,13 @@ def test_a_worker_holds_one_copy_of_the_main_once_its_extra_engines_are_idle(
                 {"role": "user", "content": REQUESTS[index % len(REQUESTS)]}], **kinds[index % len(kinds)])
             return answer.usage.model_dump()["speculative_mode"]
 
-        with ThreadPoolExecutor(4) as pool:
+        with ThreadPoolExecutor(2) as pool:
             modes = list(pool.map(ask, range(50)))
         assert {"draft", "off", "draft-exact-sampling"} <= set(modes), modes
+        two_at_a_time = tree_pss(worker.proc.pid)
+        assert len(two_at_a_time) == 1, f"two streams should run on the own engine alone: {two_at_a_time}"
+        with ThreadPoolExecutor(6) as pool:  # the module's worker takes its share of the queue too
+            modes = list(pool.map(ask, range(50)))
         time.sleep(3)  # a heartbeat after the last answer
         assert len(engines_of(name)) >= 2, engines_of(name)  # the own engine, and the library's under load
         loaded_tree = tree_pss(worker.proc.pid)
@@ -330,7 +343,9 @@ def test_a_worker_holds_one_copy_of_the_main_once_its_extra_engines_are_idle(
     finally:
         worker.stop()
     ir = ir_bytes(FOLDER / "main", FOLDER / "draft")
-    print(f"\nIR files {ir / 2**30:.2f} GiB; worker PSS after 50 mixed requests {loaded / 2**30:.2f} GiB "
+    two = sum(two_at_a_time.values())
+    print(f"\nIR files {ir / 2**30:.2f} GiB; worker PSS after 50 mixed requests two at a time {two / 2**30:.2f} GiB "
+          f"({two / ir:.2f}x); after 50 six at a time {loaded / 2**30:.2f} GiB "
           f"({loaded / ir:.2f}x), once idle {settled_bytes / 2**30:.2f} GiB ({settled_bytes / ir:.2f}x); by process "
           f"(the worker first): {[round(b / 2**30, 2) for b in loaded_tree.values()]} GiB, then "
           f"{[round(b / 2**30, 2) for b in settled.values()]} GiB")

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from inference import errors
-from inference.api.tools import split_calls
+from inference.api.tools import CallStream, split_calls
 
 # What OpenAI's usage lacks: the speculative figures of the request (null without speculation).
 SPECULATIVE_USAGE = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "main_steps",
@@ -36,7 +36,7 @@ class Shape:
     generation_id: str
     created: int
     logprobs: bool = False  # the request asked for its tokens' log probabilities
-    tool_calls: bool = False  # the answer is read for tool calls (api/tools.py); streamed whole at its end
+    tool_calls: bool = False  # the answer is read for tool calls (api/tools.py): its calls come whole
     speculation_steps: bool = False  # each choice carries its steps: the draft's accepted text, the main's own
 
     def _calls(self, text: str) -> tuple[str | None, list[dict]]:
@@ -95,19 +95,21 @@ class Shape:
             chunk["usage"] = None  # OpenAI sends null on every chunk but the last when usage is asked for
         return chunk
 
-    def payloads(self, event: dict, *, include_usage: bool) -> list[dict | str]:
-        """What one transport event becomes on an OpenAI stream; "[DONE]" closes it."""
+    def payloads(self, event: dict, *, include_usage: bool, calls: CallStream | None = None) -> list[dict | str]:
+        """What one transport event becomes on an OpenAI stream; "[DONE]" closes it. `calls`: the stream's
+        reading of a tool-reading answer so far (one per stream, fed every event from the first)."""
         kind = event["type"]
         if kind == "start":
             role = self.chunk(delta={"role": "assistant", "content": ""}, with_usage=include_usage)
             return [role] if self.chat else []
         if kind == "delta" and self.tool_calls:
-            return []  # the answer is read for calls once it is whole (at "done")
+            content = (calls or CallStream()).content("".join(draft + main for draft, main, *_ in event["steps"]))
+            return [self.chunk(delta={"content": content}, with_usage=include_usage)] if content else []
         if kind == "delta":
             text = "".join(draft + main for draft, main, *_ in event["steps"])
             return [self.chunk(delta={"content": text}, text=text, with_usage=include_usage, steps=event["steps"])]
         if kind == "done":
-            out, finish_reason = self._whole_answer(event, include_usage=include_usage)
+            out, finish_reason = self._whole_answer(event, include_usage=include_usage, calls=calls)
             last = self.chunk(finish_reason=finish_reason, with_usage=include_usage)
             out.append(last)
             if include_usage:
@@ -118,17 +120,19 @@ class Shape:
                 f"The generation failed: {event['message']}")), "[DONE]"]
         return []
 
-    def _whole_answer(self, done: dict, *, include_usage: bool) -> tuple[list[dict | str], str]:
-        """A tool-reading answer's text and calls, sent whole as it ends (the done event holds its text), and
-        its finish reason; nothing for other answers (their text came in deltas)."""
+    def _whole_answer(self, done: dict, *, include_usage: bool,
+                      calls: CallStream | None) -> tuple[list[dict | str], str]:
+        """A tool-reading answer's content not streamed yet and its calls, as it ends (the done event holds its
+        text), and its finish reason; nothing for other answers (their text came in deltas)."""
         if not self.tool_calls:
             return [], done["finish_reason"]
-        content, calls = self._calls(done["text"])
+        content, found = self._calls(done["text"])
+        rest = (calls or CallStream()).rest(content)
         chunks: list[dict | str] = []
-        if content:
-            chunks.append(self.chunk(delta={"content": content}, with_usage=include_usage))
-        if not calls:
+        if rest:
+            chunks.append(self.chunk(delta={"content": rest}, with_usage=include_usage))
+        if not found:
             return chunks, done["finish_reason"]
-        numbered = [{"index": index, **call} for index, call in enumerate(calls)]
+        numbered = [{"index": index, **call} for index, call in enumerate(found)]
         chunks.append(self.chunk(delta={"tool_calls": numbered}, with_usage=include_usage))
         return chunks, "tool_calls" if done["finish_reason"] == "stop" else done["finish_reason"]

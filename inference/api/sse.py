@@ -22,6 +22,7 @@ from django.http import StreamingHttpResponse
 from inference import errors, transport
 from inference.api import auth
 from inference.api.shapes import Shape, error_body
+from inference.api.tools import CallStream
 from inference.models import Generation
 from inference.serving import readers, web
 from inference.serving.records import reconnecting
@@ -53,6 +54,19 @@ async def _key_revoked(generation: Generation) -> bool:
         return False
 
 
+async def _follow(*, generation: Generation, shape: Shape, after: str, calls: CallStream | None):
+    """The generation's events after `after`. A tool-reading answer's content depends on all its text before:
+    resumed mid-way, it is read from the start and the events up to `after` only feed `calls`."""
+    replayed = transport.entry_key(after) if calls is not None and after != "0-0" else None
+    async with aclosing(readers.follow_generation(generation_id=generation.id,
+                                                  after="0-0" if replayed else after)) as follow:
+        async for entry_id, event in follow:
+            if replayed and entry_id is not None and transport.entry_key(entry_id) <= replayed:
+                shape.payloads(event, include_usage=False, calls=calls)
+                continue
+            yield entry_id, event
+
+
 async def events(*, generation: Generation, shape: Shape, after: str, include_usage: bool,
                  owner: bool) -> AsyncIterator[bytes]:
     """The generation's chunks after entry `after`, ending with `data: [DONE]`. `owner`: this
@@ -60,8 +74,9 @@ async def events(*, generation: Generation, shape: Shape, after: str, include_us
     Every ACCESS_RECHECK_S the key is checked again: a revoked key's stream ends with an error."""
     ended, quiet_since = False, time.monotonic()
     checked_at = time.monotonic()
+    calls = CallStream() if shape.tool_calls else None
     try:
-        async with aclosing(readers.follow_generation(generation_id=generation.id, after=after)) as follow:
+        async with aclosing(_follow(generation=generation, shape=shape, after=after, calls=calls)) as follow:
             async for entry_id, event in follow:
                 if time.monotonic() - checked_at >= settings.ACCESS_RECHECK_S:
                     checked_at = time.monotonic()
@@ -86,7 +101,7 @@ async def events(*, generation: Generation, shape: Shape, after: str, include_us
                         quiet_since = time.monotonic()
                         yield b": keep-alive\n\n"
                     continue
-                payloads = shape.payloads(event, include_usage=include_usage)
+                payloads = shape.payloads(event, include_usage=include_usage, calls=calls)
                 ended = event["type"] in transport.TERMINAL
                 quiet_since = time.monotonic()
                 for index, payload in enumerate(payloads):

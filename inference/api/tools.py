@@ -100,5 +100,33 @@ def split_calls(text: str, *, ids: str) -> tuple[str | None, list[dict]]:
         kept.append(text[last:match.start()])
         last = match.end()
     kept.append(text[last:])
-    content = "".join(kept).strip() if calls else text
+    content = "".join(kept).rstrip() if calls else text  # rstrip: what CallStream streams is a prefix of it
     return content or None, calls
+
+
+class CallStream:
+    """A tool-reading answer's content streamed as it is written: the text before its first call, held back
+    where a call may be beginning (a tail that could open `<tool_call>`) and at trailing whitespace, which the
+    whole answer drops before a call. What is sent is always a prefix of split_calls' content; the calls
+    and any content after them come whole once the answer ends (`rest`)."""
+
+    OPEN = TOOL_CALL_OPEN.strip()
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.sent = ""
+
+    def content(self, piece: str) -> str:
+        """The content that `piece`, the answer's next text, lets out."""
+        self.text += piece
+        start = self.text.find(self.OPEN)
+        if start < 0:
+            start = len(self.text) - next((n for n in range(len(self.OPEN) - 1, 0, -1)
+                                           if self.text.endswith(self.OPEN[:n])), 0)
+        safe = self.text[:start].rstrip()
+        new, self.sent = safe[len(self.sent):], max(self.sent, safe, key=len)
+        return new
+
+    def rest(self, content: str | None) -> str:
+        """What is left to send of the whole answer's content."""
+        return (content or "")[len(self.sent):]

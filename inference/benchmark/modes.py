@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -83,39 +84,53 @@ def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int,
 
 def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], max_new_tokens: int,
                   repeats: int, modes: tuple[str, ...] = tuple(MODES), grammar: Grammar | None = None,
-                  say=print) -> list[Line]:
-    """`grammar`: every answer held to it (structured output), with and without the draft."""
+                  streams: int = 1, say=print) -> list[Line]:
+    """`grammar`: every answer held to it (structured output), with and without the draft. `streams`: that
+    many prompts answered at once by each line (the library batches them; the own engine runs a thread for
+    each), and tokens/s is their sum over the wall time."""
     specs = {(mode, speculative): mode_spec(spec, mode, speculative=speculative)
              for mode in modes for speculative in (False, True)}
     built = {each: build_engine(each) for each in set(specs.values())}  # the own engine serves both K=0 and K
     engines = {key: built[each] for key, each in specs.items()}
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
+    rounds = [prompts[start:start + streams] for start in range(0, len(prompts), streams)]
     try:
         for repeat in range(repeats):
-            for index, prompt in enumerate(prompts):
+            for index, together in enumerate(rounds):
                 order = lines[(repeat + index) % len(lines):] + lines[:(repeat + index) % len(lines)]
-                texts: dict[str, list[int]] = {}
+                texts: dict[str, list[list[int]]] = {}
                 for line in order:
                     engine = engines[(line.mode, bool(line.k))]
-                    tokens, seconds, steps = answer(engine, prompt, k=line.k, max_new_tokens=max_new_tokens,
-                                                    grammar=grammar)
-                    texts[line.name] = tokens
-                    line.tokens, line.seconds, line.answers = line.tokens + len(tokens), line.seconds + seconds, \
-                        line.answers + 1
-                    line.looping += repeated_ngram_share(engine.tokenizer.decode(tokens)) > LOOPING
-                    if line.k:
-                        decoding = max(steps - 1, 0)  # the first step is the prefill's
-                        line.steps += decoding
-                        line.accepted += max(len(tokens) - 1 - decoding, 0)
-                        line.proposed += decoding * line.k
+                    texts[line.name] = _run_round(line, engine, together, max_new_tokens=max_new_tokens,
+                                                  grammar=grammar)
                 for line in lines:
-                    line.identical += texts[line.name] == texts[f"{line.mode} main alone"]
-                say(f"repeat {repeat + 1}/{repeats}, prompt {index + 1}/{len(prompts)}: " + ", ".join(
+                    line.identical += sum(mine == alone for mine, alone in
+                                          zip(texts[line.name], texts[f"{line.mode} main alone"], strict=True))
+                say(f"repeat {repeat + 1}/{repeats}, round {index + 1}/{len(rounds)}: " + ", ".join(
                     f"{line.name} {line.tokens_per_s:.1f}" for line in lines))
     finally:
         for engine in built.values():
             engine.close()
     return lines
+
+
+def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens: int,
+               grammar: Grammar | None) -> list[list[int]]:
+    """The line's answers to `prompts`, all at once; its figures take them in."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(lambda prompt: answer(engine, prompt, k=line.k, max_new_tokens=max_new_tokens,
+                                                      grammar=grammar), prompts))
+    line.seconds += time.perf_counter() - started
+    for tokens, _, steps in answers:
+        line.tokens, line.answers = line.tokens + len(tokens), line.answers + 1
+        line.looping += repeated_ngram_share(engine.tokenizer.decode(tokens)) > LOOPING
+        if line.k:
+            decoding = max(steps - 1, 0)  # the first step is the prefill's
+            line.steps += decoding
+            line.accepted += max(len(tokens) - 1 - decoding, 0)
+            line.proposed += decoding * line.k
+    return [tokens for tokens, _, _ in answers]
 
 
 def infer_cost(*, main_dir: str, mode: str, sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256,

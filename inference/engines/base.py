@@ -60,7 +60,7 @@ class PairSpec:
     def is_pair_default(self) -> bool:
         """The pipeline the pair serves as registered, whose state the admin shows (a speculative
         pair also builds its main alone and its exact-sampling engine, on demand). A pair with its own engine
-        (ModelPair.own_engine_at_one_stream) serves on its exact engine; the library's are for concurrent answers."""
+        (ModelPair.own_engine_streams) serves on its exact engine; the library's are for concurrent answers."""
         if self.own_engine:
             return self.exact_sampling
         return not self.exact_sampling and (self.speculative or not (self.draft_dir or self.prompt_lookup))

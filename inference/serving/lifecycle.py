@@ -127,7 +127,7 @@ def _load(slug: str) -> None:
     try:
         pair = ModelPair.objects.filter(slug=slug, enabled=True).first()
         if pair is not None:
-            load_engine(pair=pair, exact_sampling=pair.own_engine_at_one_stream)  # the pair's default engine
+            load_engine(pair=pair, exact_sampling=bool(pair.own_engine_streams))  # the pair's default engine
     except Exception:
         log.exception("pair %s failed to load", slug)
     finally:

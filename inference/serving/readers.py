@@ -127,11 +127,6 @@ def _fail_if_stalled(*, generation_id) -> tuple[str, dict] | None:
     return (error_id, {"type": "error", "message": problem}) if error_id else None
 
 
-def _entry_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
 END_GRACE_S = 5  # a worker writes the record, then the terminal event: it may lag the record this long
 
 
@@ -147,7 +142,7 @@ def nothing_after(*, generation_id, seen: str) -> bool:
     if finished_at is None:
         return False
     last: Any = transport.sync_client().xrevrange(transport.stream_key(generation_id), count=1)
-    if last and _entry_key(last[0][0]) > _entry_key(seen):
+    if last and transport.entry_key(last[0][0]) > transport.entry_key(seen):
         return False  # more to read
     if last and json.loads(last[0][1]["data"]).get("type") in transport.TERMINAL:
         return True

@@ -43,8 +43,8 @@ def pair_spec(*, pair: ModelPair, speculative: bool = True, exact_sampling: bool
         kv_cache_precision=pair.kv_cache_precision,
         speculative=speculative and pair.is_speculative,
         exact_sampling=exact_sampling and speculative and bool(pair.draft_dir),
-        own_engine=pair.own_engine_at_one_stream and bool(pair.draft_dir),
-        dynamic_quantization=pair.own_engine_at_one_stream and exact_sampling,
+        own_engine=bool(pair.own_engine_streams and pair.draft_dir),
+        dynamic_quantization=bool(pair.own_engine_streams) and exact_sampling,
     )
 
 

@@ -204,7 +204,7 @@ def _explore(*, pair: ModelPair, live: dict[int, float], load: int) -> Plan:
                 reason=f"exploring: speculation is not measured here lately at {load} streams")
 
 
-OWN_ENGINE = "on SpecChat's own engine (the only answer of the pair here)"
+OWN_ENGINE = "on SpecChat's own engine (few enough of the pair's answers here)"
 ALTERNATIVES = "top_logprobs asked: only SpecChat's exact engine computes alternatives"
 # Measured on the real pair under a JSON schema: acceptance 0.81 with the draft masked, against 0.52 on the
 # library's pipeline where it is not (docs/benchmark.md#real-pair).
@@ -212,12 +212,13 @@ OWN_CONSTRAINED = "held to a grammar, which the own engine applies to the draft 
 
 
 def on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -> Plan:
-    """The plan moved to the pair's own engine (ModelPair.own_engine_at_one_stream) when this answer is the
-    pair's only one here: greedy, sampled or the main alone (K=0), under a grammar or not, exact with dynamic
-    quantization and one copy of the weights. Not for a confidence threshold, which only the library applies."""
+    """The plan moved to the pair's own engine (ModelPair.own_engine_streams) while the pair runs at most that
+    many answers here, this one included: greedy, sampled or the main alone (K=0), under a grammar or not,
+    exact with dynamic quantization and one copy of the weights. Not for a confidence threshold, which only
+    the library applies. A request asking alternatives (top_logprobs) runs on the exact engine at any load."""
     if asked.alternatives:
         return _for_alternatives(pair=pair, planned=planned)
-    if not pair.own_engine_at_one_stream or load > 1 or planned.threshold is not None:
+    if load > pair.own_engine_streams or planned.threshold is not None:
         return planned
     if planned.mode not in (SpeculativeMode.DRAFT, SpeculativeMode.OFF, SpeculativeMode.EXACT_SAMPLING):
         return planned

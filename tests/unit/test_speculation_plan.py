@@ -80,7 +80,7 @@ def test_under_a_grammar_greedy_speculates_when_it_names_k_and_sampling_runs_on_
 def test_on_the_own_engine_a_grammar_speculates_with_the_pairs_k():
     """The own engine masks the draft by the grammar too (acceptance 0.81 against the library's 0.52 on the real
     pair): an answer it serves alone speculates with the pair's K; beside others, the library's main alone."""
-    own = pair(own_engine_at_one_stream=True, num_assistant_tokens=3)
+    own = pair(own_engine_streams=1, num_assistant_tokens=3)
 
     def planned(asked: Asked, load: int):
         return on_own_engine(pair=own, asked=asked, planned=plan(pair=own, asked=asked, load=load), load=load)
@@ -91,6 +91,17 @@ def test_on_the_own_engine_a_grammar_speculates_with_the_pairs_k():
     assert (off.mode, off.own_engine) == (SpeculativeMode.OFF, True)
     busy = planned(Asked(constrained=True), 2)
     assert (busy.mode, busy.own_engine) == (SpeculativeMode.OFF, False)
+
+
+def test_the_own_engine_serves_as_many_streams_as_the_pair_gives_it():
+    """Up to own_engine_streams answers of the pair here run on its own engine (one copy of the weights, each
+    answer on its own); beyond that the library's pipelines, which batch them."""
+    two = pair(own_engine_streams=2, num_assistant_tokens=3)
+    for load, own in ((1, True), (2, True), (3, False)):
+        planned = on_own_engine(pair=two, asked=Asked(), planned=plan(pair=two, asked=Asked(), load=load), load=load)
+        assert planned.own_engine is own, load
+    never = pair(own_engine_streams=0)
+    assert not on_own_engine(pair=never, asked=Asked(), planned=plan(pair=never, asked=Asked(), load=1), load=1).own_engine
 
 
 @pytest.mark.parametrize(("fields", "asked", "mode"), [

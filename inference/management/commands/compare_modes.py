@@ -26,9 +26,10 @@ class Command(BaseCommand):
         parser.add_argument("--modes", type=lambda text: tuple(text.split(",")), default=tuple(modes.MODES),
                             help="exact,fast (both by default)")
         parser.add_argument("--json-schema", type=Path, help="hold every answer to this JSON schema (a file)")
+        parser.add_argument("--streams", type=int, default=1, help="answers each line runs at once")
         parser.add_argument("--out", type=Path, help="write the figures here as JSON")
 
-    def handle(self, *args, pair, prompts_file, ks, max_new_tokens, repeats, out, json_schema, **options):
+    def handle(self, *args, pair, prompts_file, ks, max_new_tokens, repeats, out, json_schema, streams, **options):
         record = ModelPair.objects.filter(slug=pair).first()
         if record is None or not record.draft_dir:
             raise CommandError(f"No pair '{pair}' with a draft is registered.")
@@ -41,6 +42,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if set(options["modes"]) - set(modes.MODES):
             raise CommandError(f"--modes takes {', '.join(modes.MODES)}.")
+        if streams < 1:
+            raise CommandError("--streams takes a number of streams, 1 or more.")
         grammar = None
         if json_schema:
             grammar = Grammar(kind="json_schema", text=json_schema.read_text())
@@ -50,11 +53,12 @@ class Command(BaseCommand):
                 raise CommandError(f"{json_schema}: {exc}") from exc
         costs = {mode: modes.infer_cost(main_dir=spec.main_dir, mode=mode) for mode in options["modes"]}
         lines = modes.compare_modes(spec=spec, prompts=prompts, ks=ks, max_new_tokens=max_new_tokens,
-                                    repeats=repeats, modes=options["modes"], grammar=grammar, say=self.stderr.write)
+                                    repeats=repeats, modes=options["modes"], grammar=grammar, streams=streams,
+                                    say=self.stderr.write)
         self.stdout.write(modes.report(lines, costs))
         if out:
             out.write_text(json.dumps({"pair": pair, "prompts": str(prompts_file), "max_new_tokens": max_new_tokens,
-                                       "json_schema": str(json_schema or ""),
+                                       "json_schema": str(json_schema or ""), "streams": streams,
                                        "repeats": repeats, "costs_ms": costs,
                                        "lines": [{**vars(line), "tokens_per_s": line.tokens_per_s} for line in lines]},
                                       indent=1))
