@@ -79,7 +79,7 @@ def admin_form(**overrides) -> dict:
     data = {"name": "Mine", "slug": "mine", "main_dir": "main", "draft_dir": "draft", "max_ngram_size": 3,
             "device": "CPU", "num_assistant_tokens": 4, "assistant_confidence_threshold": "",
             "max_new_tokens_cap": 512, "cache_size_gb": 1, "inference_precision": "f32",
-            "kv_cache_precision": "u8", "enabled": "on"}
+            "kv_cache_precision": "u8", "own_engine_streams": 0, "enabled": "on"}
     return {**data, **overrides}
 
 
