@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import llguidance as llg
 import numpy as np
 import openvino as ov
 
@@ -182,7 +183,7 @@ class ExactEngine:
         self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.device, props)
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
-        self._grammar_vocabulary = None  # built on the first request held to a grammar (see grammar_vocabulary)
+        self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
         self.load_seconds = time.perf_counter() - started
         self._active: dict[int, ActiveRequest] = {}
         self._ids = itertools.count()
@@ -198,7 +199,7 @@ class ExactEngine:
     def alive(self) -> bool:
         return True  # it runs in this process
 
-    def grammar_vocabulary(self):
+    def grammar_vocabulary(self) -> llg.LLTokenizer:
         """The main's vocabulary as llguidance reads it, built once (a second or so on 152k tokens)."""
         with self._lock:
             if self._grammar_vocabulary is None:
