@@ -102,11 +102,11 @@ class Shape:
         if kind == "start":
             role = self.chunk(delta={"role": "assistant", "content": ""}, with_usage=include_usage)
             return [role] if self.chat else []
-        if kind == "delta" and self.tool_calls:
-            content = (calls or CallStream()).content("".join(draft + main for draft, main, *_ in event["steps"]))
-            return [self.chunk(delta={"content": content}, with_usage=include_usage)] if content else []
         if kind == "delta":
             text = "".join(draft + main for draft, main, *_ in event["steps"])
+            if self.tool_calls:
+                content = (calls or CallStream()).content(text)
+                return [self.chunk(delta={"content": content}, with_usage=include_usage)] if content else []
             return [self.chunk(delta={"content": text}, text=text, with_usage=include_usage, steps=event["steps"])]
         if kind == "done":
             out, finish_reason = self._whole_answer(event, include_usage=include_usage, calls=calls)
