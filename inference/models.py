@@ -81,11 +81,11 @@ class ModelPair(models.Model):
     )
     own_engine_streams = models.PositiveSmallIntegerField(
         default=0, validators=[MaxValueValidator(64)],
-        help_text="While the pair runs at most this many answers on a worker, SpecChat's own engine serves them "
-        "(greedy, sampled or the main alone; 0: never): one copy of the weights, and exact with the CPU's dynamic "
-        "quantization (the fastest way to run an int8 main alone), which the library's speculative pipeline is not. "
-        "It runs each answer on its own; beyond this many the library's pipelines serve, which batch them. Needs a "
-        "draft model and the exact mode.")
+        help_text="While the pair runs at most this many answers on a worker, SpecChat's own engine speculates for "
+        "them (greedy, sampled or the main alone; 0: never), exact with the CPU's dynamic quantization (the fastest "
+        "way to run an int8 main alone), which the library's speculative pipeline is not; beyond this many, answers "
+        "run on the main alone there, batched (unless they name a K). One copy of the weights. Set it where "
+        "`compare_modes --streams` shows speculation stop paying. Needs a draft model and the exact mode.")
     enabled = models.BooleanField(default=True)
     is_default = models.BooleanField(
         default=False, help_text="The chat's pair for a new conversation (at most one: setting it here unsets it "

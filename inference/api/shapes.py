@@ -105,8 +105,10 @@ class Shape:
         if kind == "delta":
             text = "".join(draft + main for draft, main, *_ in event["steps"])
             if self.tool_calls:
-                content = (calls or CallStream()).content(text)
-                return [self.chunk(delta={"content": content}, with_usage=include_usage)] if content else []
+                calls = calls or CallStream()
+                if not (content := calls.content(text, event["steps"])):
+                    return []
+                return [self.chunk(delta={"content": content}, with_usage=include_usage, steps=calls.held_steps())]
             return [self.chunk(delta={"content": text}, text=text, with_usage=include_usage, steps=event["steps"])]
         if kind == "done":
             out, finish_reason = self._whole_answer(event, include_usage=include_usage, calls=calls)
@@ -127,12 +129,15 @@ class Shape:
         if not self.tool_calls:
             return [], done["finish_reason"]
         content, found = self._calls(done["text"])
-        rest = (calls or CallStream()).rest(content)
+        calls = calls or CallStream()
+        rest, steps = calls.rest(content), calls.held_steps()
         chunks: list[dict | str] = []
         if rest:
-            chunks.append(self.chunk(delta={"content": rest}, with_usage=include_usage))
-        if not found:
-            return chunks, done["finish_reason"]
-        numbered = [{"index": index, **call} for index, call in enumerate(found)]
-        chunks.append(self.chunk(delta={"tool_calls": numbered}, with_usage=include_usage))
-        return chunks, "tool_calls" if done["finish_reason"] == "stop" else done["finish_reason"]
+            chunks.append(self.chunk(delta={"content": rest}, with_usage=include_usage, steps=steps))
+        if found:
+            numbered = [{"index": index, **call} for index, call in enumerate(found)]
+            chunks.append(self.chunk(delta={"tool_calls": numbered}, with_usage=include_usage,
+                                     steps=None if rest else steps))
+        elif steps and not rest:  # the held text was whitespace the whole answer drops
+            chunks.append(self.chunk(delta={}, with_usage=include_usage, steps=steps))
+        return chunks, "tool_calls" if found and done["finish_reason"] == "stop" else done["finish_reason"]

@@ -108,17 +108,20 @@ class CallStream:
     """A tool-reading answer's content streamed as it is written: the text before its first call, held back
     where a call may be beginning (a tail that could open `<tool_call>`) and at trailing whitespace, which the
     whole answer drops before a call. What is sent is always a prefix of split_calls' content; the calls
-    and any content after them come whole once the answer ends (`rest`)."""
+    and any content after them come whole once the answer ends (`rest`). The steps behind the text (their
+    logprobs and provenance) go out with the next content let out, the rest with the end (`held_steps`)."""
 
     OPEN = TOOL_CALL_OPEN.strip()
 
     def __init__(self) -> None:
         self.text = ""
         self.sent = ""
+        self.steps: list = []  # steps whose text has not gone out with content yet
 
-    def content(self, piece: str) -> str:
-        """The content that `piece`, the answer's next text, lets out."""
+    def content(self, piece: str, steps: list | None = None) -> str:
+        """The content that `piece`, the answer's next text (from `steps`), lets out."""
         self.text += piece
+        self.steps += steps or []
         start = self.text.find(self.OPEN)
         if start < 0:
             start = len(self.text) - next((n for n in range(len(self.OPEN) - 1, 0, -1)
@@ -130,3 +133,8 @@ class CallStream:
     def rest(self, content: str | None) -> str:
         """What is left to send of the whole answer's content."""
         return (content or "")[len(self.sent):]
+
+    def held_steps(self) -> list:
+        """The steps not sent yet, once: to go out with the content they let out, or with the answer's end."""
+        steps, self.steps = self.steps, []
+        return steps

@@ -12,7 +12,8 @@ follow the main alone's distribution. At temperature 0 every draw is an argmax: 
 Rejected tokens stay in the KV cache but are masked out (attention_mask 0, position ids continuous
 over the live tokens); copying the cache to trim it every step cost as much as a main step. When the
 cache is mostly dead it is rebuilt once from the live tokens. Each request holds its own pair of
-infer requests and runs in its own thread (OpenVINO releases the GIL while it infers).
+infer requests and runs in its own thread (OpenVINO releases the GIL while it infers), but the answers of
+the main alone (K=0) share one batched inference a step (engines/batch.py): under load that is the fast way.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from inference.engines.base import (
     load_tokenizer,
     prompt_token_ids,
 )
+from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary
 from inference.engines.pages import release_weight_pages
 from inference.limits import DEFAULT_K
@@ -152,6 +154,9 @@ class KvSequence:
     def dead(self) -> int:
         return len(self.mask) - self.position
 
+    def close(self) -> None:
+        """Nothing to free beyond the infer request, which goes with this object (a batch row leaves its batch)."""
+
     def rebuild(self, live_ids: list[int]) -> None:
         """Drop the dead slots: a fresh cache holding the live tokens only."""
         self.request.reset_state()
@@ -181,6 +186,7 @@ class ExactEngine:
         props = spec.device_properties()
         self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device, props)
         self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.device, props)
+        self.batch = SharedBatch(self.main)
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
         self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
@@ -219,7 +225,7 @@ class ExactEngine:
         return request
 
     def close(self) -> None:
-        """Nothing to stop: each request's thread ends with it."""
+        """Nothing to stop: each request's thread ends with it (and the batch's driver with its last row)."""
 
     def _run(self, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams) -> None:
         try:
@@ -240,7 +246,7 @@ class Decoding:
         self.engine, self.request, self.params = engine, request, params
         self.rng = np.random.default_rng(params.seed)
         self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
-        self.main = KvSequence(engine.main, cut_rejected=True)
+        self.main = engine.batch.row() if self.k == 0 else KvSequence(engine.main, cut_rejected=True)
         self.draft = KvSequence(engine.draft)
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
@@ -249,6 +255,12 @@ class Decoding:
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
 
     def run(self) -> Finished:
+        try:
+            return self._decode()
+        finally:
+            self.main.close()
+
+    def _decode(self) -> Finished:
         logits = self.main.feed(self.prompt_ids)[-1]
         first = draw(probabilities(self._allowed(logits), self.params), self.rng)
         if self.constraint:

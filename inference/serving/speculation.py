@@ -205,6 +205,7 @@ def _explore(*, pair: ModelPair, live: dict[int, float], load: int) -> Plan:
 
 
 OWN_ENGINE = "on SpecChat's own engine (few enough of the pair's answers here)"
+OWN_BATCH = "the main alone, batched on SpecChat's own engine (more of the pair's answers here than it speculates for)"
 ALTERNATIVES = "top_logprobs asked: only SpecChat's exact engine computes alternatives"
 # Measured on the real pair under a JSON schema: acceptance 0.81 with the draft masked, against 0.52 on the
 # library's pipeline where it is not (docs/benchmark.md#real-pair).
@@ -212,16 +213,23 @@ OWN_CONSTRAINED = "held to a grammar, which the own engine applies to the draft 
 
 
 def on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -> Plan:
-    """The plan moved to the pair's own engine (ModelPair.own_engine_streams) while the pair runs at most that
-    many answers here, this one included: greedy, sampled or the main alone (K=0), under a grammar or not,
-    exact with dynamic quantization and one copy of the weights. Not for a confidence threshold, which only
-    the library applies. A request asking alternatives (top_logprobs) runs on the exact engine at any load."""
+    """The plan moved to the pair's own engine (ModelPair.own_engine_streams): while the pair runs at most that
+    many answers here, this one included, it speculates there (greedy, sampled or the main alone, under a
+    grammar or not, exact with dynamic quantization); beyond that the main alone serves there, in one batch
+    (engines/batch.py), unless the request named its K. One copy of the weights either way. Not for a
+    confidence threshold, which only the library applies. A request asking alternatives (top_logprobs) runs on
+    the exact engine at any load."""
     if asked.alternatives:
         return _for_alternatives(pair=pair, planned=planned)
-    if load > pair.own_engine_streams or planned.threshold is not None:
+    if not pair.own_engine_streams or planned.threshold is not None:
         return planned
     if planned.mode not in (SpeculativeMode.DRAFT, SpeculativeMode.OFF, SpeculativeMode.EXACT_SAMPLING):
         return planned
+    if load > pair.own_engine_streams:
+        if asked.k is not None and planned.speculative:
+            return planned  # the K it named, on the library's pipelines, which batch speculation
+        reason = planned.reason if not asked.speculative else f"{load} of the pair's answers running here"
+        return Plan(mode=SpeculativeMode.OFF, own_engine=True, reason=_join(reason, OWN_BATCH))
     if planned.reason == CONSTRAINED:
         return Plan(mode=SpeculativeMode.DRAFT, k=pair.num_assistant_tokens or DEFAULT_K, own_engine=True,
                     reason=_join(OWN_CONSTRAINED, OWN_ENGINE))

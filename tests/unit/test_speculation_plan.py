@@ -8,6 +8,7 @@ from inference.models import Generation, ModelPair
 from inference.serving.speculation import (
     CONSTRAINED,
     EXACT_THRESHOLD,
+    OWN_BATCH,
     Asked,
     handover,
     join_running_batch,
@@ -79,7 +80,7 @@ def test_under_a_grammar_greedy_speculates_when_it_names_k_and_sampling_runs_on_
 
 def test_on_the_own_engine_a_grammar_speculates_with_the_pairs_k():
     """The own engine masks the draft by the grammar too (acceptance 0.81 against the library's 0.52 on the real
-    pair): an answer it serves alone speculates with the pair's K; beside others, the library's main alone."""
+    pair): an answer it serves alone speculates with the pair's K; beside others, the main alone there, batched."""
     own = pair(own_engine_streams=1, num_assistant_tokens=3)
 
     def planned(asked: Asked, load: int):
@@ -90,18 +91,31 @@ def test_on_the_own_engine_a_grammar_speculates_with_the_pairs_k():
     off = planned(Asked(constrained=True, speculative=False), 1)
     assert (off.mode, off.own_engine) == (SpeculativeMode.OFF, True)
     busy = planned(Asked(constrained=True), 2)
-    assert (busy.mode, busy.own_engine) == (SpeculativeMode.OFF, False)
+    assert (busy.mode, busy.own_engine) == (SpeculativeMode.OFF, True)
 
 
-def test_the_own_engine_serves_as_many_streams_as_the_pair_gives_it():
-    """Up to own_engine_streams answers of the pair here run on its own engine (one copy of the weights, each
-    answer on its own); beyond that the library's pipelines, which batch them."""
+def test_the_own_engine_speculates_for_as_many_streams_as_the_pair_gives_it_then_batches_the_main_alone():
+    """Up to own_engine_streams answers of the pair here speculate on its own engine, each on its own; beyond
+    that, greedy, sampled, constrained and speculative: false answers run on the main alone there, batched (one
+    copy of the weights at every load). A request that names its K keeps it (on the library's pipelines)."""
     two = pair(own_engine_streams=2, num_assistant_tokens=3)
-    for load, own in ((1, True), (2, True), (3, False)):
-        planned = on_own_engine(pair=two, asked=Asked(), planned=plan(pair=two, asked=Asked(), load=load), load=load)
-        assert planned.own_engine is own, load
+
+    def planned(asked: Asked, load: int):
+        return on_own_engine(pair=two, asked=asked, planned=plan(pair=two, asked=asked, load=load), load=load)
+
+    for load, mode in ((1, SpeculativeMode.DRAFT), (2, SpeculativeMode.DRAFT), (3, SpeculativeMode.OFF)):
+        assert (planned(Asked(), load).mode, planned(Asked(), load).own_engine) == (mode, True), load
+    for asked in (Asked(sampled=True), Asked(constrained=True), Asked(speculative=False)):
+        busy = planned(asked, 3)
+        assert (busy.mode, busy.k, busy.own_engine) == (SpeculativeMode.OFF, None, True), asked
+        assert OWN_BATCH in busy.reason
+    assert "speculative: false was asked" in planned(Asked(speculative=False), 3).reason
+    named = planned(Asked(k=4), 3)
+    assert (named.mode, named.k, named.own_engine) == (SpeculativeMode.DRAFT, 4, False)
     never = pair(own_engine_streams=0)
-    assert not on_own_engine(pair=never, asked=Asked(), planned=plan(pair=never, asked=Asked(), load=1), load=1).own_engine
+    for load in (1, 3):
+        assert not on_own_engine(pair=never, asked=Asked(), planned=plan(pair=never, asked=Asked(), load=load),
+                                 load=load).own_engine
 
 
 @pytest.mark.parametrize(("fields", "asked", "mode"), [
