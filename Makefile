@@ -62,7 +62,7 @@ lint: install
 
 test: install-train lint redis chromium demo-main
 	$(PY) -m pytest
-	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest
+	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest -m 'not real and not no_database'
 
 # The real pair's tier (`-m real`): import, identity, distribution, memory, chat and API on Qwen2.5-Coder.
 test-real: install-train redis chromium real-pair

@@ -24,6 +24,7 @@ def greedy(engine: PairEngine, prompt: str, n: int = 32) -> list[int]:
     return tokens
 
 
+@pytest.mark.no_database
 def test_the_build_is_deterministic_and_checked_by_pair_json():
     manifest = main_model.build()
     assert manifest["sha256"] == main_model.expected_sha256() == main_model.sha256(main_model.TARGET / "openvino_model.bin")
@@ -36,6 +37,7 @@ def test_the_build_is_deterministic_and_checked_by_pair_json():
         "intermediate_size"]
 
 
+@pytest.mark.no_database
 def test_the_grown_main_computes_what_the_committed_main_computes():
     main_model.build()
     small = PairEngine(PairSpec(slug="small", main_dir=str(main_model.SOURCE), speculative=False))

@@ -58,6 +58,7 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("sampling", SETTINGS)
+@pytest.mark.no_database
 def test_exact_engine_samples_follow_the_main_alone(main_alone, exact, sampling):
     reference_settings = {name: value for name, value in sampling.items() if name != "num_assistant_tokens"}
     reference = samples(sampler(main_alone, **reference_settings), range(N), threads=16)
@@ -67,6 +68,7 @@ def test_exact_engine_samples_follow_the_main_alone(main_alone, exact, sampling)
     assert len(set(tested)) > 20  # a spread-out distribution, or the test would prove little
 
 
+@pytest.mark.no_database
 def test_an_answer_handed_over_from_the_exact_engine_to_the_main_alone_follows_the_main_alone(main_alone, exact):
     """As the load rises the worker moves a sampled answer off the exact engine: the main alone goes on
     from the prompt's ids and the tokens so far, with the request's own settings and seed. Two tokens
@@ -90,6 +92,7 @@ def test_an_answer_handed_over_from_the_exact_engine_to_the_main_alone_follows_t
     assert len(set(tested)) > 20
 
 
+@pytest.mark.no_database
 def test_the_librarys_own_sampling_with_a_draft_is_still_inexact(main_alone):
     """openvino-genai 2026.4: its draft verification at T > 0 is not the speculative sampling rule. If
     this fails, an upgrade fixed it: its path may then be served for sampled requests."""
@@ -127,6 +130,7 @@ def test_sampled_answers_through_the_api_follow_the_main_alone(live_server_url, 
     assert not differs(report), report
 
 
+@pytest.mark.no_database
 def test_exact_engine_samples_under_a_grammar_follow_the_main_alone_under_it(main_alone, exact):
     """Under a grammar the exact engine masks the draft's q and the main's p with llguidance's view of it;
     the reference is the library's main alone under the same grammar (xgrammar's view): samples from the

@@ -9,10 +9,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 
 from inference.engines.base import DecodingParams, Finished, PairSpec, StepTokens
 from inference.engines.registry import EngineRegistry
+
+pytestmark = pytest.mark.no_database
 
 DEMO = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR
 SPEC = PairSpec(slug="step-process", main_dir=str(DEMO / "main"), draft_dir=str(DEMO / "draft"))

@@ -44,6 +44,7 @@ def answer(engine, prompt: str, k: int, **held) -> list[int]:
     return tokens
 
 
+@pytest.mark.no_database
 def test_rejected_tokens_cut_from_the_cache_leave_no_trace(engine):
     """After each step the main's cache holds the accepted tokens alone: two caches that rejected different
     proposals give bitwise the same next logits. Against a cache fed one token at a time they agree to the last
@@ -65,6 +66,7 @@ def test_rejected_tokens_cut_from_the_cache_leave_no_trace(engine):
         assert np.allclose(got[0], expected, rtol=0, atol=1e-4)
 
 
+@pytest.mark.no_database
 def test_rows_of_the_batch_compute_what_each_would_on_its_own_cache():
     """Answers of the main alone share one batched inference a step (engines/batch.py): prompts of different
     lengths join (padded), one leaves early (cut out), one joins late, one is late to a step (a masked slot);
@@ -101,6 +103,7 @@ def test_rows_of_the_batch_compute_what_each_would_on_its_own_cache():
     assert not engine.batch.rows and engine.batch.mask.shape == (0, 0)
 
 
+@pytest.mark.no_database
 def test_answers_of_the_main_alone_at_once_each_end_as_asked(engine):
     """Four answers of the main alone at once, batched: each runs to its cap; the first, run alone again, is the
     main's greedy answer with the draft too."""
@@ -115,6 +118,21 @@ def test_answers_of_the_main_alone_at_once_each_end_as_asked(engine):
     assert answer(engine, PROMPTS[0], 3) == answer(engine, PROMPTS[0], 0)
 
 
+@pytest.mark.no_database
+def test_a_prompt_asked_again_starts_from_its_kept_cache_and_gets_the_same_answer(engine):
+    """The second time a prompt comes (K=3, then K=0 in the batch), the main's and the draft's caches are copies
+    of the first prefill's: the same answer, bitwise the same logits, and no prefill run."""
+    prompt = "def merge_sorted(left, right):"
+    ids = engine.tokenizer.encode(prompt).input_ids.data[0].tolist()
+    first = answer(engine, prompt, 3)
+    hits = (engine.main_prompts.hits, engine.draft_prompts.hits)
+    assert answer(engine, prompt, 3) == first and answer(engine, prompt, 0) == first
+    assert (engine.main_prompts.hits, engine.draft_prompts.hits) == (hits[0] + 2, hits[1] + 1)
+    fresh = KvSequence(engine.main).feed(ids)[-1]
+    assert np.array_equal(KvSequence(engine.main).prefill(ids, engine.main_prompts)[-1], fresh)
+
+
+@pytest.mark.no_database
 def test_greedy_answers_with_the_draft_are_the_main_alones_token_for_token(engine):
     for prompt in PROMPTS:
         alone = answer(engine, prompt, 0)
@@ -127,6 +145,7 @@ SNIPPET = {"type": "object", "properties": {"lang": {"enum": ["python", "rust", 
 CODE = r"[a-z]{2,10}-[0-9]{1,3}"
 
 
+@pytest.mark.no_database
 def test_under_a_grammar_the_draft_changes_no_token_and_the_answer_holds_to_it(engine):
     """The draft proposes under the grammar too (engines/constraint.py): the answer is the main alone's under
     it, token for token. The demo main writes JSON's optional whitespace until its tokens run out; a regex

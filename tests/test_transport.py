@@ -5,7 +5,11 @@ import json
 import random
 import uuid
 
+import pytest
+
 from inference import transport
+
+pytestmark = pytest.mark.no_database
 
 
 async def test_a_cancelled_reader_stops_at_once_whenever_the_cancel_lands(redis_client):

@@ -24,6 +24,8 @@ from collections.abc import Callable
 import numpy as np
 import openvino as ov
 
+from inference.engines.prefill import PrefillCache
+
 log = logging.getLogger(__name__)
 GATHER_S = 0.02  # how long a step waits for rows that have not asked yet (their threads emit the last step)
 
@@ -40,6 +42,10 @@ class BatchRow:
         self.answered = threading.Event()
         self.dead = 0  # a row never holds rejected tokens: the main alone rejects none
         self.failed: Exception | None = None  # the batch was reset under it (SharedBatch._reset)
+
+    def prefill(self, prompt_ids: list[int], prompts: PrefillCache) -> np.ndarray:
+        """Joining the batch: the prompt is prefilled by the batch's own cache of prompts."""
+        return self.feed(prompt_ids)
 
     def feed(self, token_ids: list[int]) -> np.ndarray:
         """The last fed token's logits (a row [1, vocabulary]): the prompt's when joining, then one a step."""
@@ -70,8 +76,8 @@ class BatchRow:
 class SharedBatch:
     """The rows of one compiled main, stepped by one driver thread, started with the first row."""
 
-    def __init__(self, compiled: ov.CompiledModel):
-        self.compiled = compiled
+    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache):
+        self.compiled, self.prompts = compiled, prompts
         self.step_request = compiled.create_infer_request()
         self.prefill_request = compiled.create_infer_request()
         self.rows: list[BatchRow] = []  # in the cache's batch order
@@ -158,11 +164,7 @@ class SharedBatch:
         n = len(row.tokens)
         request = self.prefill_request
         request.reset_state()
-        request.infer({"input_ids": np.array([row.tokens], dtype=np.int64),
-                       "attention_mask": np.ones((1, n), dtype=np.int64),
-                       "position_ids": np.arange(n, dtype=np.int64)[None, :],
-                       "beam_idx": np.zeros(1, dtype=np.int32)})
-        logits = request.get_output_tensor(0).data[0, -1:].copy()  # the next token's: the IR gives every position's
+        logits = self.prompts.prefill(request, row.tokens)
         own = {state.name: state.state.data for state in request.query_state()}
         width = max(self.mask.shape[1], n)
         if self.rows:
@@ -172,6 +174,7 @@ class SharedBatch:
         else:
             for state in self.step_request.query_state():
                 state.state = ov.Tensor(np.ascontiguousarray(own[state.name]))
+        request.reset_state()  # its copy of the prompt's cache is in the batch now
         mask = np.zeros((len(self.rows) + 1, width), dtype=np.int64)
         mask[:-1, : self.mask.shape[1]] = self.mask
         mask[-1, :n] = 1

