@@ -129,7 +129,7 @@ def test_a_prompt_asked_again_starts_from_its_kept_cache_and_gets_the_same_answe
     assert answer(engine, prompt, 3) == first and answer(engine, prompt, 0) == first
     assert (engine.main_prompts.hits, engine.draft_prompts.hits) == (hits[0] + 2, hits[1] + 1)
     fresh = KvSequence(engine.main).feed(ids)[-1]
-    assert np.array_equal(KvSequence(engine.main).prefill(ids, engine.main_prompts)[-1], fresh)
+    assert np.array_equal(KvSequence(engine.main, prompts=engine.main_prompts).prefill(ids)[-1], fresh)
 
 
 @pytest.mark.no_database

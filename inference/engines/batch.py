@@ -43,8 +43,8 @@ class BatchRow:
         self.dead = 0  # a row never holds rejected tokens: the main alone rejects none
         self.failed: Exception | None = None  # the batch was reset under it (SharedBatch._reset)
 
-    def prefill(self, prompt_ids: list[int], prompts: PrefillCache) -> np.ndarray:
-        """Joining the batch: the prompt is prefilled by the batch's own cache of prompts."""
+    def prefill(self, prompt_ids: list[int]) -> np.ndarray:
+        """Joining the batch, by a prefill of its own (from the batch's cache of recent prompts)."""
         return self.feed(prompt_ids)
 
     def feed(self, token_ids: list[int]) -> np.ndarray:

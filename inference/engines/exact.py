@@ -118,8 +118,9 @@ class KvSequence:
     quantization masked slots moved the real main's next logits by up to 0.2; cutting costs a few ms a
     step). Masked (the draft's): attention mask 0, positions reused; cheaper, and the draft only proposes."""
 
-    def __init__(self, compiled: ov.CompiledModel, *, cut_rejected: bool = False):
+    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache | None = None, cut_rejected: bool = False):
         self.request = compiled.create_infer_request()
+        self.prompts = prompts or PrefillCache(kept_tokens=0)  # the model's recent prompts (none kept: a test's own)
         self.cut_rejected = cut_rejected
         self.mask = np.zeros(0, dtype=np.int64)
         self.position = 0
@@ -137,9 +138,9 @@ class KvSequence:
         self.position += n
         return self.request.get_output_tensor(0).data[0]
 
-    def prefill(self, prompt_ids: list[int], prompts: PrefillCache) -> np.ndarray:
+    def prefill(self, prompt_ids: list[int]) -> np.ndarray:
         """The prompt into a fresh cache (a copy, when it was prefilled lately): the last token's logits."""
-        logits = prompts.prefill(self.request, prompt_ids)
+        logits = self.prompts.prefill(self.request, prompt_ids)
         self.mask = np.ones(len(prompt_ids), dtype=np.int64)
         self.position = len(prompt_ids)
         return logits
@@ -255,8 +256,9 @@ class Decoding:
         self.engine, self.request, self.params = engine, request, params
         self.rng = np.random.default_rng(params.seed)
         self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
-        self.main = engine.batch.row() if self.k == 0 else KvSequence(engine.main, cut_rejected=True)
-        self.draft = KvSequence(engine.draft)
+        self.main = (engine.batch.row() if self.k == 0
+                     else KvSequence(engine.main, prompts=engine.main_prompts, cut_rejected=True))
+        self.draft = KvSequence(engine.draft, prompts=engine.draft_prompts)
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
         self.draft_backlog: list[int] = []  # tokens the draft has not seen yet (the last emitted among them)
@@ -270,12 +272,12 @@ class Decoding:
             self.main.close()
 
     def _decode(self) -> Finished:
-        logits = self.main.prefill(self.prompt_ids, self.engine.main_prompts)[-1]
+        logits = self.main.prefill(self.prompt_ids)[-1]
         first = draw(probabilities(self._allowed(logits), self.params), self.rng)
         if self.constraint:
             self.constraint.take(first)
         if self.k:
-            self.draft.prefill(self.prompt_ids, self.engine.draft_prompts)
+            self.draft.prefill(self.prompt_ids)
         finished = self._emit([first], self._logprobs([logits], [first]))
         while finished is None:
             if self.request.stop_requested:
