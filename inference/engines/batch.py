@@ -77,7 +77,7 @@ class SharedBatch:
     """The rows of one compiled main, stepped by one driver thread, started with the first row."""
 
     def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache):
-        self.compiled, self.prompts = compiled, prompts
+        self.prompts = prompts
         self.step_request = compiled.create_infer_request()
         self.prefill_request = compiled.create_infer_request()
         self.rows: list[BatchRow] = []  # in the cache's batch order
