@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from django.conf import settings
 
+from inference.benchmark.memory import mapped_weight_bytes
 from inference.engines.base import DecodingParams, Finished, PairSpec, StepTokens
 from inference.engines.registry import EngineRegistry
 
@@ -192,18 +192,6 @@ def test_a_pairs_extra_engines_are_freed_when_idle_and_its_default_engine_stays(
     tokens, finished = drain(again.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=4)))
     assert finished.finish_reason == "length" and len(tokens) == 4
     registry.unload(SPEC.slug)
-
-
-def mapped_weight_bytes(pid: int) -> int:
-    """PSS of the IR weight files mapped in a process (engines/pages.py gives them back)."""
-    total, weights = 0, False
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        fields = line.split()
-        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
-            weights = fields[-1].endswith("openvino_model.bin")
-        elif weights and fields[0] == "Pss:":
-            total += int(fields[1]) * 1024
-    return total
 
 
 def test_the_step_process_gives_back_the_weight_files_pages_and_answers_the_same():

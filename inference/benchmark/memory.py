@@ -42,6 +42,18 @@ def tree_pss(pid: int) -> dict[int, int]:
     return {process: pss_bytes(process) for process in process_tree(pid)}
 
 
+def mapped_weight_bytes(pid: int) -> int:
+    """PSS of the IR weight files mapped in a process (engines/pages.py gives them back)."""
+    total, weights = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            weights = fields[-1].endswith("openvino_model.bin")
+        elif weights and fields[0] == "Pss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
 def ir_bytes(*folders: str | Path) -> int:
     """The size of the models' IR files (weights and graph) on disk: what one copy of each weighs."""
     return sum((Path(folder) / name).stat().st_size for folder in folders if folder for name in IR_FILES)

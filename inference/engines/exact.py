@@ -41,7 +41,7 @@ from inference.engines.base import (
 )
 from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary
-from inference.engines.pages import release_weight_pages
+from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.prefill import PrefillCache
 from inference.limits import DEFAULT_K
 
@@ -247,6 +247,7 @@ class ExactEngine:
             self._active.pop(request.request_id, None)
         request.events.put(finished)
         release_weight_pages()  # what the kernels this request first ran read (engines/pages.py)
+        release_freed_heap()
 
 
 class Decoding:
