@@ -15,6 +15,7 @@ import pytest
 from django.conf import settings
 
 from inference.benchmark.memory import process_tree
+from inference.benchmark.modes import compare_modes
 from inference.engines.base import DecodingParams, Finished, PairSpec
 from inference.engines.exact import ExactEngine, KvSequence
 from inference.selectors import live_workers
@@ -143,6 +144,18 @@ SNIPPET = {"type": "object", "properties": {"lang": {"enum": ["python", "rust", 
                                             "lines": {"type": "integer", "minimum": 1, "maximum": 99}},
            "required": ["lang", "lines"], "additionalProperties": False}
 CODE = r"[a-z]{2,10}-[0-9]{1,3}"
+
+
+@pytest.mark.no_database
+def test_the_benchmark_runs_a_burst_as_the_pair_ships_it():
+    """compare_modes' "as shipped" line: of a burst of answers, the pair's own_engine_streams speculate and the
+    rest run on the main alone, batched; the same greedy answers."""
+    lines = compare_modes(spec=replace(SPEC, slug="shipped"), prompts=list(PROMPTS[:2]), ks=(3,), max_new_tokens=24,
+                          repeats=1, modes=("own",), streams=2, own_engine_streams=1, say=lambda _: None)
+    alone, speculating, shipped = lines
+    assert shipped.name == "own as shipped (K=3 for 1, the rest the main alone)"
+    assert alone.answers == speculating.answers == shipped.answers == 2 and shipped.tokens == alone.tokens
+    assert 0 < shipped.proposed < speculating.proposed  # one answer of the two proposed draft tokens
 
 
 @pytest.mark.no_database

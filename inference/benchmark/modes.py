@@ -49,10 +49,17 @@ class Line:
     identical: int = 0
     looping: int = 0
     answers: int = 0
+    speculating: int = 0  # >0: only that many answers of a round speculate, the rest run at K=0 (as a pair ships)
 
     @property
     def name(self) -> str:
+        if self.speculating:
+            return f"{self.mode} as shipped (K={self.k} for {self.speculating}, the rest the main alone)"
         return f"{self.mode} {'main alone' if not self.k else f'K={self.k}'}"
+
+    def k_of(self, index: int) -> int:
+        """The K of a round's index-th answer."""
+        return self.k if not self.speculating or index < self.speculating else 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -84,15 +91,19 @@ def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int,
 
 def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], max_new_tokens: int,
                   repeats: int, modes: tuple[str, ...] = tuple(MODES), grammar: Grammar | None = None,
-                  streams: int = 1, say=print) -> list[Line]:
+                  streams: int = 1, own_engine_streams: int = 0, say=print) -> list[Line]:
     """`grammar`: every answer held to it (structured output), with and without the draft. `streams`: that
     many prompts answered at once by each line (the library batches them; the own engine runs a thread for
-    each), and tokens/s is their sum over the wall time."""
+    each, but its answers at K=0 share one batch), and tokens/s is their sum over the wall time. With more
+    streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
+    burst: that many speculate, the rest run on the main alone, batched (serving.speculation.on_own_engine)."""
     specs = {(mode, speculative): mode_spec(spec, mode, speculative=speculative)
              for mode in modes for speculative in (False, True)}
     built = {each: build_engine(each) for each in set(specs.values())}  # the own engine serves both K=0 and K
     engines = {key: built[each] for key, each in specs.items()}
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
+    if "own" in modes and 0 < own_engine_streams < streams:
+        lines += [Line("own", k, speculating=own_engine_streams) for k in ks]
     rounds = [prompts[start:start + streams] for start in range(0, len(prompts), streams)]
     try:
         for repeat in range(repeats):
@@ -119,17 +130,18 @@ def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens
     """The line's answers to `prompts`, all at once; its figures take them in."""
     started = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(lambda prompt: answer(engine, prompt, k=line.k, max_new_tokens=max_new_tokens,
-                                                      grammar=grammar), prompts))
+        answers = list(pool.map(lambda index: answer(engine, prompts[index], k=line.k_of(index),
+                                                     max_new_tokens=max_new_tokens, grammar=grammar),
+                                range(len(prompts))))
     line.seconds += time.perf_counter() - started
-    for tokens, _, steps in answers:
+    for index, (tokens, _, steps) in enumerate(answers):
         line.tokens, line.answers = line.tokens + len(tokens), line.answers + 1
         line.looping += repeated_ngram_share(engine.tokenizer.decode(tokens)) > LOOPING
-        if line.k:
+        if k := line.k_of(index):
             decoding = max(steps - 1, 0)  # the first step is the prefill's
             line.steps += decoding
             line.accepted += max(len(tokens) - 1 - decoding, 0)
-            line.proposed += decoding * line.k
+            line.proposed += decoding * k
     return [tokens for tokens, _, _ in answers]
 
 
@@ -166,7 +178,8 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]]) -> str:
     for line in lines:
         alone = next(m for m in lines if m.mode == line.mode and not m.k)
         acceptance = f"{line.accepted / line.proposed:.2f}" if line.proposed else "-"
-        per_step = f"{line.tokens / max(line.steps + line.answers, 1):.2f}" if line.k else "1.00"
+        per_step = ("-" if line.speculating else f"{line.tokens / max(line.steps + line.answers, 1):.2f}" if line.k
+                    else "1.00")
         rows.append(f"| {line.name} | {line.tokens_per_s:.1f} | {line.tokens_per_s / alone.tokens_per_s:.2f}x | "
                     f"{line.tokens_per_s / fastest:.2f}x | {acceptance} | {per_step} | "
                     f"{line.identical}/{line.answers} | {line.looping}/{line.answers} |")

@@ -54,7 +54,7 @@ class Command(BaseCommand):
         costs = {mode: modes.infer_cost(main_dir=spec.main_dir, mode=mode) for mode in options["modes"]}
         lines = modes.compare_modes(spec=spec, prompts=prompts, ks=ks, max_new_tokens=max_new_tokens,
                                     repeats=repeats, modes=options["modes"], grammar=grammar, streams=streams,
-                                    say=self.stderr.write)
+                                    own_engine_streams=record.own_engine_streams, say=self.stderr.write)
         self.stdout.write(modes.report(lines, costs))
         if out:
             out.write_text(json.dumps({"pair": pair, "prompts": str(prompts_file), "max_new_tokens": max_new_tokens,
