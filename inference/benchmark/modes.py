@@ -66,9 +66,12 @@ class Line:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def mode_spec(spec: PairSpec, mode: str, *, speculative: bool) -> PairSpec:
+def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_streams: int = 0) -> PairSpec:
+    """`speculating_streams`: on the own engine, beyond that many answers speculating ones join the batch (0:
+    never, every answer speculates, the lines that show what speculating alone costs under load)."""
     fields = {"exact_sampling": False, "own_engine": False, "dynamic_quantization": False, **MODES[mode]}
-    return replace(spec, speculative=speculative or fields["exact_sampling"], **fields)
+    return replace(spec, speculative=speculative or fields["exact_sampling"], speculating_streams=speculating_streams,
+                   **fields)
 
 
 def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int,
@@ -96,14 +99,15 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
     many prompts answered at once by each line (the library batches them; the own engine runs a thread for
     each, but its answers at K=0 share one batch), and tokens/s is their sum over the wall time. With more
     streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
-    burst: that many speculate, the rest run on the main alone, batched (serving.speculation.on_own_engine)."""
-    specs = {(mode, speculative): mode_spec(spec, mode, speculative=speculative)
-             for mode in modes for speculative in (False, True)}
-    built = {each: build_engine(each) for each in set(specs.values())}  # the own engine serves both K=0 and K
-    engines = {key: built[each] for key, each in specs.items()}
+    burst: that many speculate, the rest run on the main alone, batched (serving.speculation.on_own_engine),
+    and so do the speculating ones once the others have come (engines/exact.py)."""
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
     if "own" in modes and 0 < own_engine_streams < streams:
         lines += [Line("own", k, speculating=own_engine_streams) for k in ks]
+    specs = {line.name: mode_spec(spec, line.mode, speculative=bool(line.k), speculating_streams=line.speculating)
+             for line in lines}
+    built = {each: build_engine(each) for each in set(specs.values())}  # the own engine serves both K=0 and K
+    engines = {name: built[each] for name, each in specs.items()}
     rounds = [prompts[start:start + streams] for start in range(0, len(prompts), streams)]
     try:
         for repeat in range(repeats):
@@ -111,7 +115,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
                 order = lines[(repeat + index) % len(lines):] + lines[:(repeat + index) % len(lines)]
                 texts: dict[str, list[list[int]]] = {}
                 for line in order:
-                    engine = engines[(line.mode, bool(line.k))]
+                    engine = engines[line.name]
                     texts[line.name] = _run_round(line, engine, together, max_new_tokens=max_new_tokens,
                                                   grammar=grammar)
                 for line in lines:
@@ -177,7 +181,7 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]]) -> str:
              "| identical to its mode's main alone | looping |"), "| --- |" + " ---: |" * 7]
     for line in lines:
         alone = next(m for m in lines if m.mode == line.mode and not m.k)
-        acceptance = f"{line.accepted / line.proposed:.2f}" if line.proposed else "-"
+        acceptance = f"{line.accepted / line.proposed:.2f}" if line.proposed and not line.speculating else "-"
         per_step = ("-" if line.speculating else f"{line.tokens / max(line.steps + line.answers, 1):.2f}" if line.k
                     else "1.00")
         rows.append(f"| {line.name} | {line.tokens_per_s:.1f} | {line.tokens_per_s / alone.tokens_per_s:.2f}x | "

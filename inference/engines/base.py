@@ -40,6 +40,7 @@ class PairSpec:
     speculative: bool = True
     exact_sampling: bool = False  # the exact engine (engines/exact.py) rather than openvino-genai's pipeline
     own_engine: bool = False  # the pair serves its one-stream answers on its exact engine (see is_pair_default)
+    speculating_streams: int = 0  # on the exact engine: beyond this many answers, speculating ones join the batch
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the exact engine only
 
     @property

@@ -7,7 +7,8 @@ CPU (the weights are read once). So an answer of the main alone (K=0) takes a ro
 thread calls `feed` as it would on its own cache, and one driver thread runs the rows that asked, together.
 
 A row joins by a prefill of its own (on a second infer request), whose cache is then copied into the
-batch's; rows shorter than the batch are padded with masked slots. A row leaving is cut out of the cache,
+batch's, or with the cache it has (an answer that speculated on its own until more answers came: exact.py);
+rows shorter than the batch are padded with masked slots. A row leaving is cut out of the cache,
 and so are the slots no remaining row attends to. A row alone in the batch computes what it would on its
 own cache, bitwise (same inputs, same kernels); beside other rows its logits can differ in the last bits
 (the padded slots change the attention's summation order), as in any batched server: an answer of the main
@@ -42,10 +43,16 @@ class BatchRow:
         self.answered = threading.Event()
         self.dead = 0  # a row never holds rejected tokens: the main alone rejects none
         self.failed: Exception | None = None  # the batch was reset under it (SharedBatch._reset)
+        self.cache: dict[str, np.ndarray] | None = None  # joining with a cache of its own (adopt)
 
     def prefill(self, prompt_ids: list[int]) -> np.ndarray:
         """Joining the batch, by a prefill of its own (from the batch's cache of recent prompts)."""
         return self.feed(prompt_ids)
+
+    def adopt(self, cache: dict[str, np.ndarray]) -> None:
+        """Joining the batch with a cache of its own: each state [1, kv heads, slots, head size], every slot live."""
+        self.cache = cache
+        self.feed([])
 
     def feed(self, token_ids: list[int]) -> np.ndarray:
         """The last fed token's logits (a row [1, vocabulary]): the prompt's when joining, then one a step."""
@@ -159,13 +166,17 @@ class SharedBatch:
         self.step_request.reset_state()
 
     def _join(self, rows: list[BatchRow]) -> list[np.ndarray]:
-        """Prefill the row's prompt on its own, then copy its cache into the batch's as a new row."""
+        """Prefill the row's prompt on its own (unless it brings its cache), then copy its cache into the
+        batch's as a new row."""
         [row] = rows
-        n = len(row.tokens)
-        request = self.prefill_request
-        request.reset_state()
-        logits = self.prompts.prefill(request, row.tokens)
-        own = {state.name: state.state.data for state in request.query_state()}
+        if row.cache is None:
+            request = self.prefill_request
+            request.reset_state()
+            logits = self.prompts.prefill(request, row.tokens)
+            own = {state.name: state.state.data for state in request.query_state()}
+        else:
+            own, logits = row.cache, np.zeros((1, 0), dtype=np.float32)
+        n = next(iter(own.values())).shape[2]
         width = max(self.mask.shape[1], n)
         if self.rows:
             for state in self.step_request.query_state():
@@ -174,7 +185,8 @@ class SharedBatch:
         else:
             for state in self.step_request.query_state():
                 state.state = ov.Tensor(np.ascontiguousarray(own[state.name]))
-        request.reset_state()  # its copy of the prompt's cache is in the batch now
+        self.prefill_request.reset_state()  # its copy of the prompt's cache is in the batch now
+        row.cache = None
         mask = np.zeros((len(self.rows) + 1, width), dtype=np.int64)
         mask[:-1, : self.mask.shape[1]] = self.mask
         mask[-1, :n] = 1
