@@ -292,6 +292,9 @@ def test_the_chat_streams_a_coherent_answer_in_the_browser(live_server_url, real
     assert "def is_even" in generation.text and "%" in generation.text, generation.text
     assert "def is_even" in answer.inner_text()  # rendered, code block and all
     page.screenshot(path=str(SHOTS / "real-pair-1280.png"), full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone: the answer's code scrolls inside its block
+    assert page.evaluate("document.documentElement.scrollWidth <= innerWidth"), "the page scrolls sideways"
+    page.screenshot(path=str(SHOTS / "real-pair-390.png"), full_page=True)
 
 
 # ------------------------------------------------------------------ memory
