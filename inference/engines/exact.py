@@ -300,8 +300,8 @@ class Decoding:
         a step of its own, where the batch's row costs next to nothing (a burst of two on the real pair: 18 tok/s
         in all, against 25 batched). It stays there."""
         limit = self.engine.spec.speculating_streams
-        if not (self.k and limit and self.engine.active_count > limit):
-            return
+        if not (isinstance(self.main, KvSequence) and limit and self.engine.active_count > limit):
+            return  # already a row of the batch (every answer at K=0 is), or no limit
         row = self.engine.batch.row()
         row.adopt(self.main.live_cache())
         self.main, self.k, self.draft_backlog = row, 0, []
