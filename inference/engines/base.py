@@ -20,6 +20,7 @@ import openvino as ov
 import openvino_genai as og
 
 from inference.engines.grammar import Grammar
+from inference.engines.prefill import KEPT_TOKENS
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class PairSpec:
     exact_sampling: bool = False  # the exact engine (engines/exact.py) rather than openvino-genai's pipeline
     own_engine: bool = False  # the pair serves its one-stream answers on its exact engine (see is_pair_default)
     speculating_streams: int = 0  # on the exact engine: beyond this many answers, speculating ones join the batch
+    prompt_cache_tokens: int = KEPT_TOKENS  # on the exact engine: prompt tokens kept prefilled per model (0: none)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the exact engine only
 
     @property

@@ -45,6 +45,7 @@ def pair_spec(*, pair: ModelPair, speculative: bool = True, exact_sampling: bool
         exact_sampling=exact_sampling and speculative and bool(pair.draft_dir),
         own_engine=bool(pair.own_engine_streams and pair.draft_dir),
         speculating_streams=pair.own_engine_streams if pair.draft_dir else 0,
+        prompt_cache_tokens=settings.PROMPT_CACHE_TOKENS,
         dynamic_quantization=bool(pair.own_engine_streams) and exact_sampling,
     )
 

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -33,7 +34,7 @@ class Command(BaseCommand):
         record = ModelPair.objects.filter(slug=pair).first()
         if record is None or not record.draft_dir:
             raise CommandError(f"No pair '{pair}' with a draft is registered.")
-        spec = pair_spec(pair=record)
+        spec = replace(pair_spec(pair=record), prompt_cache_tokens=0)  # every line prefills every prompt
         tokenizer = load_tokenizer(spec.main_dir)
         try:
             prompts = [p.text for p in prompts_from_file(prompts_file, render_chat=lambda messages: str(
