@@ -4,8 +4,9 @@ the fast modes (the device's defaults; f32 with int8 activations; where near-tie
 token and K+1 verified at once) and on the pair's own engine (f32 with int8 activations, exact), and what
 one inference of n tokens costs the main in each (the curve that decides which K can pay).
 
-Every line runs in-process on the product's engines (engines/library.py, engines/exact.py), interleaved prompt by prompt
-with the order turned each repeat, and is compared as ratios within the run. Answers end at the model's
+Every line runs in-process on the product's engines (engines/library.py, engines/exact.py), first one untimed round
+(warm-up), then interleaved prompt by prompt with the order turned each repeat, and is compared as ratios within the
+run. Answers end at the model's
 EOS (real answers, not a fixed count), and each line says how many answers loop."""
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
     engines = {name: built[each] for name, each in specs.items()}
     rounds = [prompts[start:start + streams] for start in range(0, len(prompts), streams)]
     try:
+        for line in lines:  # untimed: an engine's first inferences of each shape repack its weights for them
+            _run_round(replace(line), engines[line.name], rounds[0], max_new_tokens=max_new_tokens, grammar=grammar)
         for repeat in range(repeats):
             for index, together in enumerate(rounds):
                 order = lines[(repeat + index) % len(lines):] + lines[:(repeat + index) % len(lines)]
