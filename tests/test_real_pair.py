@@ -293,6 +293,7 @@ def test_the_chat_streams_a_coherent_answer_in_the_browser(live_server_url, real
     assert "def is_even" in answer.inner_text()  # rendered, code block and all
     page.screenshot(path=str(SHOTS / "real-pair-1280.png"), full_page=True)
     page.set_viewport_size({"width": 390, "height": 844})  # a phone: the answer's code scrolls inside its block
+    page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().right <= 0")  # slid away
     assert page.evaluate("document.documentElement.scrollWidth <= innerWidth"), "the page scrolls sideways"
     page.screenshot(path=str(SHOTS / "real-pair-390.png"), full_page=True)
 
