@@ -177,12 +177,12 @@ QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if s
 ENGINE_RENEW_AFTER_REQUESTS = env_int("SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS", 200)
 # A pair's main alone and exact engine each hold another copy of the main: freed after this long unused; 0: kept.
 RELEASE_EXTRA_ENGINES_AFTER_S = env_int("SPECCHAT_RELEASE_EXTRA_ENGINES_AFTER_S", 120)
-# A step process that sends no step for this long while requests wait (plus as much again per 512 prompt
-# tokens still to prefill) is killed and its answers failed; the next request loads it again. 0: no watchdog.
-# Well above a decode step (well under a second for the real pair here) so its answers end within a minute.
 # Prompt tokens whose prefilled cache the own engine keeps per model (engines/prefill.py): a prompt asked again
 # starts from it. 0 keeps none: the benchmarks' workers, so every line prefills what a user's new prompt would.
 PROMPT_CACHE_TOKENS = env_int("SPECCHAT_PROMPT_CACHE_TOKENS", 1024)
+# A step process that sends no step for this long while requests wait (plus as much again per 512 prompt
+# tokens still to prefill) is killed and its answers failed; the next request loads it again. 0: no watchdog.
+# Well above a decode step (well under a second for the real pair here) so its answers end within a minute.
 STEP_TIMEOUT_S = env_int("SPECCHAT_STEP_TIMEOUT_S", 30)
 # An answer still running this long after it started is stopped and ends with an error, its text kept;
 # one whose engine does not even stop is ended 10 s later all the same. 0: no limit.

@@ -6,8 +6,7 @@ one inference of n tokens costs the main in each (the curve that decides which K
 
 Every line runs in-process on the product's engines (engines/library.py, engines/exact.py), first one untimed round
 (warm-up), then interleaved prompt by prompt with the order turned each repeat, and is compared as ratios within the
-run. Answers end at the model's
-EOS (real answers, not a fixed count), and each line says how many answers loop."""
+run. Answers end at the model's EOS (real answers, not a fixed count), and each line says how many answers loop."""
 
 from __future__ import annotations
 
