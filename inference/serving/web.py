@@ -10,6 +10,8 @@ with inference.serving.readers.
 from __future__ import annotations
 
 import logging
+import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
@@ -48,9 +50,14 @@ def _typed(data: dict, name: str, kind: type, default=None):
         return default
     ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > sys.float_info.max:
+            raise errors.InvalidValue(f"{name} is far out of range (an integer of {len(str(abs(value)))} digits).",
+                                      param=name)
         value, ok = float(value), True
     if not ok:
         raise errors.InvalidType(f"{name} must be {kind.__name__}, not {type(value).__name__}.", param=name)
+    if kind is float and not math.isfinite(value):
+        raise errors.InvalidValue(f"{name} must be a finite number; got {value}.", param=name)
     return value
 
 
@@ -72,6 +79,8 @@ def parse_options(data: dict, *, max_tokens_names: tuple[str, ...] = ("max_token
                                  param="stop")
     if any(not s or "\x00" in s for s in stop):
         raise errors.InvalidValue("stop strings must not be empty or contain NUL.", param="stop")
+    if any(len(s) > limits.MAX_STOP_LENGTH for s in stop):
+        raise errors.InvalidValue(f"A stop string is at most {limits.MAX_STOP_LENGTH} characters long.", param="stop")
     return GenerationOptions(
         max_new_tokens=max_new,
         num_assistant_tokens=_typed(data, "num_assistant_tokens", int),
