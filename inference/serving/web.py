@@ -51,8 +51,7 @@ def _typed(data: dict, name: str, kind: type, default=None):
     ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         if abs(value) > sys.float_info.max:
-            raise errors.InvalidValue(f"{name} is far out of range (an integer of {len(str(abs(value)))} digits).",
-                                      param=name)
+            raise errors.InvalidValue(f"{name} is far out of range ({_shown(value)}).", param=name)
         value, ok = float(value), True
     if not ok:
         raise errors.InvalidType(f"{name} must be {kind.__name__}, not {type(value).__name__}.", param=name)
@@ -102,7 +101,13 @@ def _check_range(value, low, high, param: str, *, low_open=False, high_open=Fals
     too_high = value >= high if high_open else value > high
     if too_low or too_high:
         lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
-        raise errors.InvalidValue(f"{param} must be in {lo}{low}, {high}{hi}; got {value}.", param=param)
+        raise errors.InvalidValue(f"{param} must be in {lo}{low}, {high}{hi}; got {_shown(value)}.", param=param)
+
+
+def _shown(number) -> str:
+    """A number as an error message quotes it: a 1,000-digit one by its length."""
+    text = str(number)
+    return text if len(text) <= 24 else f"a number of {len(text.lstrip('-'))} digits"
 
 
 def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_tokens: int) -> DecodingParams:
@@ -135,10 +140,10 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
     if max_new is None:
         max_new = min(pair.max_new_tokens_cap, limits.DEFAULT_MAX_NEW_TOKENS)
     if max_new < 1:
-        raise errors.InvalidValue(f"max_tokens must be at least 1; got {max_new}.", param="max_tokens")
+        raise errors.InvalidValue(f"max_tokens must be at least 1; got {_shown(max_new)}.", param="max_tokens")
     if max_new > pair.max_new_tokens_cap:
         raise errors.InvalidValue(
-            f"max_tokens is {max_new}, over this pair's cap of {pair.max_new_tokens_cap}.", param="max_tokens"
+            f"max_tokens is {_shown(max_new)}, over this pair's cap of {pair.max_new_tokens_cap}.", param="max_tokens"
         )
     context = context_length(Path(settings.MODELS_ROOT) / pair.main_dir)
     if prompt_tokens >= context:
