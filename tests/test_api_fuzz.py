@@ -62,10 +62,10 @@ def nested(depth: int, *, keyed: bool) -> dict | list:
 
 
 # What careless or hostile clients send: numbers no float or int64 holds, nesting deeper than any field
-# needs (and, as text, deeper than Python's parser goes), long strings, text JSON cannot carry, ill-shaped
-# schemas and choices.
+# needs (and, as text, deeper than Python's parser goes), long strings, NUL, ill-shaped schemas and choices.
+# (A lone surrogate too, but schemathesis cannot check a case holding one: test_api_input sends it raw.)
 HOSTILE = [10**400, -(10**400), 2**64, -(2**63) - 1, 1e308, -1e308, 5e-324, "9" * 5000, "x" * 200_000,
-           "\ud800", "\x00", "", nested(200, keyed=False), nested(200, keyed=True), nested(40, keyed=True),
+           "\x00", "", nested(200, keyed=False), nested(200, keyed=True), nested(40, keyed=True),
            '{"a": ' * 5000 + "1" + "}" * 5000, {"type": 12}, {"type": "function", "function": "f"},
            {"properties": {"a": 1}}, [], {}, True]
 

@@ -51,7 +51,7 @@ def frames(draw, *, generation_ids: list[str]) -> str:
     content = {"action": action, **{name: draw(plausible[name]) for name in FIELDS[action]}}
     options = [f"settings.{name}" for name in OPTIONS] if "settings" in content else []
     place = draw(st.sampled_from(["action", "ref", *FIELDS[action], *options]))
-    value = draw(st.sampled_from(HOSTILE) | json_values)
+    value = draw(st.sampled_from([*HOSTILE, "\ud800"]) | json_values)
     if place.startswith("settings."):
         content["settings"] = {**content["settings"], place.removeprefix("settings."): value}
     else:
