@@ -12,7 +12,7 @@ from chatsite.chat.models import Conversation, Message
 from inference import limits
 from inference.models import Generation
 from inference.serving import web
-from tests.conftest import chat_socket
+from tests.conftest import chat_socket, in_thread, log_in
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 NEWEST = "def newest_question(values):"
@@ -112,3 +112,22 @@ def test_a_system_prompt_is_bounded(client, user):
     assert Conversation.objects.get(id=conversation_id).system_prompt == "Be brief."
     at_the_cap = "x" * limits.SYSTEM_PROMPT_MAX_CHARS
     assert post(f"/c/{conversation_id}/system/", at_the_cap).json() == {"system_prompt": at_the_cap}
+
+
+@pytest.mark.usefixtures("celery_worker")
+def test_the_page_says_on_the_answer_that_older_messages_were_left_out(demo_pair, user, live_server_url, page):
+    conversation = in_thread(lambda: long_conversation(pair=demo_pair, user=user, turns=10))
+    log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{conversation.id}/")
+    page.wait_for_selector("body[data-connected='1']")
+    assert page.locator("article .left-out").count() == 0  # the kept answers read everything before them
+    page.fill("#max-tokens", "64")
+    page.fill("#prompt", NEWEST)
+    page.click("#send")
+    page.wait_for_function("""() => document.querySelectorAll('article.assistant').length === 11
+                                   && document.querySelector('article.assistant:last-child:not(.streaming) .actions')""")
+    left_out = in_thread(lambda: Message.objects.filter(role=Message.Role.ASSISTANT).last().messages_left_out)
+    note = f"The {left_out} oldest messages were left out: the conversation is longer than the model can read."
+    assert left_out > 0 and page.locator("article.assistant:last-child .left-out").inner_text() == note
+    page.reload()  # said again on the kept answer, and only there
+    page.wait_for_selector("article.assistant:last-child:not(.streaming) .actions")
+    assert page.locator("article .left-out").all_inner_texts() == [note]
