@@ -54,6 +54,23 @@ def test_admin_shows_a_new_key_once_uncached_and_in_no_cookie(admin_client, live
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0, answer.text
 
 
+def test_another_keys_answer_is_not_found(live_server_url, demo_pair, api_key):
+    """Following or stopping an answer takes the key that started it: any other gets a 404, as for no answer."""
+    theirs = ApiKey(name="theirs")
+    their_secret = set_new_key(theirs)
+    theirs.save()
+    answer = Generation.objects.create(pair=demo_pair, api_key=theirs, source=Generation.Source.API, prompt=PROMPT,
+                                       status=Generation.Status.FINISHED, text=" return", finish_reason="stop")
+    for path in (f"/v1/completions/cmpl-{answer.id}/events", f"/v1/chat/completions/{answer.id}/events"):
+        response = requests.get(f"{live_server_url}{path}", headers={"Authorization": f"Bearer {api_key.secret}"},
+                                timeout=30)
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", response.text
+        assert requests.get(f"{live_server_url}{path}", headers={"Authorization": f"Bearer {their_secret}"},
+                            timeout=30, stream=True).status_code == 200
+    cancel = post(live_server_url, f"/v1/completions/{answer.id}/cancel", api_key.secret, {})
+    assert cancel.status_code == 404 and "theirs" not in cancel.text
+
+
 # ----------------------------------------------------------------- bad input: 4xx naming the field, nothing queued
 BAD_COMPLETIONS = [
     ({"model": "demo-code", "prompt": PROMPT, "max_tokens": "10"}, 400, "max_tokens"),
