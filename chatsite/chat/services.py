@@ -16,7 +16,7 @@ from django.utils import timezone
 from chatsite.chat import selectors
 from chatsite.chat.models import TITLE_MAX_LENGTH, Conversation, Message
 from inference import errors, limits, transport
-from inference.models import Generation
+from inference.models import Generation, ModelPair
 from inference.serving import web
 
 
@@ -146,13 +146,24 @@ def delete_conversation(*, user, conversation_id: int) -> None:
     conversation.delete()
 
 
+def _owned(*, user, conversation_id: int) -> Conversation:
+    conversation = selectors.conversation_for(user=user, conversation_id=conversation_id)
+    if conversation is None:
+        raise errors.NotFound("No such conversation.", param="conversation")
+    return conversation
+
+
+def _title_from(text: str) -> str:
+    return " ".join(text.split())[:80]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChatPrompt:
     text: str
     left_out: int  # the conversation's oldest messages the model does not read
 
 
-def prompt_within_context(*, pair, conversation: Conversation, options: web.GenerationOptions, param: str,
+def prompt_within_context(*, pair: ModelPair, conversation: Conversation, options: web.GenerationOptions, param: str,
                           before: Message | None = None) -> ChatPrompt:
     """The conversation as the model reads it. One longer than the model's context leaves out its oldest
     turns (a user message and the answers after it), keeping the system prompt and the newest message, until
@@ -193,17 +204,6 @@ def prompt_within_context(*, pair, conversation: Conversation, options: web.Gene
         else:
             low = middle + 1
     return kept
-
-
-def _owned(*, user, conversation_id: int) -> Conversation:
-    conversation = selectors.conversation_for(user=user, conversation_id=conversation_id)
-    if conversation is None:
-        raise errors.NotFound("No such conversation.", param="conversation")
-    return conversation
-
-
-def _title_from(text: str) -> str:
-    return " ".join(text.split())[:80]
 
 
 def stop_all_answers(*, user) -> None:
