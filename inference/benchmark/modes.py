@@ -23,6 +23,7 @@ from inference.benchmark.prompts import repeated_ngram_share
 from inference.engines.base import DecodingParams, Engine, Finished, PairSpec
 from inference.engines.grammar import Grammar
 from inference.engines.registry import build_engine
+from inference.limits import FinishReason
 
 # Each mode as PairSpec fields ("" precision: the device's default). fast-f32: f32 with the CPU's dynamic int8
 # activations, the fastest main alone on some hosts, where the library's speculation is not exact; own: the same
@@ -87,7 +88,7 @@ def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int,
     while not isinstance(event := request.events.get(timeout=600), Finished):
         tokens += event.token_ids
         steps += 1
-    if event.finish_reason not in {"stop", "length"}:
+    if event.finish_reason not in {FinishReason.STOP, FinishReason.LENGTH}:
         raise RuntimeError(f"an answer failed: {event.error}")
     return tokens, time.perf_counter() - started, steps
 

@@ -21,6 +21,7 @@ import openvino_genai as og
 
 from inference.engines.grammar import Grammar
 from inference.engines.prefill import KEPT_TOKENS
+from inference.limits import FinishReason
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class StepTokens(NamedTuple):
 
 
 class Finished(NamedTuple):
-    finish_reason: str  # "stop" (EOS or stop string), "length", "stopped" (asked to), "error"
+    finish_reason: FinishReason
     error: str = ""
 
 
