@@ -325,7 +325,7 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, l
         if k == 0:
             return replace(alone, measured_here=True).because(Why(Reason.LIVE_MAIN_ALONE_FASTER, facts))
         return replace(drafting, k=k, measured_here=True).because(Why(Reason.LIVE_K_FASTEST, facts))
-    if live is not None and live.exploring and drafting.mode == SpeculativeMode.DRAFT:
+    if live is not None and live.exploring and live.rates and drafting.mode == SpeculativeMode.DRAFT:
         return _explore(pair=pair, live=live.rates, load=load)
     best = measured_k(pair=pair, sampled=asked.sampled, load=load)
     if best is None:
