@@ -59,5 +59,8 @@ def test_a_stored_invalid_profile_serves_on_the_default_k(demo_pair, celery_work
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["choices"][0]["text"]
-    planned = speculation.plan(pair=ModelPair.objects.get(id=demo_pair.id), asked=speculation.Asked(), load=1)
-    assert planned.k == (demo_pair.num_assistant_tokens or 5) and "profile is invalid" in planned.reason
+    planned = speculation.plan(pair=ModelPair.objects.get(id=demo_pair.id), asked=speculation.Asked(),
+                               load=speculation.Load(streams=1))
+    assert planned.k == (demo_pair.num_assistant_tokens or 5)
+    assert planned.reasons == (speculation.Reason.PAIR_DEFAULT_K_INVALID_PROFILE,)
+    assert "profile is invalid" in planned.reason

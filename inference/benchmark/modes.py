@@ -100,7 +100,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
     many prompts answered at once by each line (the library batches them; the own engine runs a thread for
     each, but its answers at K=0 share one batch), and tokens/s is their sum over the wall time. With more
     streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
-    burst: that many speculate, the rest run on the main alone, batched (serving.speculation.on_own_engine),
+    burst: that many speculate, the rest run on the main alone, batched (serving/speculation.py, Route.OWN_MAIN_ALONE),
     and so do the speculating ones once the others have come (engines/exact.py)."""
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
     if "own" in modes and 0 < own_engine_streams < streams:
