@@ -107,7 +107,7 @@ class Why:
     """One decision of a plan: its code and the figures its sentence names ({load}, {k}, ...; a handover's
     `then` is the plan it moved to's own Whys)."""
 
-    reason: Reason
+    code: Reason
     facts: dict = field(default_factory=dict)
 
 
@@ -116,10 +116,10 @@ def sentence(whys: tuple[Why, ...]) -> str:
     parts = []
     for why in whys:
         facts = why.facts
-        if why.reason == Reason.HANDED_OVER:
+        if why.code == Reason.HANDED_OVER:
             facts = {**facts, "to": f"K={facts['to_k']}" if facts["to_k"] else "the main alone",
                      "then": sentence(facts["then"])}
-        parts.append(SENTENCES[why.reason].format(**facts))
+        parts.append(SENTENCES[why.code].format(**facts))
     return "; ".join(part for part in parts if part)
 
 
@@ -188,7 +188,7 @@ class Plan:
 
     @property
     def reasons(self) -> tuple[Reason, ...]:
-        return tuple(why.reason for why in self.why)
+        return tuple(why.code for why in self.why)
 
     @property
     def reason(self) -> str:
@@ -412,7 +412,7 @@ def _for_alternatives(*, pair: ModelPair, planned: Plan) -> Plan:
         own, k = Route.OWN_MAIN_ALONE, None
     else:
         own, k = Route.OWN_SPECULATIVE, planned.k or pair.num_assistant_tokens or DEFAULT_K
-    why = tuple(why for why in planned.why if why.reason != Reason.INEXACT_ALLOWED)  # exact on the own engine
+    why = tuple(why for why in planned.why if why.code != Reason.INEXACT_ALLOWED)  # exact on the own engine
     return Plan(route=own, sampled=planned.sampled, k=k, why=(*why, Why(Reason.ALTERNATIVES)))
 
 
