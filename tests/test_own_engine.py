@@ -19,7 +19,7 @@ from inference.benchmark.modes import compare_modes
 from inference.engines.base import DecodingParams, Finished, PairSpec
 from inference.engines.exact import ExactEngine, KvSequence
 from inference.selectors import live_workers
-from inference.serving.speculation import SENTENCES, Reason
+from inference.serving.reasons import SENTENCES, Reason
 from tests.test_api import client
 from tests.test_robustness_watchdog import pair_on_a_worker_of_its_own
 

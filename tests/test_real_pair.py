@@ -21,7 +21,7 @@ from inference.engines.base import DecodingParams, PairSpec
 from inference.engines.library import PairEngine
 from inference.models import Generation, ModelPair
 from inference.pairs import catalog
-from inference.serving.speculation import Reason
+from inference.serving.reasons import Reason
 from tests.conftest import Worker, in_thread, log_in
 from tests.distribution import compare, differs, samples
 from tests.test_chat_ui import SHOTS

@@ -10,7 +10,7 @@ from typing import Any
 
 from inference import limits
 from inference.api.ids import AnswerIdConverter
-from inference.serving.speculation import Reason
+from inference.serving.reasons import Reason
 
 DESCRIPTION = """\
 OpenAI-compatible completions and chat completions served by speculative decoding (a draft model

@@ -29,7 +29,7 @@ from inference.benchmark.summary import percentile
 from inference.engines.rates import LOAD_MEMORY_S
 from inference.limits import SpeculativeMode
 from inference.models import Generation
-from inference.serving.speculation import Reason
+from inference.serving.reasons import Reason
 
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=600)
 

@@ -6,19 +6,9 @@ import pytest
 from inference.engines.rates import StepRates, streams_bucket
 from inference.limits import Route, SpeculativeMode
 from inference.models import Generation, ModelPair
+from inference.serving.reasons import SENTENCES, Reason, Why, sentence
 from inference.serving.records import pair_spec, planned_decoding
-from inference.serving.speculation import (
-    SENTENCES,
-    Asked,
-    LiveFigures,
-    Load,
-    Plan,
-    Reason,
-    Why,
-    handover,
-    plan,
-    sentence,
-)
+from inference.serving.speculation import Asked, LiveFigures, Load, Plan, handover, plan
 
 PROFILE = {"greedy": {"1": 4, "4": 2, "16": 0}, "sampled": {"1": 3, "8": 0}}
 
