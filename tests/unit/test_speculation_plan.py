@@ -156,6 +156,22 @@ def test_each_route_names_the_engine_that_serves_it(route, speculative, exact, q
     assert planned_decoding(DecodingParams(max_new_tokens=8), Plan(route=route, k=4)).num_assistant_tokens == k
 
 
+@pytest.mark.parametrize(("fields", "engines"), [
+    # each route asked -> the route of the engine that serves it, and whether that engine is the pair's default
+    (OWN, {OWN_K: (OWN_K, True), OWN_ALONE: (OWN_K, True), LIB: (LIB, False), ALONE: (ALONE, False)}),
+    ({}, {LIB: (LIB, True), OWN_K: (OWN_K, False), ALONE: (ALONE, False)}),
+    (LOOKUP, {LIB: (LOOKS, True), ALONE: (ALONE, False)}),
+    ({"draft_dir": ""}, {LIB: (ALONE, True), ALONE: (ALONE, True)}),  # nothing to draft with: one engine
+])
+def test_the_pairs_default_engine_is_the_one_its_default_route_builds(fields, engines):
+    from inference.serving.speculation import pair_default_route
+
+    each = pair(**fields)
+    assert {route: (pair_spec(pair=each, route=route).route, pair_spec(pair=each, route=route).is_pair_default)
+            for route in engines} == engines
+    assert pair_spec(pair=each, route=pair_default_route(each)).is_pair_default
+
+
 def test_every_reason_has_its_sentence_and_the_sentences_read_as_before():
     assert set(SENTENCES) == set(Reason)
     at_two = plan(pair=pair(**PROFILED), asked=Asked(), load=Load(streams=16, running_speculative=3))
