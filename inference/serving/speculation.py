@@ -323,7 +323,7 @@ def _for_alternatives(*, pair: ModelPair, planned: Plan) -> Plan:
 
 # A running answer moves to the other pipeline only while the pair's batch here is this small: it must
 # prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins
-# (docs/speculation.md#handover). By the profile an answer moves from the main alone to speculation (a
+# (measured: docs/speculation.md, "Live figures"). By the profile an answer moves from the main alone to speculation (a
 # burst's last request otherwise ends alone at the main's 1-stream speed); by this worker's recent
 # figures, either way.
 HANDOVER_MAX_STREAMS = 2
