@@ -323,9 +323,9 @@ def _for_alternatives(*, pair: ModelPair, planned: Plan) -> Plan:
 
 # A running answer moves to the other pipeline only while the pair's batch here is this small: it must
 # prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins
-# (measured: docs/speculation.md, "Live figures"). By the profile an answer moves from the main alone to speculation (a
-# burst's last request otherwise ends alone at the main's 1-stream speed); by this worker's recent
-# figures, either way.
+# (measured: docs/speculation.md, "Live figures"). By the profile an answer moves from the main alone to
+# speculation (a burst's last request otherwise ends alone at the main's 1-stream speed); by this worker's
+# recent figures, either way.
 HANDOVER_MAX_STREAMS = 2
 HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the prefill
 
