@@ -15,7 +15,8 @@ from inference.serving import web
 
 def answer_json(message) -> dict:
     """What the page's script needs to show a kept message (and resume it if still running)."""
-    data = {"id": message.id, "role": message.role, "text": message.text}
+    data = {"id": message.id, "role": message.role, "text": message.text,
+            "messages_left_out": message.messages_left_out}
     generation = message.generation
     if generation is not None:
         data["generation"] = {
@@ -24,6 +25,8 @@ def answer_json(message) -> dict:
             **{name: getattr(generation, name) for name in FIGURES},
             "pair": generation.pair.slug, "speculative_mode": generation.speculative_mode,
             "speculative_reason": generation.speculative_reason, "speculative_k": generation.speculative_k,
+            "speculative_route": generation.speculative_route,
+            "speculative_reason_codes": generation.speculative_reason_codes,
         }
     return data
 
@@ -113,7 +116,8 @@ def edit(body: dict) -> dict:
     """The answer is started here; the page follows its events on its websocket as any other's."""
     message = services.edit_and_resend(user=body["user"], conversation_id=body["conversation_id"],
                                        text=_text(body, "text"), options=_options(body))
-    return {"message": message.id, "generation": str(message.generation_id)}
+    return {"message": message.id, "generation": str(message.generation_id),
+            "messages_left_out": message.messages_left_out}
 
 
 @login_required
