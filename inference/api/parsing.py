@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
@@ -18,7 +19,8 @@ from django.http.request import RawPostDataException
 from inference import errors
 from inference.api import tools
 from inference.engines.grammar import Grammar, GrammarError
-from inference.engines.grammar import check as grammar_check
+from inference.engines.grammar_checks import GrammarCheckBusy
+from inference.engines.grammar_checks import check as grammar_check
 from inference.models import ModelPair
 from inference.serving import speculation, web
 
@@ -179,9 +181,9 @@ def _bounded_top(top: int, *, param: str, chat: bool) -> int:
 
 
 def _checked_grammar(data: dict, *, tool_call: Grammar | None) -> dict:
-    """GenerationOptions' grammar fields, once the library compiles the grammar (engines/grammar.py:
-    an uncompilable one would fail every request in its batch). `tool_call`: the one a forced tool
-    call holds the answer to."""
+    """GenerationOptions' grammar fields, once the library compiles the grammar within the budget
+    (engines/grammar_checks.py: an uncompilable one would fail every request in its batch). `tool_call`: the one
+    a forced tool call holds the answer to."""
     found = _grammar(data)
     if tool_call is not None:
         if found is not None:
@@ -191,11 +193,13 @@ def _checked_grammar(data: dict, *, tool_call: Grammar | None) -> dict:
     if found is None:
         return {}
     grammar, name = found
+    param = "response_format.json_schema.schema" if name == "response_format" else name
     try:
-        grammar_check(grammar)
+        grammar_check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000)
     except GrammarError as exc:
-        param = "response_format.json_schema.schema" if name == "response_format" else name
         raise errors.InvalidValue(f"{param} cannot be compiled: {exc}", param=param) from None
+    except GrammarCheckBusy as exc:
+        raise errors.ConcurrencyLimit(str(exc), param=param) from None
     return {"grammar_kind": grammar.kind, "grammar_text": grammar.text}
 
 
