@@ -27,6 +27,7 @@ from inference.pairs.importer import fail_abandoned_imports
 from inference.serving.worker import (
     STATE,
     fail_orphaned_generations,
+    fail_unservable_generations,
     load_engine,
     reconcile_claimed_generations,
     resend_lost_generations,
@@ -76,6 +77,7 @@ def _beat_forever() -> None:
             announce_worker(client=client, name=WORKER_NAME, payload=heartbeat_payload(),
                             ttl_s=settings.WORKER_HEARTBEAT_TTL_S)
             fail_orphaned_generations(client=client)
+            fail_unservable_generations(client=client)
             reconcile_claimed_generations(worker_name=WORKER_NAME)
             fail_abandoned_imports()
             jobs.fail_abandoned(model=BenchmarkRun)
