@@ -180,10 +180,11 @@ def _bounded_top(top: int, *, param: str, chat: bool) -> int:
     return top
 
 
-def _checked_grammar(data: dict, *, tool_call: Grammar | None) -> dict:
+def _checked_grammar(data: dict, *, tool_call: Grammar | None, requester: str) -> dict:
     """GenerationOptions' grammar fields, once the library compiles the grammar within the budget
     (engines/grammar_checks.py: an uncompilable one would fail every request in its batch). `tool_call`: the one
-    a forced tool call holds the answer to."""
+    a forced tool call holds the answer to; `requester`: who asks (engines/grammar_checks.py keeps one from
+    holding every checker)."""
     found = _grammar(data)
     if tool_call is not None:
         if found is not None:
@@ -195,7 +196,7 @@ def _checked_grammar(data: dict, *, tool_call: Grammar | None) -> dict:
     grammar, name = found
     param = "response_format.json_schema.schema" if name == "response_format" else name
     try:
-        grammar_check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000)
+        grammar_check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000, requester=requester)
     except GrammarError as exc:
         raise errors.InvalidValue(f"{param} cannot be compiled: {exc}", param=param) from None
     except GrammarCheckBusy as exc:
@@ -287,9 +288,9 @@ def _check_alternatives(*, pair: ModelPair, options: web.GenerationOptions, para
                                   f"{speculation.ALTERNATIVES}, which takes num_assistant_tokens.", param=param)
 
 
-def parse(data: dict, *, chat: bool) -> ApiRequest:
-    """A checked completions (chat=False) or chat completions request body. Reads the database
-    and the pair's tokenizer: call it off the event loop."""
+def parse(data: dict, *, chat: bool, requester: str) -> ApiRequest:
+    """A checked completions (chat=False) or chat completions request body, sent by `requester` (its API key).
+    Reads the database and the pair's tokenizer: call it off the event loop."""
     model = data.get("model")
     if not isinstance(model, str) or not model:
         error = errors.MissingParameter if model is None else errors.InvalidType
@@ -311,7 +312,7 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
         raise errors.InvalidValue("Tools are for /chat/completions.", param="tools")
     tool_request = tools.parse(data) if chat else None
     logprobs, top_logprobs = _logprobs(data, chat=chat)
-    grammar = _checked_grammar(data, tool_call=tool_request.grammar if tool_request else None)
+    grammar = _checked_grammar(data, tool_call=tool_request.grammar if tool_request else None, requester=requester)
     messages = _chat_messages(data) if chat else []
     completion_prompt = "" if chat else _completion_prompt(data)
     speculation_steps = _flag(data, "speculation_steps")

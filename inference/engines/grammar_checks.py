@@ -5,9 +5,11 @@ A grammar's compile time has no useful bound: nested repetitions such as `(a{1,3
 side compiles in a few checker processes of its own (`python -m inference.engines.grammar_checks FD PID`), each
 with its own small pipeline used by one grammar at a time (the library does not share a pipeline between
 threads, which is why a single pipeline sat behind one lock before). A checker still compiling when the budget
-runs out is killed and replaced, and the grammar refused. A text over MAX_GRAMMAR_CHARS is refused before any
-compile. Verdicts are kept (the last KEPT_VERDICTS, refusals too: a script sends the same grammar again), and
-requests sending a grammar already being checked wait for that check rather than start their own.
+runs out is killed and replaced, and the grammar refused; the requester whose grammar it was waits for the
+replacement before its next check, so one key sending slow grammars one after another holds one checker at
+most and the others serve everyone else. A text over MAX_GRAMMAR_CHARS is refused before any compile.
+Verdicts are kept (the last KEPT_VERDICTS, refusals too: a script sends the same grammar again), and requests
+sending a grammar already being checked wait for that check rather than start their own.
 """
 
 from __future__ import annotations
@@ -37,19 +39,22 @@ CHECKER_START_S = 60  # loading a checker's pipeline takes about a second
 WAIT_FOR_CHECKER_S = 30  # every checker busy this long: the request is told to retry
 RESTART_PAUSE_S = 1  # after a checker failed to start
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# A compile running out its budget, and a checker's start, yield the CPU to the web process and the workers
+# (on a 2-core host a full-priority one stalled every other request); grammars that compile take milliseconds.
+CHECKER_NICENESS = 10
 
 
 class GrammarCheckBusy(RuntimeError):
     """No checker was free in time: not the grammar's fault, the request may be sent again."""
 
 
-def check(grammar: Grammar, *, budget_s: float) -> None:
+def check(grammar: Grammar, *, budget_s: float, requester: str) -> None:
     """Raise GrammarError unless the library and llguidance both compile `grammar` within `budget_s`
-    (GrammarCheckBusy if no checker was free for WAIT_FOR_CHECKER_S)."""
+    (GrammarCheckBusy if no checker was free for WAIT_FOR_CHECKER_S). `requester`: who asks (an API key)."""
     if len(grammar.text) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"it is {len(grammar.text):,} characters long, over this server's limit of "
                            f"{MAX_GRAMMAR_CHARS:,}.")
-    if reason := _VERDICTS.get(grammar, lambda: _CHECKERS.refusal(grammar, budget_s=budget_s)):
+    if reason := _VERDICTS.get(grammar, lambda: _CHECKERS.refusal(grammar, budget_s=budget_s, requester=requester)):
         raise GrammarError(reason)
 
 
@@ -101,6 +106,7 @@ class Checker:
         self.process = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno()), str(os.getpid())],
                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
+        os.setpriority(os.PRIO_PROCESS, self.process.pid, CHECKER_NICENESS)
         self.conn = Connection(ours.detach())
         try:
             ready = self.conn.poll(CHECKER_START_S) and self.conn.recv() == "ready"
@@ -123,12 +129,16 @@ class CheckerPool:
     def __init__(self, size: int):
         self.size = size
         self._idle: queue.Queue[Checker] = queue.Queue()
-        self._wanted: queue.Queue[None] = queue.Queue()
+        self._wanted: queue.Queue[threading.Event] = queue.Queue()  # each set once its checker is started
+        self._owed: dict[str, threading.Event] = {}  # requester -> the replacement of a checker its grammar cost
         self._started = False
         self._lock = threading.Lock()
 
-    def refusal(self, grammar: Grammar, *, budget_s: float) -> str:
+    def refusal(self, grammar: Grammar, *, budget_s: float, requester: str) -> str:
         self._start()
+        if owed := self._owed.get(requester):
+            owed.wait(WAIT_FOR_CHECKER_S)
+            self._owed.pop(requester, None)
         while True:
             try:
                 checker = self._idle.get(timeout=WAIT_FOR_CHECKER_S)
@@ -151,12 +161,14 @@ class CheckerPool:
             else:
                 self._idle.put(checker)
                 return verdict
-            self._replace(checker)
+            self._owed[requester] = self._replace(checker)
             return verdict
 
-    def _replace(self, checker: Checker) -> None:
+    def _replace(self, checker: Checker) -> threading.Event:
         checker.kill()
-        self._wanted.put(None)
+        started = threading.Event()
+        self._wanted.put(started)
+        return started
 
     def _start(self) -> None:
         with self._lock:
@@ -164,20 +176,22 @@ class CheckerPool:
                 return
             self._started = True
             for _ in range(self.size):
-                self._wanted.put(None)
+                self._wanted.put(threading.Event())
             threading.Thread(target=self._start_checkers, name="grammar-checkers", daemon=True).start()
 
     def _start_checkers(self) -> None:
         """The one thread that starts checkers: they die with it (their parent-death signal names the thread
         that started them), so it lives as long as the process."""
         while True:
-            self._wanted.get()
+            wanted = self._wanted.get()
             try:
                 self._idle.put(Checker())
             except Exception:
                 log.exception("a grammar checker failed to start")
                 time.sleep(RESTART_PAUSE_S)
-                self._wanted.put(None)
+                self._wanted.put(wanted)
+            else:
+                wanted.set()
 
 
 _VERDICTS = Verdicts(KEPT_VERDICTS)

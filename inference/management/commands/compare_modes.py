@@ -51,7 +51,7 @@ class Command(BaseCommand):
         if json_schema:
             grammar = Grammar(kind="json_schema", text=json_schema.read_text())
             try:
-                check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000)
+                check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000, requester="compare_modes")
             except GrammarError as exc:
                 raise CommandError(f"{json_schema}: {exc}") from exc
         costs = {mode: modes.infer_cost(main_dir=spec.main_dir, mode=mode) for mode in options["modes"]}
