@@ -51,6 +51,7 @@ class WorkerState:
 
     engines: EngineRegistry
     running: dict[str, ActiveRequest] = field(default_factory=dict)  # generation id -> its request
+    submitting: dict[str, float] = field(default_factory=dict)  # generation id -> when it was handed to its engine
     claimed: set[str] = field(default_factory=set)  # held by a thread of this worker, from claim to end
 
 
@@ -62,6 +63,7 @@ STATE = WorkerState(engines=EngineRegistry(
 OVERRAN = "The answer ran past the server's limit of {limit} s and was stopped; what it wrote is kept."
 NEVER_STARTED = ("The worker's engine did not take this answer within the server's limit of {limit} s (it may be "
                  "hung); send it again.")
+NOT_STOPPED = "The answer ran past the server's limit of {limit} s and its worker could not stop it; send it again."
 WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
 
 
@@ -118,6 +120,7 @@ def _serve(*, generation: Generation, asked: speculation.Asked, planned: specula
     params = planned_decoding(DecodingParams(**{**decoding, "stop": tuple(decoding["stop"])}), planned)
     writer = transport.StreamWriter(transport.sync_client(), generation.id)
     request = None
+    STATE.submitting[str(generation.id)] = time.perf_counter()
     try:
         # The web encoded the prompt when it checked its length; a record older than that is encoded here.
         request = engine.submit(prompt=generation.prompt, prompt_ids=generation.params.get("prompt_ids"),
@@ -138,6 +141,7 @@ def _serve(*, generation: Generation, asked: speculation.Asked, planned: specula
         fail_generation(generation_id=generation.id, message=WORKER_FAILED)
     finally:
         STATE.running.pop(str(generation.id), None)
+        STATE.submitting.pop(str(generation.id), None)
 
 
 def _plan_fields(*, generation: Generation, planned: speculation.Plan) -> dict:
@@ -375,21 +379,32 @@ def resend_lost_generations(*, client, queues: list[str]) -> None:
 def reconcile_claimed_generations(*, worker_name: str) -> None:
     """End this worker's `running` records that none of its threads holds any more: an answer whose
     final write failed (its readers were told it was not saved) must not stay running, holding its slot.
-    And those claimed longer ago than settings.MAX_ANSWER_S that never reached their engine: its thread is
-    stuck before the answer's own time limit starts (an engine whose submit hangs), so it is ended from here."""
+    And those whose thread is stuck past settings.MAX_ANSWER_S (overdue_problem)."""
     running = list(Generation.objects.filter(status=Generation.Status.RUNNING, worker=worker_name)
-                   .values_list("id", "started_at"))
+                   .values_list("id", flat=True))
     claimed = set(STATE.claimed)  # read after the rows: a thread holds a generation before its row is running
-    limit = settings.MAX_ANSWER_S
-    for generation_id, claimed_at in running:
+    for generation_id in running:
         if str(generation_id) not in claimed:
             log.warning("generation %s is running in the database but not on this worker: failed", generation_id)
             fail_generation(generation_id=generation_id, message=NOT_SAVED)
-        elif (limit and str(generation_id) not in STATE.running and claimed_at
-              and timezone.now() - claimed_at >= timedelta(seconds=limit)):
-            log.warning("generation %s was claimed %d s ago and its engine has not taken it: failed", generation_id,
-                        limit)
-            fail_generation(generation_id=generation_id, message=NEVER_STARTED.format(limit=limit))
+        elif problem := overdue_problem(generation_id=str(generation_id), limit=settings.MAX_ANSWER_S):
+            log.warning("generation %s is stuck on this worker: failed (%s)", generation_id, problem)
+            fail_generation(generation_id=generation_id, message=problem)
+
+
+def overdue_problem(*, generation_id: str, limit: int) -> str:
+    """Why a claimed answer's thread, stuck, will not end it, or '': an engine that has not taken it `limit` s
+    after it was handed over (a submit that hangs: the answer's own limit starts only once it runs), or one
+    that ran past the limit and the grace Answer._overrun gives it without ending (a stop that hangs too)."""
+    if not limit:
+        return ""
+    request = STATE.running.get(generation_id)
+    if request is None:
+        since = STATE.submitting.get(generation_id)
+        return NEVER_STARTED.format(limit=limit) if since and time.perf_counter() - since >= limit else ""
+    if time.perf_counter() - request.added_at >= limit + 2 * OVERRUN_GRACE_S:
+        return NOT_STOPPED.format(limit=limit)
+    return ""
 
 
 def fail_unservable_generations(*, client) -> None:
