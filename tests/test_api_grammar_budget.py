@@ -63,22 +63,24 @@ def test_a_hostile_regex_is_refused_while_other_keys_grammars_keep_their_latency
 
     refusals = []
     done = threading.Event()
+    hostile_regexes = iter(range(300, 10_000))  # a new one each time: none is refused from the verdicts kept
 
     def send_hostile() -> None:
-        n = 300
         while not done.is_set():
-            refusals.append(post(live_server_url, "/v1/completions", hostile,
-                                 {"model": "demo-code", "prompt": PROMPT, "regex": HOSTILE.format(n=n)}, timeout=60))
-            n += 1  # a new one each time: none is refused from the verdicts kept
+            refusals.append(post(live_server_url, "/v1/completions", hostile, {
+                "model": "demo-code", "prompt": PROMPT, "max_tokens": 4,
+                "regex": HOSTILE.format(n=next(hostile_regexes))}, timeout=60))
 
-    attacker = threading.Thread(target=send_hostile)
-    attacker.start()
+    attackers = [threading.Thread(target=send_hostile) for _ in range(3)]  # at once, as a script would
+    for attacker in attackers:
+        attacker.start()
     try:
-        time.sleep(0.3)  # the first hostile regex is compiling
+        time.sleep(0.3)  # the first hostile regexes are compiling
         beside = ordinary_round(8)
     finally:
         done.set()
-        attacker.join(90)
+        for attacker in attackers:
+            attacker.join(90)
     assert refusals and all(r.status_code == 400 for r in refusals), [r.text for r in refusals]
     error = refusals[0].json()["error"]
     assert error["param"] == "regex" and "did not compile within" in error["message"], error

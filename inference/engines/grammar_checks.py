@@ -5,11 +5,12 @@ A grammar's compile time has no useful bound: nested repetitions such as `(a{1,3
 side compiles in a few checker processes of its own (`python -m inference.engines.grammar_checks FD PID`), each
 with its own small pipeline used by one grammar at a time (the library does not share a pipeline between
 threads, which is why a single pipeline sat behind one lock before). A checker still compiling when the budget
-runs out is killed and replaced, and the grammar refused; the requester whose grammar it was waits for the
-replacement before its next check, so one key sending slow grammars one after another holds one checker at
-most and the others serve everyone else. A text over MAX_GRAMMAR_CHARS is refused before any compile.
-Verdicts are kept (the last KEPT_VERDICTS, refusals too: a script sends the same grammar again), and requests
-sending a grammar already being checked wait for that check rather than start their own.
+runs out is killed and replaced, and the grammar refused. A requester's checks run one at a time, and after
+one ran out the budget its next waits for the replacement: one key sending slow grammars, at once or one
+after another, holds one checker at most, and the others serve everyone else. A text over MAX_GRAMMAR_CHARS
+is refused before any compile. Verdicts are kept (the last KEPT_VERDICTS, refusals too: a script sends the
+same grammar again), and requests sending a grammar already being checked wait for that check rather than
+start their own.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
@@ -42,6 +43,9 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # A compile running out its budget, and a checker's start, yield the CPU to the web process and the workers
 # (on a 2-core host a full-priority one stalled every other request); grammars that compile take milliseconds.
 CHECKER_NICENESS = 10
+
+
+BUSY = "Too many grammars are being checked at once: retry in a moment."
 
 
 class GrammarCheckBusy(RuntimeError):
@@ -131,19 +135,29 @@ class CheckerPool:
         self._idle: queue.Queue[Checker] = queue.Queue()
         self._wanted: queue.Queue[threading.Event] = queue.Queue()  # each set once its checker is started
         self._owed: dict[str, threading.Event] = {}  # requester -> the replacement of a checker its grammar cost
+        self._requesters: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)  # one check at a time each
         self._started = False
         self._lock = threading.Lock()
 
     def refusal(self, grammar: Grammar, *, budget_s: float, requester: str) -> str:
         self._start()
-        if owed := self._owed.get(requester):
-            owed.wait(WAIT_FOR_CHECKER_S)
-            self._owed.pop(requester, None)
+        with self._lock:
+            own_turn = self._requesters[requester]
+        if not own_turn.acquire(timeout=WAIT_FOR_CHECKER_S):
+            raise GrammarCheckBusy(BUSY)
+        try:
+            if owed := self._owed.pop(requester, None):
+                owed.wait(WAIT_FOR_CHECKER_S)
+            return self._checked(grammar, budget_s=budget_s, requester=requester)
+        finally:
+            own_turn.release()
+
+    def _checked(self, grammar: Grammar, *, budget_s: float, requester: str) -> str:
         while True:
             try:
                 checker = self._idle.get(timeout=WAIT_FOR_CHECKER_S)
             except queue.Empty:
-                raise GrammarCheckBusy("Too many grammars are being checked at once: retry in a moment.") from None
+                raise GrammarCheckBusy(BUSY) from None
             try:
                 checker.conn.send(grammar)
             except OSError:  # it died while idle (killed from outside): not this grammar's doing
