@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
@@ -18,7 +19,8 @@ from django.http.request import RawPostDataException
 from inference import errors, json_input
 from inference.api import tools
 from inference.engines.grammar import Grammar, GrammarError
-from inference.engines.grammar import check as grammar_check
+from inference.engines.grammar_checks import GrammarCheckBusy
+from inference.engines.grammar_checks import check as grammar_check
 from inference.models import ModelPair
 from inference.serving import reasons, web
 
@@ -174,10 +176,11 @@ def _bounded_top(top: int, *, param: str, chat: bool) -> int:
     return top
 
 
-def _checked_grammar(data: dict, *, tool_call: Grammar | None) -> dict:
-    """GenerationOptions' grammar fields, once the library compiles the grammar (engines/grammar.py:
-    an uncompilable one would fail every request in its batch). `tool_call`: the one a forced tool
-    call holds the answer to."""
+def _checked_grammar(data: dict, *, tool_call: Grammar | None, requester: str) -> dict:
+    """GenerationOptions' grammar fields, once the library compiles the grammar within the budget
+    (engines/grammar_checks.py: an uncompilable one would fail every request in its batch). `tool_call`: the one
+    a forced tool call holds the answer to; `requester`: who asks (engines/grammar_checks.py keeps one from
+    holding every checker)."""
     found = _grammar(data)
     if tool_call is not None:
         if found is not None:
@@ -187,11 +190,13 @@ def _checked_grammar(data: dict, *, tool_call: Grammar | None) -> dict:
     if found is None:
         return {}
     grammar, name = found
+    param = "response_format.json_schema.schema" if name == "response_format" else name
     try:
-        grammar_check(grammar)
+        grammar_check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000, requester=requester)
     except GrammarError as exc:
-        param = "response_format.json_schema.schema" if name == "response_format" else name
         raise errors.InvalidValue(f"{param} cannot be compiled: {exc}", param=param) from None
+    except GrammarCheckBusy as exc:
+        raise errors.ConcurrencyLimit(str(exc), param=param) from None
     return {"grammar_kind": grammar.kind, "grammar_text": grammar.text}
 
 
@@ -281,9 +286,9 @@ def _check_alternatives(*, pair: ModelPair, options: web.GenerationOptions, para
                                   f"{reasons.ALTERNATIVES}, which takes num_assistant_tokens.", param=param)
 
 
-def parse(data: dict, *, chat: bool) -> ApiRequest:
-    """A checked completions (chat=False) or chat completions request body. Reads the database
-    and the pair's tokenizer: call it off the event loop."""
+def parse(data: dict, *, chat: bool, requester: str) -> ApiRequest:
+    """A checked completions (chat=False) or chat completions request body, sent by `requester` (its API key).
+    Reads the database and the pair's tokenizer: call it off the event loop."""
     model = data.get("model")
     if not isinstance(model, str) or not model:
         error = errors.MissingParameter if model is None else errors.InvalidType
@@ -305,7 +310,7 @@ def parse(data: dict, *, chat: bool) -> ApiRequest:
         raise errors.InvalidValue("Tools are for /chat/completions.", param="tools")
     tool_request = tools.parse(data) if chat else None
     logprobs, top_logprobs = _logprobs(data, chat=chat)
-    grammar = _checked_grammar(data, tool_call=tool_request.grammar if tool_request else None)
+    grammar = _checked_grammar(data, tool_call=tool_request.grammar if tool_request else None, requester=requester)
     messages = _chat_messages(data) if chat else []
     completion_prompt = "" if chat else _completion_prompt(data)
     speculation_steps = _flag(data, "speculation_steps")

@@ -5,17 +5,17 @@ library's pipelines, and by llguidance to the main's and the draft's tokens on o
 
 A grammar the library cannot compile does not fail its own request only: the pipeline step it first
 runs in raises, and every request in the batch fails with it. So a grammar is compiled before it is
-accepted (`check`): one token generated under it by the repository's own tiny draft model, which
+accepted (`refusal`): one token generated under it by the repository's own tiny draft model, which
 compiles the same grammar in milliseconds. Whether a grammar compiles does not depend on the vocabulary.
+The web side runs that in checker processes, with a time budget (engines/grammar_checks.py).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from pathlib import Path
 
 import llguidance as llg
@@ -44,23 +44,21 @@ class Grammar:
 
 
 class GrammarError(ValueError):
-    """The library cannot compile the grammar; the message is its own sentence."""
+    """The grammar is refused; the message is a sentence saying why."""
 
 
-_check_lock = threading.Lock()
-
-
-@cache
-def _checker() -> og.LLMPipeline:
+def checker_pipeline() -> og.LLMPipeline:
     return og.LLMPipeline(str(CHECKER_MODEL), "CPU")
 
 
-def check(grammar: Grammar) -> None:
-    """Raise GrammarError unless the library and llguidance both compile `grammar`."""
-    if reason := _compile_error(grammar):
-        raise GrammarError(reason)
+def refusal(grammar: Grammar, *, pipeline: og.LLMPipeline) -> str | None:
+    """Why the library or llguidance cannot compile `grammar`, or None when both do. `pipeline` (a
+    checker_pipeline) runs one generation at a time: the library does not share a pipeline between threads."""
+    if reason := _compile_error(grammar, pipeline=pipeline):
+        return reason
     if reason := _llguidance_error(grammar):
-        raise GrammarError(f"the exact engine's parser refused it: {reason}")
+        return f"the exact engine's parser refused it: {reason}"
+    return None
 
 
 @lru_cache(maxsize=256)  # a script sends the same schema with every request: translate it once
@@ -80,18 +78,16 @@ def _llguidance_error(grammar: Grammar) -> str | None:
         return str(exc)
 
 
-@lru_cache(maxsize=256)  # a script sends the same schema with every request: compile it once
-def _compile_error(grammar: Grammar) -> str | None:
+def _compile_error(grammar: Grammar, *, pipeline: og.LLMPipeline) -> str | None:
     config = og.GenerationConfig()
     config.max_new_tokens = 1
     config.structured_output_config = grammar.config()
-    with _check_lock:  # one pipeline, one generation at a time
-        try:
-            _checker().generate("{", config)
-        except UnicodeDecodeError:  # the library's message cut a character of the grammar in two
-            return "the library's parser refused it (its message could not be read)"
-        except RuntimeError as exc:
-            return _reason(str(exc))
+    try:
+        pipeline.generate("{", config)
+    except UnicodeDecodeError:  # the library's message cut a character of the grammar in two
+        return "the library's parser refused it (its message could not be read)"
+    except RuntimeError as exc:
+        return _reason(str(exc))
     return None
 
 

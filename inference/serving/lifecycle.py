@@ -28,6 +28,7 @@ from inference.serving.speculation import pair_default_route
 from inference.serving.worker import (
     STATE,
     fail_orphaned_generations,
+    fail_unservable_generations,
     load_engine,
     reconcile_claimed_generations,
     resend_lost_generations,
@@ -77,6 +78,7 @@ def _beat_forever() -> None:
             announce_worker(client=client, name=WORKER_NAME, payload=heartbeat_payload(),
                             ttl_s=settings.WORKER_HEARTBEAT_TTL_S)
             fail_orphaned_generations(client=client)
+            fail_unservable_generations(client=client)
             reconcile_claimed_generations(worker_name=WORKER_NAME)
             fail_abandoned_imports()
             jobs.fail_abandoned(model=BenchmarkRun)

@@ -135,6 +135,9 @@ def worker_died(worker: str) -> str:
     return f"The worker running this answer ({worker}) stopped before it finished."
 
 
+UNSERVED_AFTER_S = 2  # a queued answer whose pair nobody serves is failed after this (heartbeats lag a little)
+
+
 def stalled_generation_problem(*, generation_id) -> str:
     """Why a generation that sends nothing will never finish, or '' while it may."""
     generation = Generation.objects.select_related("pair").filter(id=generation_id).first()
@@ -147,14 +150,20 @@ def stalled_generation_problem(*, generation_id) -> str:
         if generation.worker and not selectors.worker_is_alive(client=client, name=generation.worker):
             return worker_died(generation.worker)
         return ""
-    waited = (timezone.now() - generation.created_at).total_seconds()
+    return queued_problem(pair=generation.pair, waited=(timezone.now() - generation.created_at).total_seconds(),
+                          workers=selectors.live_workers(client=client))
+
+
+def queued_problem(*, pair: ModelPair, waited: float, workers: list[dict]) -> str:
+    """Why an answer queued for `waited` seconds will never be picked up, or '' while it may be
+    (`workers`: the live workers' heartbeats)."""
     if waited >= settings.QUEUE_TIMEOUT_S:
-        return queue_timeout(generation.pair.slug)
-    state = selectors.pair_state(pair=generation.pair, workers=selectors.live_workers(client=client))
-    if not state.served and waited >= 2:
-        return f"No worker can serve '{generation.pair.slug}': {state.error}."
+        return queue_timeout(pair.slug)
+    state = selectors.pair_state(pair=pair, workers=workers)
+    if not state.served and waited >= UNSERVED_AFTER_S:
+        return f"No worker can serve '{pair.slug}': {state.error}."
     if waited >= settings.STALL_TIMEOUT_S and state.state != limits.ServingState.AVAILABLE:
-        return f"'{generation.pair.slug}' did not become available within {settings.STALL_TIMEOUT_S} s."
+        return f"'{pair.slug}' did not become available within {settings.STALL_TIMEOUT_S} s."
     return ""
 
 

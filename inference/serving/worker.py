@@ -32,11 +32,12 @@ from inference.models import Generation, ModelPair
 from inference.serving import speculation
 from inference.serving.records import (
     NOT_SAVED,
+    UNSERVED_AFTER_S,
     fail_generation,
     finish_generation,
     pair_spec,
     planned_decoding,
-    queue_timeout,
+    queued_problem,
     worker_died,
 )
 
@@ -51,6 +52,7 @@ class WorkerState:
 
     engines: EngineRegistry
     running: dict[str, ActiveRequest] = field(default_factory=dict)  # generation id -> its request
+    submitting: dict[str, float] = field(default_factory=dict)  # generation id -> when it was handed to its engine
     claimed: set[str] = field(default_factory=set)  # held by a thread of this worker, from claim to end
 
 
@@ -60,6 +62,9 @@ STATE = WorkerState(engines=EngineRegistry(
     release_extra_after_s=settings.RELEASE_EXTRA_ENGINES_AFTER_S, step_timeout_s=settings.STEP_TIMEOUT_S))
 
 OVERRAN = "The answer ran past the server's limit of {limit} s and was stopped; what it wrote is kept."
+NEVER_STARTED = ("The worker's engine did not take this answer within the server's limit of {limit} s (it may be "
+                 "hung); send it again.")
+NOT_STOPPED = "The answer ran past the server's limit of {limit} s and its worker could not stop it; send it again."
 WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
 
 
@@ -113,6 +118,7 @@ def _serve(*, generation: Generation, asked: speculation.Asked, planned: specula
     params = planned_decoding(DecodingParams(**{**decoding, "stop": tuple(decoding["stop"])}), planned)
     writer = transport.StreamWriter(transport.sync_client(), generation.id)
     request = None
+    STATE.submitting[str(generation.id)] = time.perf_counter()
     try:
         # The web encoded the prompt when it checked its length; a record older than that is encoded here.
         request = engine.submit(prompt=generation.prompt, prompt_ids=generation.params.get("prompt_ids"),
@@ -133,6 +139,7 @@ def _serve(*, generation: Generation, asked: speculation.Asked, planned: specula
         fail_generation(generation_id=generation.id, message=WORKER_FAILED)
     finally:
         STATE.running.pop(str(generation.id), None)
+        STATE.submitting.pop(str(generation.id), None)
 
 
 def _plan_fields(*, generation: Generation, planned: speculation.Plan) -> dict:
@@ -356,15 +363,14 @@ def _served(generation: Generation) -> dict:
 def resend_lost_generations(*, client, queues: list[str]) -> None:
     """Send again the task of a generation queued for longer than REQUEUE_AFTER_S on a pair this
     worker serves (called only while it has a free slot, so nothing legitimately waits for it): the
-    claim in run_generation makes a second delivery harmless. Still queued after QUEUE_TIMEOUT_S: failed."""
+    claim in run_generation makes a second delivery harmless. Still queued after QUEUE_TIMEOUT_S: failed
+    (fail_unservable_generations)."""
     now = timezone.now()
     slugs = [queue.removeprefix("pair.") for queue in queues if queue.startswith("pair.")]
     stale = Generation.objects.filter(status=Generation.Status.QUEUED, pair__slug__in=slugs,
                                       created_at__lt=now - timedelta(seconds=settings.REQUEUE_AFTER_S))
-    for generation_id, slug, created_at in stale.values_list("id", "pair__slug", "created_at"):
-        if (now - created_at).total_seconds() >= settings.QUEUE_TIMEOUT_S:
-            fail_generation(generation_id=generation_id, message=queue_timeout(slug))
-        elif client.set(transport.resent_key(generation_id), "1", nx=True, ex=settings.REQUEUE_AFTER_S):
+    for generation_id, slug in stale.values_list("id", "pair__slug"):
+        if client.set(transport.resent_key(generation_id), "1", nx=True, ex=settings.REQUEUE_AFTER_S):
             log.warning("generation %s was queued for %s s: sending its task again", generation_id,
                         settings.REQUEUE_AFTER_S)
             current_app.send_task("inference.generate", args=[str(generation_id)], queue=f"pair.{slug}")
@@ -372,7 +378,8 @@ def resend_lost_generations(*, client, queues: list[str]) -> None:
 
 def reconcile_claimed_generations(*, worker_name: str) -> None:
     """End this worker's `running` records that none of its threads holds any more: an answer whose
-    final write failed (its readers were told it was not saved) must not stay running, holding its slot."""
+    final write failed (its readers were told it was not saved) must not stay running, holding its slot.
+    And those whose thread is stuck past settings.MAX_ANSWER_S (overdue_problem)."""
     running = list(Generation.objects.filter(status=Generation.Status.RUNNING, worker=worker_name)
                    .values_list("id", flat=True))
     claimed = set(STATE.claimed)  # read after the rows: a thread holds a generation before its row is running
@@ -380,6 +387,44 @@ def reconcile_claimed_generations(*, worker_name: str) -> None:
         if str(generation_id) not in claimed:
             log.warning("generation %s is running in the database but not on this worker: failed", generation_id)
             fail_generation(generation_id=generation_id, message=NOT_SAVED)
+        elif problem := overdue_problem(generation_id=str(generation_id), limit=settings.MAX_ANSWER_S):
+            log.warning("generation %s is stuck on this worker: failed (%s)", generation_id, problem)
+            fail_generation(generation_id=generation_id, message=problem)
+
+
+def overdue_problem(*, generation_id: str, limit: int) -> str:
+    """Why a claimed answer's thread, stuck, will not end it, or '': an engine that has not taken it `limit` s
+    after it was handed over (a submit that hangs: the answer's own limit starts only once it runs), or one
+    that ran past the limit and the grace Answer._overrun gives it without ending (a stop that hangs too)."""
+    if not limit:
+        return ""
+    request = STATE.running.get(generation_id)
+    if request is None:
+        since = STATE.submitting.get(generation_id)
+        return NEVER_STARTED.format(limit=limit) if since and time.perf_counter() - since >= limit else ""
+    if time.perf_counter() - request.added_at >= limit + 2 * OVERRUN_GRACE_S:
+        return NOT_STOPPED.format(limit=limit)
+    return ""
+
+
+def fail_unservable_generations(*, client) -> None:
+    """Fail the queued generations no worker will pick up (their pair's workers are gone, or it never became
+    available), read or not: a background API request nobody follows must end too, and free its key's slot.
+    Every live worker calls this as it beats, for every pair: the pair's own workers may be the ones gone."""
+    if not selectors.heartbeats_settled(client=client):
+        return  # Redis just restarted: the other workers' heartbeats are not back yet
+    now = timezone.now()
+    queued = list(Generation.objects.filter(
+        status=Generation.Status.QUEUED, created_at__lt=now - timedelta(seconds=UNSERVED_AFTER_S))
+        .values_list("id", "pair_id", "created_at"))
+    if not queued:
+        return
+    workers = selectors.live_workers(client=client)
+    pairs = ModelPair.objects.in_bulk({pair_id for _, pair_id, _ in queued})
+    for generation_id, pair_id, created_at in queued:
+        problem = queued_problem(pair=pairs[pair_id], waited=(now - created_at).total_seconds(), workers=workers)
+        if problem:
+            fail_generation(generation_id=generation_id, message=problem)
 
 
 def fail_orphaned_generations(*, client) -> None:

@@ -2,13 +2,15 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.benchmark import modes
 from inference.benchmark.prompts import prompts_from_file
 from inference.benchmark.runs import int_list
 from inference.engines.base import load_tokenizer
-from inference.engines.grammar import Grammar, GrammarError, check
+from inference.engines.grammar import Grammar, GrammarError
+from inference.engines.grammar_checks import check
 from inference.models import ModelPair
 from inference.serving.records import pair_spec
 
@@ -49,7 +51,7 @@ class Command(BaseCommand):
         if json_schema:
             grammar = Grammar(kind="json_schema", text=json_schema.read_text())
             try:
-                check(grammar)
+                check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000, requester="compare_modes")
             except GrammarError as exc:
                 raise CommandError(f"{json_schema}: {exc}") from exc
         costs = {mode: modes.infer_cost(main_dir=spec.main_dir, mode=mode) for mode in options["modes"]}
