@@ -11,16 +11,14 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
 from inference import errors, json_input
 from inference.api import tools
-from inference.engines.grammar import Grammar, GrammarError
-from inference.engines.grammar_checks import GrammarCheckBusy
-from inference.engines.grammar_checks import check as grammar_check
+from inference.engines.grammar import Grammar
+from inference.engines.grammar_checks import require_compiled
 from inference.models import ModelPair
 from inference.serving import reasons, web
 
@@ -191,12 +189,7 @@ def _checked_grammar(data: dict, *, tool_call: Grammar | None, requester: str) -
         return {}
     grammar, name = found
     param = "response_format.json_schema.schema" if name == "response_format" else name
-    try:
-        grammar_check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000, requester=requester)
-    except GrammarError as exc:
-        raise errors.InvalidValue(f"{param} cannot be compiled: {exc}", param=param) from None
-    except GrammarCheckBusy as exc:
-        raise errors.ConcurrencyLimit(str(exc), param=param) from None
+    require_compiled(grammar, param=param, requester=requester)
     return {"grammar_kind": grammar.kind, "grammar_text": grammar.text}
 
 
@@ -308,7 +301,7 @@ def parse(data: dict, *, chat: bool, requester: str) -> ApiRequest:
     background = _flag(data, "background")
     if not chat and (data.get("tools") or data.get("tool_choice")):
         raise errors.InvalidValue("Tools are for /chat/completions.", param="tools")
-    tool_request = tools.parse(data) if chat else None
+    tool_request = tools.parse(data, requester=requester) if chat else None
     logprobs, top_logprobs = _logprobs(data, chat=chat)
     grammar = _checked_grammar(data, tool_call=tool_request.grammar if tool_request else None, requester=requester)
     messages = _chat_messages(data) if chat else []

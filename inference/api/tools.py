@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 
 from inference import errors, json_input
-from inference.engines.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar, GrammarError, check
+from inference.engines.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
+from inference.engines.grammar_checks import require_compiled
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOOLS = 64
@@ -27,8 +28,9 @@ class ToolRequest:
     grammar: Grammar | None  # one call forced (tool_choice required or named)
 
 
-def parse(data: dict) -> ToolRequest | None:
-    """The request's tools and how the answer may use them; None without tools (or tool_choice none)."""
+def parse(data: dict, *, requester: str) -> ToolRequest | None:
+    """The request's tools and how the answer may use them; None without tools (or tool_choice none).
+    `requester`: who asks, for the grammar checks (engines/grammar_checks.py)."""
     tools, choice = data.get("tools"), data.get("tool_choice")
     if tools is None:
         if choice not in (None, "none"):
@@ -36,7 +38,8 @@ def parse(data: dict) -> ToolRequest | None:
         return None
     if not isinstance(tools, list) or not 0 < len(tools) <= MAX_TOOLS:
         raise errors.InvalidType(f"tools must be a list of 1 to {MAX_TOOLS} functions.", param="tools")
-    functions = {_function_name(tool, index): tool["function"] for index, tool in enumerate(tools)}
+    functions = {_function_name(tool, index, requester=requester): tool["function"]
+                 for index, tool in enumerate(tools)}
     if len(functions) < len(tools):
         raise errors.InvalidValue("Two tools have the same name.", param="tools")
     parallel = data.get("parallel_tool_calls")
@@ -58,7 +61,7 @@ def parse(data: dict) -> ToolRequest | None:
     return ToolRequest(tools=tools, grammar=_one_call_of({named: functions[named]}))
 
 
-def _function_name(tool, index: int) -> str:
+def _function_name(tool, index: int, *, requester: str) -> str:
     """The tool's function name, once the tool is checked: whether or not a call is forced, its parameters
     must compile as a JSON schema (the model may call it, and a later request may force the call)."""
     function = tool.get("function") if isinstance(tool, dict) else None
@@ -72,11 +75,8 @@ def _function_name(tool, index: int) -> str:
     if not isinstance(parameters, dict):
         raise errors.InvalidType("A function's parameters must be a JSON schema object.",
                                  param=f"tools[{index}].function.parameters")
-    try:
-        check(Grammar(kind="json_schema", text=json.dumps(parameters or {"type": "object"})))
-    except GrammarError as exc:
-        raise errors.InvalidValue(f"tools[{index}].function.parameters cannot be compiled: {exc}",
-                                  param=f"tools[{index}].function.parameters") from None
+    require_compiled(Grammar(kind="json_schema", text=json.dumps(parameters or {"type": "object"})),
+                     param=f"tools[{index}].function.parameters", requester=requester)
     return name
 
 

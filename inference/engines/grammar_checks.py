@@ -30,6 +30,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
+from django.conf import settings
+
+from inference import errors
 from inference.engines.grammar import Grammar, GrammarError, checker_pipeline, refusal
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,16 @@ def check(grammar: Grammar, *, budget_s: float, requester: str) -> None:
                            f"{MAX_GRAMMAR_CHARS:,}.")
     if reason := _VERDICTS.get(grammar, lambda: _CHECKERS.refusal(grammar, budget_s=budget_s, requester=requester)):
         raise GrammarError(reason)
+
+
+def require_compiled(grammar: Grammar, *, param: str, requester: str) -> None:
+    """check() within the server's budget, its refusals as the request's errors naming `param`."""
+    try:
+        check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000, requester=requester)
+    except GrammarError as exc:
+        raise errors.InvalidValue(f"{param} cannot be compiled: {exc}", param=param) from None
+    except GrammarCheckBusy as exc:
+        raise errors.ConcurrencyLimit(str(exc), param=param) from None
 
 
 class Verdicts:
