@@ -31,10 +31,20 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
 const AUTO_LANGUAGES = ["python", "javascript", "typescript", "java", "c", "cpp", "csharp", "go", "rust", "bash",
                         "sql", "json", "yaml", "xml", "css", "ruby", "php", "kotlin", "swift", "diff"];
 
-// Each fenced block's language, carried to the sanitised page in the <pre>'s title (an attribute the
-// sanitiser keeps; it is read and removed before the block is shown).
+// HTML the model wrote is shown as the text it is, never parsed: an inline handler or style in it must
+// meet no HTML parser of this page's (a document DOMParser makes shares the page's policy, and Chromium
+// reports what that policy blocks there); the Content-Security-Policy is the second line, DOMPurify the
+// third. A chat shows what a model says about HTML, tags included. An image would load from wherever the
+// model points: it is a link to it instead. Each fenced block's language is carried to the sanitised page
+// in the <pre>'s title (an attribute the sanitiser keeps; it is read and removed before the block is shown).
 marked.use({
   renderer: {
+    html({ text, block }) {
+      return block ? `<p>${escapeHtml(text.trim())}</p>\n` : escapeHtml(text);
+    },
+    image({ href, text }) {
+      return `<a href="${escapeHtml(href)}">${escapeHtml(text || href)}</a>`;
+    },
     code({ text, lang }) {
       const language = (lang || "").trim().split(/\s+/)[0];
       return `<pre title="${escapeHtml(language)}"><code>${escapeHtml(text)}</code></pre>\n`;
@@ -46,10 +56,10 @@ export function renderMarkdown(text) {
   return DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: false }), ANSWER_HTML);
 }
 
+// Text made safe to place in HTML, without a document: a string in, a string out.
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 export function escapeHtml(text) {
-  const div = document.createElement("div");
-  div.textContent = text;
-  return div.innerHTML.replaceAll('"', "&quot;");
+  return String(text).replace(/[&<>"']/g, (c) => ESCAPES[c]);
 }
 
 export const plural = (n, word) => `${n} ${n === 1 ? word : `${word}s`}`;
