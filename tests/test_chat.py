@@ -168,7 +168,7 @@ async def test_another_users_answer_is_refused(demo_pair, user, other_user):
     bob_client = Client()
     await sync_to_async(bob_client.force_login)(other_user)
     response = await sync_to_async(bob_client.get)(f"/c/{started['conversation']}/")
-    assert response.status_code == 404
+    assert response.status_code == 302 and response["Location"] == "/?gone"  # as a deleted one: a new chat
     assert await Message.objects.filter(conversation_id=started["conversation"]).acount() == 2
     await alice.disconnect()
     await bob.disconnect()

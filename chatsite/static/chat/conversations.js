@@ -11,7 +11,7 @@ export async function post(url, body) {
     body: JSON.stringify(body), credentials: "same-origin",
   });
   const data = await response.json().catch(() => ({ error: { message: `The server answered ${response.status}.` } }));
-  if (data.error) throw new Error(data.error.message);
+  if (data.error) throw Object.assign(new Error(data.error.message), { code: data.error.code, param: data.error.param });
   return data;
 }
 
@@ -53,6 +53,12 @@ function initTitleActions(conversation, setStatus) {
     $("rename-input").select();
   });
   $("rename-cancel").addEventListener("click", closeRename);
+  $("rename-input").addEventListener("keydown", (e) => {
+    if (e.key === "Escape") {
+      e.preventDefault(); // the page's Escape (stop an answer) is not this one
+      closeRename();
+    }
+  });
   $("rename-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     try {
@@ -79,6 +85,7 @@ function initTitleActions(conversation, setStatus) {
 function closeRename() {
   $("rename-form").hidden = true;
   $("conversation-title").hidden = false;
+  $("rename").focus();
 }
 
 function initSystemPrompt(conversation, systemPrompt, setStatus) {
@@ -122,7 +129,10 @@ function initSidebar() {
   $("sidebar-toggle").addEventListener("click", () => setSidebar(!$("app").classList.contains("sidebar-open")));
   $("backdrop").addEventListener("click", () => setSidebar(false));
   document.addEventListener("keydown", (e) => {
-    if (e.key === "Escape") setSidebar(false);
+    if (e.key === "Escape" && $("app").classList.contains("sidebar-open")) {
+      e.preventDefault(); // the page's Escape (stop an answer) waits for the next press
+      setSidebar(false);
+    }
   });
 }
 

@@ -1,0 +1,71 @@
+"""The chat as a person uses it, in Debian's headless Chromium on the real stack (daphne, a Celery worker
+running the demo pair): one answer at a time in a conversation, whatever is clicked or typed meanwhile and
+in however many tabs; errors in the page's own words; the keyboard."""
+
+import itertools
+
+import pytest
+
+from chatsite.chat.models import Conversation
+from inference.models import Generation
+from tests.conftest import in_thread, log_in
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
+ONE_AT_A_TIME = "An answer is still being written: wait for it to finish, or stop it (Esc)."
+
+
+def wait_for_answer(page, count: int) -> None:
+    """Until the page shows `count` answers, the last one ended."""
+    page.wait_for_function(f"""() => document.querySelectorAll('article.assistant').length === {count}
+        && !document.querySelector('article.assistant.streaming')""")
+
+
+def test_a_conversation_writes_one_answer_at_a_time(demo_pair, user, live_server_url, page):
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    page.fill("#prompt", "def quicksort(numbers):")
+    page.fill("#max-tokens", "8")
+    page.click("#send")
+    wait_for_answer(page, 1)
+    assert page.evaluate("document.activeElement.id") == "prompt"  # typing goes on after a click on Send
+    # Another tab of hers on the same conversation, open before the next answer starts.
+    other_tab = page.context.browser.new_context(storage_state=page.context.storage_state()).new_page()
+    other_tab.goto(page.url)
+    other_tab.wait_for_selector("body[data-connected='1']")
+
+    page.fill("#prompt", "class Stack:")
+    page.fill("#max-tokens", "500")
+    page.click(".options summary")
+    page.uncheck("#speculative")  # the main alone: slower, so the answer is still written meanwhile
+    page.press("#prompt", "Control+Enter")
+    page.locator("article.assistant.streaming .meta").filter(has_text="writing").wait_for()
+    assert page.locator("#stop").is_visible() and page.locator("#send").is_hidden()  # Send became Stop
+
+    page.fill("#prompt", "def merge(a, b):")
+    page.press("#prompt", "Control+Enter")  # the shortcut, with Send hidden
+    page.locator("#status", has_text=ONE_AT_A_TIME).wait_for()
+    assert page.input_value("#prompt") == "def merge(a, b):"  # kept to send later
+    other_tab.fill("#prompt", "x = 1")
+    other_tab.click("#send")  # a tab that has not seen the answer start: the server refuses
+    other_tab.locator("#status", has_text="An answer is still being written in this chat").wait_for()
+    assert other_tab.input_value("#prompt") == "x = 1"
+    assert other_tab.locator("article.message").count() == 2  # nothing added
+    other_tab.context.close()
+
+    page.wait_for_function("() => document.querySelector('article.assistant.streaming .body').textContent.length > 20")
+    page.keyboard.press("Escape")  # stops the answer
+    page.locator("article.assistant .meta", has_text="stopped").wait_for()
+    page.press("#prompt", "Control+Enter")  # now the waiting message goes
+    wait_for_answer(page, 3)
+    assert page.locator("article.user .body").all_inner_texts() == [
+        "def quicksort(numbers):", "class Stack:", "def merge(a, b):"]
+
+    def answers():
+        conversation = Conversation.objects.get()
+        return list(Generation.objects.filter(message__conversation=conversation).order_by("created_at"))
+
+    generations = in_thread(answers)
+    assert len(generations) == 3 and generations[1].finish_reason == "stopped"
+    for before, after in itertools.pairwise(generations):
+        assert after.created_at >= before.finished_at  # never two answers written at once
+        assert before.text.strip() and before.text.strip() in after.prompt  # each answer's prompt holds the last
