@@ -7,11 +7,14 @@ import itertools
 import pytest
 
 from chatsite.chat.models import Conversation
-from inference.models import Generation
+from inference.models import Generation, ModelPair
 from tests.conftest import in_thread, log_in
+from tests.test_site_security import finished_generation
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
 ONE_AT_A_TIME = "An answer is still being written: wait for it to finish, or stop it (Esc)."
+UNSERVED = ("Nobody serves this pair right now, so it cannot answer: ask an admin to start a worker for it, "
+            "or pick another pair.")
 
 
 def wait_for_answer(page, count: int) -> None:
@@ -69,3 +72,56 @@ def test_a_conversation_writes_one_answer_at_a_time(demo_pair, user, live_server
     for before, after in itertools.pairwise(generations):
         assert after.created_at >= before.finished_at  # never two answers written at once
         assert before.text.strip() and before.text.strip() in after.prompt  # each answer's prompt holds the last
+
+
+@pytest.fixture
+def unserved_pair(demo_pair):
+    return ModelPair.objects.create(name="Unserved", slug="unserved", main_dir=demo_pair.main_dir,
+                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=3)
+
+
+@pytest.fixture
+def kept_chat(demo_pair, user) -> Conversation:
+    return finished_generation(pair=demo_pair, user=user).message.conversation
+
+
+def status_after_send(page, text: str = "def f():") -> str:
+    page.locator("#status").evaluate("(el) => { el.textContent = ''; }")
+    page.fill("#prompt", text)
+    page.click("#send")
+    page.wait_for_function("() => document.getElementById('status').textContent !== ''")
+    status = page.inner_text("#status")
+    assert "`" not in status and "_" not in status, status  # no command line, no API field name
+    return status
+
+
+def test_errors_a_chat_user_causes_are_told_in_the_pages_words(unserved_pair, kept_chat, user, live_server_url,
+                                                                 page):
+    log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{kept_chat.id}/")
+    page.wait_for_selector("body[data-connected='1']")
+    unserved = page.locator("#pair option[value=unserved]")
+    assert unserved.is_disabled() and "nobody serves it now" in unserved.inner_text()  # greyed out, saying why
+    assert "ask an admin to start a worker" in unserved.get_attribute("title")
+
+    page.click(".options summary")
+    page.fill("#k", "3")
+    page.fill("#threshold", "0.5")
+    assert status_after_send(page).startswith("Options: set K or Threshold, not both")
+    page.fill("#threshold", "")
+
+    # A page loaded while a worker served the pair, which nobody serves since.
+    page.evaluate("""() => { const select = document.getElementById('pair');
+        select.querySelector('option[value=unserved]').disabled = false; select.value = 'unserved'; }""")
+    assert status_after_send(page) == UNSERVED
+    assert page.input_value("#prompt") == "def f():"  # nothing is lost
+    page.select_option("#pair", "demo-code")
+
+    in_thread(lambda: Conversation.objects.filter(id=kept_chat.id).delete())  # deleted in another tab
+    assert status_after_send(page, "my question") == (
+        "That chat no longer exists (deleted in another tab?): this is a new one.")
+    assert page.input_value("#prompt") == "my question" and page.locator("article.message").count() == 0
+    assert page.url == f"{live_server_url}/"
+    page.goto(f"{live_server_url}/c/{kept_chat.id}/")  # its address, kept: a new chat, not an error page
+    page.wait_for_selector("body[data-connected='1']")
+    assert page.inner_text("#status") == "That chat no longer exists (it was deleted): this is a new one."
+    assert page.url == f"{live_server_url}/" and page.inner_text("#conversation-title") == "New chat"

@@ -19,6 +19,7 @@ let conversationId = page.conversation;
 let socket = null;
 let retryMs = 250;
 let refCounter = 0;
+let connectionLost = false; // the status says so
 
 messagesEl.addEventListener("click", (e) => {
   const button = e.target.closest("button");
@@ -137,6 +138,7 @@ function setStatus(text, isError = false) {
 
 function send(payload) {
   if (!socket || socket.readyState !== WebSocket.OPEN) {
+    connectionLost = true;
     setStatus("Not connected; retrying…", true);
     return false;
   }
@@ -209,7 +211,8 @@ function connect() {
   socket = new WebSocket(`${scheme}://${location.host}/ws/chat/`);
   socket.addEventListener("open", () => {
     retryMs = 250;
-    setStatus("");
+    if (connectionLost) setStatus(""); // the other notices stay
+    connectionLost = false;
     document.body.dataset.connected = "1";
     inFlight().forEach(follow); // resume each answer after the last event it rendered
   });
@@ -221,6 +224,7 @@ function connect() {
       return;
     }
     // 4503: the server turned the socket away for now (its database did not answer)
+    connectionLost = true;
     setStatus(e.code === 4503 ? "The server is unavailable for a moment; reconnecting…" : "Connection lost; reconnecting…", true);
     setTimeout(connect, retryMs);
     retryMs = Math.min(retryMs * 2, 5000);
