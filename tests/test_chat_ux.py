@@ -3,12 +3,14 @@ running the demo pair): one answer at a time in a conversation, whatever is clic
 in however many tabs; errors in the page's own words; the keyboard."""
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from chatsite.chat.models import Conversation
 from inference.models import Generation, ModelPair
 from tests.conftest import in_thread, log_in
+from tests.test_chat_ui import CODE, LONG_LINE, kept_answer
 from tests.test_site_security import finished_generation
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
@@ -125,3 +127,69 @@ def test_errors_a_chat_user_causes_are_told_in_the_pages_words(unserved_pair, ke
     page.wait_for_selector("body[data-connected='1']")
     assert page.inner_text("#status") == "That chat no longer exists (it was deleted): this is a new one."
     assert page.url == f"{live_server_url}/" and page.inner_text("#conversation-title") == "New chat"
+
+
+SHOTS = Path("/tmp/shots-chatux")
+FORMATTED = ("## Sorting\n\nA **stable** sort keeps equal items in order; `sorted()` is one.\n\n"
+             "| name | stable | cost |\n| --- | --- | --- |\n| merge sort | yes | n log n |\n| quicksort | no | n log n |\n\n"
+             "1. Split the list.\n2. Sort each half.\n3. Merge them.\n\n> Timsort is what Python uses.\n\n"
+             f"```python\n{CODE}\n```\n\nAnd a long line: {LONG_LINE[:600]}\n\nThe end.")
+
+GEOMETRY = """() => {
+    const box = (el) => { const r = el.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, height: r.height}; };
+    const root = document.scrollingElement;
+    const actions = [...document.querySelectorAll('article.assistant .actions')].at(-1);
+    return {
+        sideways: root.scrollWidth > root.clientWidth, height: innerHeight,
+        topbar: box(document.querySelector('.topbar')), messages: box(document.getElementById('messages')),
+        actions: actions ? box(actions) : null, composer: box(document.getElementById('composer')),
+    };
+}"""
+
+
+@pytest.fixture
+def formatted_chat(demo_pair, user) -> Conversation:
+    demo_pair.completes_text = False  # answers in Markdown
+    demo_pair.description = ("The demo pair: a tiny main model and a tinier draft, trained by the project. Its answers "
+                             "are nonsense by construction; it shows the mechanics and the speed of speculative "
+                             "decoding, not answer quality.")
+    demo_pair.save()
+    return kept_answer(pair=demo_pair, user=user, title="Sorting lists in Python, stably and quickly, explained",
+                       question="How do I sort a list stably?", text=FORMATTED)
+
+
+@pytest.mark.parametrize("width, height", [(1280, 800), (390, 844)])
+def test_the_conversation_keeps_the_room(formatted_chat, live_server_url, page, width, height):
+    """At a laptop's and a phone's width, light and dark: no sideways scroll, the header on one line at a
+    phone's width, at least half the height shows messages with a panel open, and the last answer's
+    Copy and Regenerate are in view above the composer."""
+    SHOTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": width, "height": height})
+    log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{formatted_chat.id}/")
+    page.wait_for_selector("article.assistant .code-block")
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        page.evaluate("document.getElementById('messages').scrollTop = 1e9")
+        geometry = page.evaluate(GEOMETRY)
+        page.screenshot(path=str(SHOTS / f"chat-{width}-{scheme}.png"))
+        assert not geometry["sideways"], geometry
+        actions = geometry["actions"]
+        assert geometry["messages"]["top"] <= actions["top"] and actions["bottom"] <= geometry["messages"]["bottom"]
+        if width < 768:
+            assert geometry["topbar"]["height"] < 64, geometry  # one line (it wrapped to three)
+        for panel, opener in (("options", ".options summary"), ("system", "#system-toggle")):
+            if panel == "system" and width < 768:  # a phone's top bar keeps the chat's actions behind a button
+                page.click("#actions-toggle")
+            page.click(opener)
+            geometry = page.evaluate(GEOMETRY)
+            page.screenshot(path=str(SHOTS / f"{panel}-{width}-{scheme}.png"))
+            assert geometry["messages"]["height"] >= geometry["height"] / 2, (panel, geometry)
+            assert geometry["actions"]["bottom"] <= geometry["messages"]["bottom"], (panel, geometry)
+            assert not geometry["sideways"], geometry
+            if panel == "system" and width < 768:
+                page.click("#actions-toggle")
+            page.click(opener)
+    page.goto(f"{live_server_url}/")  # a new chat
+    page.wait_for_selector("body[data-connected='1']")
+    page.screenshot(path=str(SHOTS / f"empty-{width}.png"))
+    assert "draft model" in page.inner_text("#empty")  # what speculative decoding is, in two sentences

@@ -53,6 +53,15 @@ function scrollDown() {
   messagesEl.scrollTop = messagesEl.scrollHeight;
 }
 
+// A panel opening (options, system prompt) or a phone's keyboard shrinks the list: one that was read at
+// its end stays at its end, so the last answer's Copy and Regenerate do not slip under the composer.
+// (Judged with the height it had: by the time the observer runs, the browser may have scrolled it a bit.)
+let shownHeight = messagesEl.clientHeight;
+new ResizeObserver(() => {
+  if (messagesEl.scrollHeight - messagesEl.scrollTop - shownHeight < 40) scrollDown();
+  shownHeight = messagesEl.clientHeight;
+}).observe(messagesEl);
+
 function addAnswer(messageId, generationId, pairSlug) {
   return new Answer(addBubble("assistant"), messageId, generationId, pairs.get(pairSlug), chatForAnswers);
 }
@@ -62,7 +71,10 @@ const chatForAnswers = {
   showSteps: () => $("show-steps").checked,
   scrollDown,
   finished: updateButtons,
-  actionsShown: updateActions,
+  actionsShown() {
+    updateActions();
+    scrollDown(); // the answer's buttons, in view
+  },
   regenerate(answer) {
     if (busy()) {
       setStatus(ONE_AT_A_TIME, true);

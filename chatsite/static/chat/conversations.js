@@ -41,6 +41,7 @@ export function setTitle(title) {
 
 export function initConversations(conversation, systemPrompt, setStatus) {
   initTitleActions(conversation, setStatus);
+  initActionsMenu();
   initSystemPrompt(conversation, systemPrompt, setStatus);
   initSidebar();
 }
@@ -78,6 +79,29 @@ function initTitleActions(conversation, setStatus) {
       location.href = "/";
     } catch (err) {
       setStatus(err.message, true);
+    }
+  });
+}
+
+// At a phone's width the chat's actions wait behind a button, so the top bar keeps to one line.
+function initActionsMenu() {
+  const topbar = document.querySelector(".topbar");
+  const setMenu = (open) => {
+    topbar.classList.toggle("menu-open", open);
+    $("actions-toggle").setAttribute("aria-expanded", String(open));
+  };
+  $("actions-toggle").addEventListener("click", () => setMenu(!topbar.classList.contains("menu-open")));
+  $("conversation-actions").addEventListener("click", (e) => {
+    if (e.target.closest("button, a")) setMenu(false);
+  });
+  document.addEventListener("click", (e) => {
+    if (!e.target.closest(".topbar")) setMenu(false);
+  });
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && topbar.classList.contains("menu-open")) {
+      e.preventDefault(); // the page's Escape (stop an answer) waits for the next press
+      setMenu(false);
+      $("actions-toggle").focus();
     }
   });
 }

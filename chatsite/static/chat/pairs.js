@@ -45,6 +45,7 @@ function showPair(pair) {
     $("k").placeholder = pair.num_assistant_tokens ? `auto (${pair.num_assistant_tokens})` : "auto";
   }
   $("pair-description").textContent = pair ? pair.description : "";
+  $("pair-description").title = $("pair-description").textContent; // in full, where one line cuts it
   showEmptyState();
   $("empty-pair").textContent = pair ? pair.name : "No pair yet";
   $("empty-description").textContent = pair
