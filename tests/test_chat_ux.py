@@ -193,3 +193,39 @@ def test_the_conversation_keeps_the_room(formatted_chat, live_server_url, page, 
     page.wait_for_selector("body[data-connected='1']")
     page.screenshot(path=str(SHOTS / f"empty-{width}.png"))
     assert "draft model" in page.inner_text("#empty")  # what speculative decoding is, in two sentences
+
+
+STEP_COVERAGE = """() => {
+    const body = document.querySelector('article.assistant .body');
+    const shown = [...body.querySelectorAll('*')].filter((e) => !e.closest('.code-tools'))
+        .flatMap((e) => [...e.childNodes]).filter((n) => n.nodeType === Node.TEXT_NODE && n.data.trim());
+    const marked = shown.filter((n) => n.parentElement.matches('.draft, .main'));
+    const length = (nodes) => nodes.reduce((sum, n) => sum + n.data.trim().length, 0);
+    return {steps: body.classList.contains('steps'), strong: body.querySelectorAll('strong').length,
+            tables: body.querySelectorAll('table').length, highlighted: body.querySelectorAll('code.hljs span').length,
+            starts: body.querySelectorAll('.step-start').length, text: body.textContent,
+            covered: length(marked) / length(shown)};
+}"""
+
+
+@pytest.fixture
+def stepped_answer(formatted_chat) -> Generation:
+    """The formatted answer as written in steps of two 5-character tokens, cut across the Markdown syntax."""
+    generation = formatted_chat.messages.get(role="assistant").generation
+    pieces = [FORMATTED[i:i + 5] for i in range(0, len(FORMATTED), 5)]
+    generation.steps = [[pieces[i], pieces[i + 1] if i + 1 < len(pieces) else ""] for i in range(0, len(pieces), 2)]
+    generation.save(update_fields=["steps"])
+    return generation
+
+
+def test_show_steps_keeps_the_rendering_and_marks_each_step(stepped_answer, live_server_url, page):
+    generation = stepped_answer
+    log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{generation.message.conversation_id}/")
+    page.wait_for_selector("article.assistant .code-block")
+    page.click(".options summary")
+    page.check("#show-steps")
+    state = page.evaluate(STEP_COVERAGE)
+    assert state["steps"] and state["strong"] == 1 and state["tables"] == 1 and state["highlighted"] > 100, state
+    assert "```" not in state["text"] and "**" not in state["text"], state  # still rendered, not raw Markdown
+    assert state["starts"] >= len(generation.steps) * 0.9 and state["covered"] > 0.95, state
+    page.screenshot(path=str(SHOTS / "steps-markdown.png"))

@@ -58,7 +58,7 @@ export function renderMarkdown(text) {
 
 // Text made safe to place in HTML, without a document: a string in, a string out.
 const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
-export function escapeHtml(text) {
+function escapeHtml(text) {
   return String(text).replace(/[&<>"']/g, (c) => ESCAPES[c]);
 }
 
@@ -93,6 +93,61 @@ export function decorateCode(body, cache) {
     tools.append(label, copyButton("Copy", "copy-code", "Copy this code"));
     pre.replaceWith(block);
     block.append(tools, pre);
+  }
+}
+
+// Show steps: the rendered answer (Markdown, highlighting and all) coloured by the step that wrote each
+// character: the draft tokens the main accepted, then the main model's own token, with a mark where each
+// step begins. Each character shown is found again in the answer's own text, in order (rendering only
+// drops characters, the Markdown syntax, and adds a few line breaks), so only text nodes are wrapped.
+// `text` is what the steps wrote, after `offset` characters of prompt (a completion pair's).
+export function markSteps(body, text, steps, offset = 0) {
+  const writer = new Array(offset).fill(null); // for each character of text: [step, "draft" | "main"]
+  steps.forEach(([draft, main], i) => {
+    writer.push(...Array(draft.length).fill([i, "draft"]), ...Array(main.length).fill([i, "main"]));
+  });
+  const walker = document.createTreeWalker(body, NodeFilter.SHOW_TEXT, {
+    acceptNode: (node) => (node.parentElement.closest(".code-tools") ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT),
+  });
+  const nodes = [];
+  while (walker.nextNode()) nodes.push(walker.currentNode);
+  let position = 0;
+  let lastStep = -1;
+  for (const node of nodes) {
+    const shown = node.data;
+    const runs = []; // [start, end, writer]
+    for (let i = 0; i < shown.length; i++) {
+      let found = null;
+      if (/\s/.test(shown[i])) { // a space the rendering may have added (between blocks, table cells)
+        if (/\s/.test(text[position] ?? "")) found = writer[position++] ?? null;
+      } else {
+        const at = text.indexOf(shown[i], position);
+        if (at !== -1 && at - position < 400) { // not found nearby: a character the rendering added
+          found = writer[at] ?? null;
+          position = at + 1;
+        }
+      }
+      const last = runs.at(-1);
+      if (last && last[2] === found) last[1] = i + 1;
+      else runs.push([i, i + 1, found]);
+    }
+    if (runs.every((run) => run[2] === null)) continue;
+    const pieces = document.createDocumentFragment();
+    for (const [start, end, found] of runs) {
+      const piece = shown.slice(start, end);
+      if (found === null) {
+        pieces.append(piece);
+        continue;
+      }
+      const [step, kind] = found;
+      const span = document.createElement("span");
+      span.className = step !== lastStep ? `${kind} step-start` : kind;
+      span.title = `step ${step + 1}: ${kind === "draft" ? "draft tokens the main accepted" : "the main model's own token"}`;
+      span.textContent = piece;
+      pieces.append(span);
+      lastStep = step;
+    }
+    node.replaceWith(pieces);
   }
 }
 
