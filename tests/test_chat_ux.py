@@ -229,3 +229,48 @@ def test_show_steps_keeps_the_rendering_and_marks_each_step(stepped_answer, live
     assert "```" not in state["text"] and "**" not in state["text"], state  # still rendered, not raw Markdown
     assert state["starts"] >= len(generation.steps) * 0.9 and state["covered"] > 0.95, state
     page.screenshot(path=str(SHOTS / "steps-markdown.png"))
+
+
+@pytest.fixture
+def two_chats(formatted_chat, demo_pair, user) -> Conversation:
+    kept_answer(pair=demo_pair, user=user, title="Parsing dates", question="How do I parse a date?", text="Use `strptime`.")
+    return formatted_chat
+
+
+def test_keyboard_search_and_kept_settings(two_chats, live_server_url, page):
+    log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{two_chats.id}/")
+    page.wait_for_selector("body[data-connected='1']")
+    assert page.get_attribute("#messages", "aria-live") is None  # a screen reader reads the status, not every chunk
+    assert page.get_attribute("#status", "role") == "status"
+
+    page.fill("#search", "timsort python")  # words of the answer, not of the title
+    page.locator("#conversations li:visible a", has_text="Sorting lists").wait_for()
+    assert page.locator("#conversations li:visible").count() == 1
+    page.fill("#search", "")
+
+    page.click("#rename")
+    page.keyboard.press("Escape")
+    assert page.locator("#rename-form").is_hidden() and page.locator("#conversation-title").is_visible()
+    page.click("article.user button.edit")
+    page.keyboard.press("Escape")
+    assert page.locator("article.user .edit-form").count() == 0
+    assert page.inner_text("article.user .body") == "How do I sort a list stably?"
+
+    page.fill("#max-tokens", "77")
+    page.click(".options summary")
+    page.fill("#temperature", "0.7")
+    page.reload()
+    page.wait_for_selector("body[data-connected='1']")
+    assert page.input_value("#max-tokens") == "77" and page.input_value("#temperature") == "0.7"  # kept for the pair
+
+    page.goto(f"{live_server_url}/")
+    page.wait_for_selector("body[data-connected='1']")
+    page.click("#system-toggle")
+    page.fill("#system-prompt", "Answer briefly.")
+    page.click("#save-system")
+    page.locator("#system-state", has_text="Kept for this chat's first message.").wait_for()
+    page.fill("#prompt", "def f():")
+    page.fill("#max-tokens", "8")
+    page.click("#send")
+    wait_for_answer(page, 1)
+    assert page.inner_text("#system-state") == ""  # the chat exists: the note is done with

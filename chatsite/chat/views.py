@@ -119,6 +119,13 @@ def edit(body: dict) -> dict:
 
 
 @login_required
+def search(request):
+    """The conversations whose title or messages hold every word of `q`: the sidebar's search."""
+    words = request.GET.get("q", "").split()
+    return JsonResponse({"conversations": selectors.conversations_matching(user=request.user, words=words)})
+
+
+@login_required
 def export(request, conversation_id: int, fmt: str):
     conversation = selectors.conversation_for(user=request.user, conversation_id=conversation_id)
     if conversation is None:

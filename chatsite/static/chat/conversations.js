@@ -138,16 +138,30 @@ function initSystemPrompt(conversation, systemPrompt, setStatus) {
   $("system-toggle").classList.toggle("set", Boolean(systemPrompt));
 }
 
+// Titles are filtered at once; the conversations whose messages hold the words are added when the server
+// answers (a moment after the typing pauses).
 function initSidebar() {
-  $("search").addEventListener("input", () => {
+  let searchTimer = null;
+  const filter = (found) => {
     const words = $("search").value.toLowerCase().split(/\s+/).filter(Boolean);
     let shown = 0;
     for (const link of document.querySelectorAll("#conversations a")) {
-      const match = words.every((w) => link.textContent.toLowerCase().includes(w));
+      const match = words.every((w) => link.textContent.toLowerCase().includes(w)) || found.has(Number(link.dataset.id));
       link.parentElement.hidden = !match;
       shown += match;
     }
     $("no-match").hidden = shown > 0;
+  };
+  $("search").addEventListener("input", () => {
+    filter(new Set());
+    clearTimeout(searchTimer);
+    const query = $("search").value.trim();
+    if (!query) return;
+    searchTimer = setTimeout(async () => {
+      const response = await fetch(`/c/search/?q=${encodeURIComponent(query)}`, { credentials: "same-origin" });
+      if (!response.ok || $("search").value.trim() !== query) return; // a newer search is on its way
+      filter(new Set((await response.json()).conversations));
+    }, 250);
   });
 
   $("sidebar-toggle").addEventListener("click", () => setSidebar(!$("app").classList.contains("sidebar-open")));
