@@ -177,6 +177,12 @@ def test_the_conversation_keeps_the_room(formatted_chat, live_server_url, page, 
         assert geometry["messages"]["top"] <= actions["top"] and actions["bottom"] <= geometry["messages"]["bottom"]
         if width < 768:
             assert geometry["topbar"]["height"] < 64, geometry  # one line (it wrapped to three)
+            page.click("#actions-toggle")  # the chat's actions, behind a button
+            page.locator("#delete").wait_for()
+            page.screenshot(path=str(SHOTS / f"menu-{width}-{scheme}.png"))
+            assert not page.evaluate(GEOMETRY)["sideways"]
+            page.keyboard.press("Escape")
+            assert page.locator("#delete").is_hidden()
         for panel, opener in (("options", ".options summary"), ("system", "#system-toggle")):
             if panel == "system" and width < 768:  # a phone's top bar keeps the chat's actions behind a button
                 page.click("#actions-toggle")
