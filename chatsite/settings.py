@@ -120,6 +120,7 @@ AXES_FAILURE_LIMIT = env_int("SPECCHAT_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("SPECCHAT_LOGIN_COOLOFF_MIN", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # one address cannot lock everyone else out
 AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # its start-up banner would open every manage.py command's output
 AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"

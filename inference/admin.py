@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html, format_html_join
 
 from inference import selectors, transport
@@ -214,17 +215,25 @@ class ImportJobAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    """Creating a key generates it; only its hash is stored, so it is shown once, in a message."""
+    """Creating a key generates it; only its hash is stored, so its secret is shown once: in the answer to
+    the add form itself, marked never to be cached. Not in a message: Django keeps messages in a signed
+    but readable cookie, which proxies and logs keep."""
 
     list_display = ("name", "prefix", "user", "max_concurrent", "revoked", "created_at", "last_used_at")
     list_filter = ("revoked",)
     readonly_fields = ("prefix", "created_at", "last_used_at")
 
     def save_model(self, request, obj, form, change):
-        key = None if change else set_new_key(obj)
+        if not change:
+            request.new_api_key_secret = set_new_key(obj)  # read by response_add, in this request only
         super().save_model(request, obj, form, change)
-        if key:
-            messages.warning(request, f"The API key of '{obj.name}' is {key} - copy it now: it is not shown again.")
+
+    def response_add(self, request, obj, post_url_continue=None):
+        response = TemplateResponse(request, "admin/inference/apikey/created.html", {
+            **self.admin_site.each_context(request), "title": f"API key '{obj.name}' created",
+            "key": obj, "secret": request.new_api_key_secret, "opts": self.model._meta})
+        add_never_cache_headers(response)
+        return response
 
 
 # ------------------------------------------------------------------ benchmarks

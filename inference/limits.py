@@ -15,6 +15,10 @@ MAX_STOP_STRINGS = 4
 # (the pipeline then refuses the request on the worker) or a denormal (NaN garbage).
 FLOAT32_TINY = 1e-30
 DEFAULT_MAX_NEW_TOKENS = 256  # when a request names no max_tokens (and the pair's cap allows it)
+# A chat conversation longer than the model's context leaves out its oldest turns so that the answer keeps room
+# for its max tokens (up to half the context); the newest message alone is still sent when it leaves this many.
+MIN_ANSWER_TOKENS = 64
+SYSTEM_PROMPT_MAX_CHARS = 16_000  # a chat conversation's; about 4,000 tokens, an eighth of a 32k context
 
 
 class ServingState(StrEnum):

@@ -2,10 +2,13 @@
 with nothing queued."""
 
 import hashlib
+import re
 
 import openai
 import pytest
 import requests
+from django.contrib.messages.storage.cookie import CookieStorage
+from django.http import HttpRequest
 
 from inference.api.auth import set_new_key
 from inference.models import ApiKey, Generation
@@ -30,15 +33,42 @@ def test_generation_needs_a_valid_key(live_server_url, demo_pair, api_key):
     assert Generation.objects.count() == 0
 
 
-def test_admin_creates_a_key_shows_it_once_and_stores_its_hash(admin_client):
-    response = admin_client.post("/admin/inference/apikey/add/", {"name": "script", "max_concurrent": 3}, follow=True)
-    assert response.status_code == 200
-    shown = [str(m) for m in response.context["messages"]]
+@pytest.mark.usefixtures("celery_worker")
+def test_admin_shows_a_new_key_once_uncached_and_in_no_cookie(admin_client, live_server_url, demo_pair):
+    """Django's messages cookie is signed, not encrypted: a secret put in a message travels in a Set-Cookie
+    and back, where proxies and logs keep it. Every response of the flow is read, its cookies decoded."""
+    responses = [admin_client.get("/admin/inference/apikey/add/")]
+    responses.append(admin_client.post("/admin/inference/apikey/add/", {"name": "script", "max_concurrent": 3}))
+    created = responses[-1]
     key = ApiKey.objects.get(name="script")
-    secret = next(word for m in shown for word in m.split() if word.startswith("sk-spec-"))
+    secret = re.search(r'id="api-key-secret">([^<]+)<', created.content.decode()).group(1)
     assert key.key_hash == hashlib.sha256(secret.encode()).hexdigest() and secret.startswith(key.prefix)
-    page = admin_client.get(f"/admin/inference/apikey/{key.id}/change/").content.decode()
-    assert secret not in page and key.key_hash not in page
+    assert created.status_code == 200 and "no-store" in created["Cache-Control"]
+    responses += [admin_client.get("/admin/inference/apikey/"), admin_client.get(f"/admin/inference/apikey/{key.id}/change/")]
+    assert secret not in responses[-1].content.decode() and key.key_hash not in responses[-1].content.decode()
+    for response in responses:
+        for cookie in response.cookies.values():
+            shown = [str(m) for m in CookieStorage(HttpRequest())._decode(cookie.value) or []]
+            assert not any(part in text for part in (secret, key.key_hash) for text in [cookie.value, *shown]), cookie
+    answer = post(live_server_url, "/v1/completions", secret, {"model": "demo-code", "prompt": PROMPT, "max_tokens": 4})
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0, answer.text
+
+
+def test_another_keys_answer_is_not_found(live_server_url, demo_pair, api_key):
+    """Following or stopping an answer takes the key that started it: any other gets a 404, as for no answer."""
+    theirs = ApiKey(name="theirs")
+    their_secret = set_new_key(theirs)
+    theirs.save()
+    answer = Generation.objects.create(pair=demo_pair, api_key=theirs, source=Generation.Source.API, prompt=PROMPT,
+                                       status=Generation.Status.FINISHED, text=" return", finish_reason="stop")
+    for path in (f"/v1/completions/cmpl-{answer.id}/events", f"/v1/chat/completions/{answer.id}/events"):
+        response = requests.get(f"{live_server_url}{path}", headers={"Authorization": f"Bearer {api_key.secret}"},
+                                timeout=30)
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", response.text
+        assert requests.get(f"{live_server_url}{path}", headers={"Authorization": f"Bearer {their_secret}"},
+                            timeout=30, stream=True).status_code == 200
+    cancel = post(live_server_url, f"/v1/completions/{answer.id}/cancel", api_key.secret, {})
+    assert cancel.status_code == 404 and "theirs" not in cancel.text
 
 
 # ----------------------------------------------------------------- bad input: 4xx naming the field, nothing queued

@@ -78,9 +78,12 @@ def models_root(settings, tmp_path) -> Path:
     return settings.MODELS_ROOT
 
 
-def import_pair(main, draft, *, slug="tiny", weight_format="fp16"):
+def import_pair(main, draft, *, slug="tiny", weight_format="fp16") -> str:
+    """What the command printed (to a log: pytest's stderr is no terminal)."""
+    out = io.StringIO()
     call_command("import_pair", name=f"Tiny {slug}", slug=slug, main=str(main), draft=str(draft),
-                 weight_format=weight_format, stdout=io.StringIO())
+                 weight_format=weight_format, stdout=out)
+    return out.getvalue()
 
 
 def assert_nothing_left(models_root: Path, *, error: str) -> ImportJob:
@@ -98,8 +101,11 @@ def test_import_registers_a_pair_that_generates(db, hf, models_root):
     from inference.pair_checks import REQUIRED_FILES
     from inference.serving.records import pair_spec
 
-    import_pair(hf["main"], hf["draft"], weight_format="int8")
+    printed = import_pair(hf["main"], hf["draft"], weight_format="int8")
 
+    stages = [line for line in printed.splitlines() if "== " in line]  # each stage once, a line each
+    assert any(line.endswith("== checking the sources") for line in stages), printed
+    assert len(stages) == len(set(stages)) and "\r" not in printed
     pair = ModelPair.objects.get(slug="tiny")
     assert (pair.main_dir, pair.draft_dir, pair.queue) == ("tiny/main", "tiny/draft", "pair.tiny")
     assert pair.num_assistant_tokens and pair.device == "CPU"

@@ -142,7 +142,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def started(self, message, content):
         generation_id = str(message.generation_id)
         await self.send_json({"type": "started", "conversation": message.conversation_id, "message": message.id,
-                              "generation": generation_id, "ref": content.get("ref")})
+                              "generation": generation_id, "messages_left_out": message.messages_left_out,
+                              "ref": content.get("ref")})
         await self.start_following(generation_id, "0-0")
 
     async def owned_generation(self, content):

@@ -31,6 +31,9 @@ class Message(models.Model):
     content = models.TextField(blank=True, help_text="The user's text; an answer's text lives in its generation.")
     generation = models.OneToOneField(Generation, null=True, blank=True, on_delete=models.SET_NULL,
                                       related_name="message")
+    messages_left_out = models.PositiveIntegerField(
+        default=0, help_text="An answer's: how many of the conversation's oldest messages its prompt left out, "
+                             "the conversation being longer than the model's context.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

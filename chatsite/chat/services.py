@@ -9,6 +9,7 @@ reload, a network blip), the answer is stopped.
 """
 
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -17,8 +18,8 @@ from django.utils import timezone
 
 from chatsite.chat import selectors
 from chatsite.chat.models import TITLE_MAX_LENGTH, Conversation, Message
-from inference import errors, transport
-from inference.models import Generation
+from inference import errors, limits, transport
+from inference.models import Generation, ModelPair
 from inference.serving import web
 from inference.serving.records import fail_if_stalled
 
@@ -48,10 +49,11 @@ def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str
         else:
             conversation = Conversation.objects.create(user=user, pair=pair, title=_title_from(text))
         Message.objects.create(conversation=conversation, role=Message.Role.USER, content=text)
-        prompt = web.chat_prompt(pair=pair, messages=selectors.history(conversation=conversation))
-        generation = web.start_generation(pair=pair, prompt=prompt, options=options, user=user,
+        prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param="prompt")
+        generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
                                                 source=Generation.Source.CHAT, add_special_tokens=False)
-        return Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
+        return Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation,
+                                      messages_left_out=prompt.left_out)
 
 
 def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Message:
@@ -66,10 +68,12 @@ def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Mess
             raise errors.InvalidValue("Only the last answer can be regenerated.", param="message")
         _refuse_if_answering(conversation=conversation)
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
-        prompt = web.chat_prompt(pair=pair, messages=selectors.history(conversation=conversation, before=message))
-        message.generation = web.start_generation(pair=pair, prompt=prompt, options=options, user=user,
+        prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, before=message,
+                                       param="message")
+        message.generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
                                                         source=Generation.Source.CHAT, add_special_tokens=False)
-        message.save(update_fields=["generation"])
+        message.messages_left_out = prompt.left_out
+        message.save(update_fields=["generation", "messages_left_out"])
         conversation.save(update_fields=["updated_at"])
     return message
 
@@ -90,17 +94,19 @@ def edit_and_resend(*, user, conversation_id: int, text: str, options: web.Gener
         message.content = text
         message.save(update_fields=["content"])
         conversation.messages.filter(id__gt=message.id).delete()
-        prompt = web.chat_prompt(pair=pair, messages=selectors.history(conversation=conversation))
-        generation = web.start_generation(pair=pair, prompt=prompt, options=options, user=user,
+        prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param="text")
+        generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
                                           source=Generation.Source.CHAT, add_special_tokens=False)
         conversation.save(update_fields=["title", "updated_at"])
-        return Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
+        return Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation,
+                                      messages_left_out=prompt.left_out)
 
 
 def new_conversation(*, user, system_prompt: str) -> Conversation:
     """An empty conversation, made before its first message when that message needs a system prompt;
     the first message titles it."""
     web.check_prompt_text(system_prompt, param="system_prompt")
+    _check_system_prompt_length(system_prompt)
     return Conversation.objects.create(user=user, title="New chat", system_prompt=system_prompt)
 
 
@@ -120,10 +126,18 @@ def set_system_prompt(*, user, conversation_id: int, system_prompt: str) -> Conv
     """Used for the answers written from now on (the kept answers stay as they were written)."""
     if "\x00" in system_prompt:
         raise errors.InvalidValue("The system prompt contains a NUL character.", param="system_prompt")
+    _check_system_prompt_length(system_prompt)
     conversation = _owned(user=user, conversation_id=conversation_id)
     conversation.system_prompt = system_prompt.strip()
     conversation.save(update_fields=["system_prompt", "updated_at"])
     return conversation
+
+
+def _check_system_prompt_length(system_prompt: str) -> None:
+    length = len(system_prompt.strip())
+    if length > limits.SYSTEM_PROMPT_MAX_CHARS:
+        raise errors.InvalidValue(f"A system prompt has at most {limits.SYSTEM_PROMPT_MAX_CHARS:,} characters; this "
+                                  f"one has {length:,}.", param="system_prompt")
 
 
 def delete_conversation(*, user, conversation_id: int) -> None:
@@ -153,6 +167,55 @@ def _owned(*, user, conversation_id: int) -> Conversation:
 
 def _title_from(text: str) -> str:
     return " ".join(text.split())[:80]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatPrompt:
+    text: str
+    left_out: int  # the conversation's oldest messages the model does not read
+
+
+def prompt_within_context(*, pair: ModelPair, conversation: Conversation, options: web.GenerationOptions, param: str,
+                          before: Message | None = None) -> ChatPrompt:
+    """The conversation as the model reads it. One longer than the model's context leaves out its oldest
+    turns (a user message and the answers after it), keeping the system prompt and the newest message, until
+    the answer has room for its max tokens (up to half the context): a long conversation goes on rather than
+    being refused for good. The newest message alone is still sent when it leaves MIN_ANSWER_TOKENS; one
+    that does not is refused (errors.ContextLengthExceeded naming `param`)."""
+    messages = selectors.history(conversation=conversation, before=before)
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    turns = messages[len(system):]
+    starts = [i for i, m in enumerate(turns) if m["role"] == Message.Role.USER] or [0]  # where a turn begins
+    context = web.main_context(pair=pair)
+    asked = web.asked_max_new_tokens(pair=pair, options=options)
+    room = min(asked, context // 2)
+
+    def from_turn(start: int) -> tuple[ChatPrompt, int]:
+        text = web.chat_prompt(pair=pair, messages=system + turns[start:])
+        return ChatPrompt(text=text, left_out=start), len(web.encode_prompt(pair=pair, prompt=text,
+                                                                          add_special_tokens=False))
+
+    whole, tokens = from_turn(0)
+    if tokens + room <= context:
+        return whole
+    kept, tokens = from_turn(starts[-1])
+    if tokens + room > context:
+        if tokens + min(asked, limits.MIN_ANSWER_TOKENS) <= context:
+            return kept
+        with_system = " with the system prompt" if system else ""
+        raise errors.ContextLengthExceeded(
+            f"This message is too long for the model: it is {tokens:,} tokens{with_system}, and the model reads "
+            f"at most {context:,} (its context), its answer included. Shorten it"
+            f"{' or the system prompt' if system else ''}.", param=param)
+    low, high = 0, len(starts) - 1  # the fewest turns to leave out: starts[high] is known to fit
+    while low < high:
+        middle = (low + high) // 2
+        candidate, tokens = from_turn(starts[middle])
+        if tokens + room <= context:
+            kept, high = candidate, middle
+        else:
+            low = middle + 1
+    return kept
 
 
 def stop_all_answers(*, user) -> None:

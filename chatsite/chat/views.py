@@ -16,7 +16,8 @@ from inference.serving import web
 
 def answer_json(message) -> dict:
     """What the page's script needs to show a kept message (and resume it if still running)."""
-    data = {"id": message.id, "role": message.role, "text": message.text}
+    data = {"id": message.id, "role": message.role, "text": message.text,
+            "messages_left_out": message.messages_left_out}
     generation = message.generation
     if generation is not None:
         data["generation"] = {
@@ -115,7 +116,8 @@ def edit(body: dict) -> dict:
     """The answer is started here; the page follows its events on its websocket as any other's."""
     message = services.edit_and_resend(user=body["user"], conversation_id=body["conversation_id"],
                                        text=_text(body, "text"), options=_options(body))
-    return {"message": message.id, "generation": str(message.generation_id)}
+    return {"message": message.id, "generation": str(message.generation_id),
+            "messages_left_out": message.messages_left_out}
 
 
 @login_required

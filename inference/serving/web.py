@@ -122,16 +122,14 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
     _check_range(options.top_p, 0, 1, "top_p", low_open=True)
     _check_range(options.top_k, 0, limits.TOP_K_MAX, "top_k")
     _check_range(options.seed, 0, limits.MAX_SEED, "seed")
-    max_new = options.max_new_tokens
-    if max_new is None:
-        max_new = min(pair.max_new_tokens_cap, limits.DEFAULT_MAX_NEW_TOKENS)
+    max_new = asked_max_new_tokens(pair=pair, options=options)
     if max_new < 1:
         raise errors.InvalidValue(f"max_tokens must be at least 1; got {max_new}.", param="max_tokens")
     if max_new > pair.max_new_tokens_cap:
         raise errors.InvalidValue(
             f"max_tokens is {max_new}, over this pair's cap of {pair.max_new_tokens_cap}.", param="max_tokens"
         )
-    context = context_length(Path(settings.MODELS_ROOT) / pair.main_dir)
+    context = main_context(pair=pair)
     if prompt_tokens >= context:
         raise errors.ContextLengthExceeded(
             f"The prompt is {prompt_tokens} tokens, over the model's context of {context} tokens.",
@@ -152,6 +150,18 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         reason = str(exc).strip().splitlines()[-1]  # the C++ check's own sentence, without its source path
         raise errors.InvalidValue(f"The pipeline refuses these settings: {reason}") from None
     return params
+
+
+def asked_max_new_tokens(*, pair: ModelPair, options: GenerationOptions) -> int:
+    """max_tokens as asked, else the pair's default (checked against the pair's cap in decoding_params)."""
+    if options.max_new_tokens is None:
+        return min(pair.max_new_tokens_cap, limits.DEFAULT_MAX_NEW_TOKENS)
+    return options.max_new_tokens
+
+
+def main_context(*, pair: ModelPair) -> int:
+    """The tokens the pair's main reads at most, prompt and answer together."""
+    return context_length(Path(settings.MODELS_ROOT) / pair.main_dir)
 
 
 def asked(options: GenerationOptions) -> speculation.Asked:

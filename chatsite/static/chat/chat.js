@@ -66,6 +66,17 @@ function addAnswer(messageId, generationId, pairSlug) {
   return new Answer(addBubble("assistant"), messageId, generationId, pairs.get(pairSlug), chatForAnswers);
 }
 
+// An answer whose prompt left out the conversation's oldest messages says so above its text.
+function showLeftOut(answer, count) {
+  answer.el.querySelector(".left-out")?.remove();
+  if (!count) return;
+  const note = document.createElement("p");
+  note.className = "left-out";
+  note.textContent = `${count === 1 ? "The oldest message was" : `The ${count} oldest messages were`} left out: `
+    + "the conversation is longer than the model can read.";
+  answer.el.insertBefore(note, answer.el.querySelector(".body"));
+}
+
 // What an answer asks of the page around it: handed to each, so that answer.js never imports this module.
 const chatForAnswers = {
   showSteps: () => $("show-steps").checked,
@@ -195,6 +206,7 @@ function onMessage(msg) {
       answer = addAnswer(msg.message, msg.generation, sent ? sent.pair : $("pair").value);
     }
     answers.set(msg.generation, answer);
+    showLeftOut(answer, msg.messages_left_out);
     updateButtons();
   } else if (msg.type === "event") {
     const answer = answers.get(msg.generation);
@@ -252,6 +264,7 @@ function initMessages() {
     }
     const g = m.generation;
     const answer = addAnswer(m.id, g ? g.id : "", g ? g.pair : previousPair);
+    showLeftOut(answer, m.messages_left_out);
     if (!g) continue;
     previousPair = g.pair;
     answers.set(g.id, answer);
@@ -383,6 +396,7 @@ function startEdit(article) {
       setStatus("");
       const answer = addAnswer(started.message, started.generation, $("pair").value);
       answers.set(started.generation, answer);
+      showLeftOut(answer, started.messages_left_out);
       follow(answer);
     } catch (err) {
       save.disabled = false;

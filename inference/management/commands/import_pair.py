@@ -1,3 +1,5 @@
+import sys
+
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
@@ -35,19 +37,33 @@ class Command(BaseCommand):
         if errors:
             raise CommandError(" ".join(errors.values()))
         job = ImportJob.objects.create(**fields)
-        with tqdm(total=100, unit="%", bar_format="{desc} {percentage:3.0f}%|{bar:20}| {elapsed}{postfix}") as bar:
-            def show(fraction: float, stage: str, line: str) -> None:
-                bar.n = round(100 * fraction)
-                bar.set_description_str(stage, refresh=False)
-                bar.set_postfix_str(line[:60])
-
-            try:
-                pair = importer.run_import(job=job, on_progress=show)
-            except importer.ImportFailed as exc:
-                raise CommandError(str(exc)) from exc
+        try:
+            pair = self._run(job)
+        except importer.ImportFailed as exc:
+            raise CommandError(str(exc)) from exc
         k = f", K={pair.num_assistant_tokens}" if pair.draft_dir else ""
         formats = weight_format + (f"/{draft_weight_format}" if draft_weight_format else "")
         self.stdout.write(self.style.SUCCESS(
             f"registered pair '{pair.slug}' ({pair.main_dir}{' + ' + pair.draft_dir if pair.draft_dir else ''}, "
             f"{formats}{k}).\nServe it: {worker_command_line(queues=[pair.queue])} "
             f"(or restart manage.py serve)."))
+
+    def _run(self, job: ImportJob) -> ModelPair:
+        """A bar on a terminal; in a log (CI, `make real-pair > log`) each new output line once, since a bar's
+        redraws would repeat its text on one line there."""
+        if not sys.stderr.isatty():
+            shown = [""]
+
+            def say(fraction: float, stage: str, line: str) -> None:
+                if line != shown[0]:
+                    shown[0] = line
+                    self.stdout.write(f"{fraction:4.0%} {line}")
+
+            return importer.run_import(job=job, on_progress=say)
+        with tqdm(total=100, unit="%", bar_format="{desc} {percentage:3.0f}%|{bar:20}| {elapsed}{postfix}") as bar:
+            def show(fraction: float, stage: str, line: str) -> None:
+                bar.n = round(100 * fraction)
+                bar.set_description_str(stage, refresh=False)
+                bar.set_postfix_str(line[:60])
+
+            return importer.run_import(job=job, on_progress=show)
