@@ -131,7 +131,7 @@ def test_errors_a_chat_user_causes_are_told_in_the_pages_words(unserved_pair, ke
 
 SHOTS = Path("/tmp/shots-chatux")
 FORMATTED = ("## Sorting\n\nA **stable** sort keeps equal items in order; `sorted()` is one.\n\n"
-             "| name | stable | cost |\n| --- | --- | --- |\n| merge sort | yes | n log n |\n| quicksort | no | n log n |\n\n"
+             "| name | stable | cost |\n| --- | --- | --- |\n| merge sort | yes<br>always | n log n |\n| quicksort | no | n log n |\n\n"
              "1. Split the list.\n2. Sort each half.\n3. Merge them.\n\n> Timsort is what Python uses.\n\n"
              f"```python\n{CODE}\n```\n\nAnd a long line: {LONG_LINE[:600]}\n\nThe end.")
 
@@ -167,6 +167,7 @@ def test_the_conversation_keeps_the_room(formatted_chat, live_server_url, page, 
     page.set_viewport_size({"width": width, "height": height})
     log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{formatted_chat.id}/")
     page.wait_for_selector("article.assistant .code-block")
+    assert page.locator("article.assistant td br").count() == 1  # a model's line break in a table cell
     for scheme in ("light", "dark"):
         page.emulate_media(color_scheme=scheme)
         page.evaluate("document.getElementById('messages').scrollTop = 1e9")

@@ -35,11 +35,13 @@ const AUTO_LANGUAGES = ["python", "javascript", "typescript", "java", "c", "cpp"
 // meet no HTML parser of this page's (a document DOMParser makes shares the page's policy, and Chromium
 // reports what that policy blocks there); the Content-Security-Policy is the second line, DOMPurify the
 // third. A chat shows what a model says about HTML, tags included. An image would load from wherever the
-// model points: it is a link to it instead. Each fenced block's language is carried to the sanitised page
+// model points: it is a link to it instead. A line break (<br>, which models put in table cells) is the
+// one tag kept: the page writes its own. Each fenced block's language is carried to the sanitised page
 // in the <pre>'s title (an attribute the sanitiser keeps; it is read and removed before the block is shown).
 marked.use({
   renderer: {
     html({ text, block }) {
+      if (/^<br\s*\/?>$/i.test(text.trim())) return "<br>";
       return block ? `<p>${escapeHtml(text.trim())}</p>\n` : escapeHtml(text);
     },
     image({ href, text }) {
