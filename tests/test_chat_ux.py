@@ -102,7 +102,7 @@ def test_errors_a_chat_user_causes_are_told_in_the_pages_words(unserved_pair, ke
     log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{kept_chat.id}/")
     page.wait_for_selector("body[data-connected='1']")
     unserved = page.locator("#pair option[value=unserved]")
-    assert unserved.is_disabled() and "nobody serves it now" in unserved.inner_text()  # greyed out, saying why
+    assert unserved.is_disabled() and unserved.inner_text() == "Unserved — nobody serves it"  # greyed out, saying why
     assert "ask an admin to start a worker" in unserved.get_attribute("title")
 
     page.click(".options summary")

@@ -15,7 +15,7 @@ export function initPairs(page, pairs, setStatus) {
     option.value = pair.slug;
     // A pair nobody serves cannot answer: greyed out, saying why (as of the page's load).
     option.disabled = pair.served === false;
-    option.textContent = `${pair.name} (${pair.mode})${option.disabled ? " — nobody serves it now" : ""}`;
+    option.textContent = option.disabled ? `${pair.name} — nobody serves it` : `${pair.name} (${pair.mode})`;
     option.title = option.disabled ? UNSERVED : pair.description;
     select.appendChild(option);
   }
