@@ -38,10 +38,32 @@ class LoadState(StrEnum):
 
 
 class FinishReason(StrEnum):
+    """How an answer ended: what engines report, the worker records and the API maps to OpenAI's names."""
+
     STOP = "stop"  # EOS or a stop string
     LENGTH = "length"  # max_tokens reached
     STOPPED = "stopped"  # the client asked to stop
     ERROR = "error"
+
+
+class Route(StrEnum):
+    """Which engine serves an answer, and how: the one name every decision asks (serving/speculation.py plans
+    it, serving/records.py builds its engine's spec), in the style of SGLang's SpeculativeAlgorithm."""
+
+    LIBRARY_SPECULATIVE = "library-speculative"  # openvino-genai's pipeline verifying the draft's tokens
+    PROMPT_LOOKUP = "prompt-lookup"  # openvino-genai's pipeline drafting from the prompt's own n-grams
+    LIBRARY_MAIN_ALONE = "library-main-alone"  # openvino-genai's pipeline of the main alone
+    OWN_SPECULATIVE = "own-speculative"  # the own engine (engines/exact.py): exact speculation, greedy or sampled
+    OWN_MAIN_ALONE = "own-main-alone"  # the own engine's main alone, batched (engines/batch.py; K=0 there)
+
+    def is_own_engine(self) -> bool:
+        return self in (Route.OWN_SPECULATIVE, Route.OWN_MAIN_ALONE)
+
+    def is_main_alone(self) -> bool:
+        return self in (Route.LIBRARY_MAIN_ALONE, Route.OWN_MAIN_ALONE)
+
+    def speculates(self) -> bool:
+        return not self.is_main_alone()
 
 
 class SpeculativeMode(StrEnum):

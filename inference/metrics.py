@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from django.db.models import Count
 
+from inference.limits import FinishReason
 from inference.models import Generation
 from inference.selectors import live_workers
 from inference.transport import METRICS_KEY
@@ -32,7 +33,8 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
                960.0, 1920.0, 7680.0)
-FINISH_REASONS = {"stop": "stop", "length": "length", "stopped": "abort"}  # ours -> vLLM's finished_reason
+# ours -> vLLM's finished_reason
+FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.STOPPED: "abort"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def _observe(pipe, name: str, labels: dict, buckets: tuple[float, ...], value: f
     pipe.hincrbyfloat(METRICS_KEY, _sample(f"{name}_count", labels), times)
 
 
-def record_generation(*, client: redis.Redis, pair: str, finish_reason: str, prompt_tokens: int,
+def record_generation(*, client: redis.Redis, pair: str, finish_reason: FinishReason, prompt_tokens: int,
                       figures: SpeculationFigures, mode: str, k: int | None) -> None:
     """Count one ended generation (worker side). Never raises: metrics must not break a generation."""
     labels = {"model_name": pair}

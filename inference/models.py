@@ -181,6 +181,12 @@ class Generation(models.Model):
     speculative_reason = models.CharField(max_length=1000, blank=True,
                                           help_text="Why this mode and K (and where the answer was handed over).")
     speculative_k = models.PositiveSmallIntegerField(null=True, blank=True, help_text="K used (fixed-K modes).")
+    speculative_route = models.CharField(max_length=30, blank=True, help_text="The engine that served the answer: "
+                                         "library-speculative, prompt-lookup, library-main-alone, own-speculative "
+                                         "or own-main-alone (limits.Route).")
+    speculative_reason_codes = models.JSONField(default=list, blank=True,
+                                                help_text="The codes the reason's sentence is made from "
+                                                          "(serving/speculation.py, Reason).")
     error = models.TextField(blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)

@@ -90,15 +90,21 @@ def test_every_answer_states_how_it_was_served_and_sampling_never_takes_the_inex
 
     greedy = served(temperature=0)
     assert greedy["speculative_mode"] == "draft" and greedy["accepted_tokens"] is not None
+    assert greedy["speculative_route"] == "library-speculative"
     sampled = served(temperature=0.8, seed=3)
     assert sampled["speculative_mode"] == "draft-exact-sampling" and sampled["accepted_tokens"] is not None
+    assert sampled["speculative_route"] == "own-speculative"  # the exact engine
     assert served(temperature=0.8, seed=3) == sampled  # a seed reproduces its answer's figures
-    assert served(temperature=0, extra_body={"speculative": False})["speculative_mode"] == "off"
+    off = served(temperature=0, extra_body={"speculative": False})
+    assert (off["speculative_mode"], off["speculative_route"]) == ("off", "library-main-alone")
+    assert off["speculative_reason_codes"] == ["asked-off"] and off["speculative_reason"] == "speculative: false was asked"
 
     demo_pair.allow_inexact_sampling = True
     demo_pair.save()
     allowed = served(temperature=0.8, seed=3)
     assert allowed["speculative_mode"] == "draft-inexact-sampling" and "not drawn" in allowed["speculative_reason"]
+    assert allowed["speculative_route"] == "library-speculative" and "inexact-allowed" in allowed[
+        "speculative_reason_codes"]
     assert allowed["accepted_tokens"] is not None
 
 

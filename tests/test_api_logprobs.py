@@ -6,7 +6,7 @@ engine computes and then serves the request."""
 import pytest
 
 from inference.models import Generation
-from inference.serving.speculation import ALTERNATIVES
+from inference.serving.reasons import ALTERNATIVES
 from tests.api_client import MESSAGES, PROMPT, client, post
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -19,7 +19,7 @@ from inference.benchmark.modes import compare_modes
 from inference.engines.base import DecodingParams, Finished, PairSpec
 from inference.engines.exact import ExactEngine, KvSequence
 from inference.selectors import live_workers
-from inference.serving.speculation import OWN_ENGINE
+from inference.serving.reasons import SENTENCES, Reason
 from tests.test_api import client
 from tests.test_robustness_watchdog import pair_on_a_worker_of_its_own
 
@@ -223,7 +223,10 @@ def test_one_stream_is_served_on_the_own_engine_alone(own_engine_pair, live_serv
     alone, without = ask(speculative=False)
     assert drafted == alone
     assert (with_draft["speculative_mode"], without["speculative_mode"]) == ("draft", "off")
-    assert OWN_ENGINE in with_draft["speculative_reason"] and OWN_ENGINE in without["speculative_reason"]
+    assert (with_draft["speculative_route"], without["speculative_route"]) == ("own-speculative", "own-main-alone")
+    assert Reason.OWN_ENGINE in with_draft["speculative_reason_codes"] and Reason.OWN_ENGINE in without[
+        "speculative_reason_codes"]
+    assert SENTENCES[Reason.OWN_ENGINE] in with_draft["speculative_reason"]  # the sentence made from the codes
     assert with_draft["accepted_tokens"] and without["draft_tokens"] is None
     sampled = api.completions.create(model=pair.slug, prompt=PROMPTS[1], max_tokens=8, temperature=0.8, seed=3)
     assert sampled.usage.model_dump()["speculative_mode"] == "draft-exact-sampling"

@@ -21,7 +21,7 @@ from inference.engines.base import DecodingParams, PairSpec
 from inference.engines.library import PairEngine
 from inference.models import Generation, ModelPair
 from inference.pairs import catalog
-from inference.serving.speculation import OWN_CONSTRAINED, OWN_ENGINE
+from inference.serving.reasons import Reason
 from tests.conftest import Worker, in_thread, log_in
 from tests.distribution import compare, differs, samples
 from tests.test_chat_ui import SHOTS
@@ -121,7 +121,7 @@ def test_sampled_answers_through_the_api_follow_the_main_alones_distribution(liv
                                                seed=seed, logprobs=True, extra_body=extra)
             usage = done.usage.model_dump()
             assert usage["speculative_mode"] == ("off" if extra else "draft-exact-sampling"), usage
-            assert OWN_ENGINE in usage["speculative_reason"], usage
+            assert Reason.OWN_ENGINE in usage["speculative_reason_codes"], usage
             return tuple(entry.token for entry in done.choices[0].logprobs.content)
         return sample
 
@@ -190,7 +190,7 @@ def test_twenty_answers_held_to_a_json_schema_are_valid_and_the_main_alones(live
         assert text == alone.choices[0].message.content, task
         usage = drafted.usage.model_dump()
         assert (usage["speculative_mode"], usage["speculative_k"]) == ("draft", 3), usage
-        assert OWN_CONSTRAINED in usage["speculative_reason"], usage
+        assert Reason.OWN_CONSTRAINED in usage["speculative_reason_codes"], usage
         accepted, drafted_tokens = accepted + usage["accepted_tokens"], drafted_tokens + usage["draft_tokens"]
         if number < 3:
             sampled = api.chat.completions.create(model=SLUG, messages=messages, max_tokens=160, temperature=0.8,
@@ -309,7 +309,6 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
 
     from inference.benchmark.memory import ir_bytes, mapped_weight_bytes, tree_pss
     from inference.selectors import live_workers
-    from inference.serving.speculation import OWN_BATCH
 
     worker = Worker(stack_env, f"pair.{SLUG}", tmp_path / "worker.log")
     own = [{"slug": SLUG, "speculative": True, "exact_sampling": True}]
@@ -322,7 +321,7 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
             answer = api.chat.completions.create(model=SLUG, max_tokens=24, messages=[
                 {"role": "user", "content": REQUESTS[index % len(REQUESTS)]}], **kinds[index % len(kinds)])
             usage = answer.usage.model_dump()
-            return usage["speculative_mode"], usage["speculative_reason"]
+            return usage["speculative_mode"], usage["speculative_reason_codes"]
 
         def held() -> list[dict]:
             time.sleep(3)  # a heartbeat after the last answer
@@ -335,7 +334,7 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
         with ThreadPoolExecutor(6) as pool:
             plans += list(pool.map(ask, range(50)))
         assert {"draft", "off", "draft-exact-sampling"} <= {mode for mode, _ in plans}, plans
-        assert any(OWN_BATCH in reason for _, reason in plans[50:]), plans
+        assert any(Reason.OWN_BATCH in codes for _, codes in plans[50:]), plans
         assert held() == own
         six_at_a_time = tree_pss(worker.proc.pid)
         file_pages = mapped_weight_bytes(worker.proc.pid)

@@ -11,6 +11,7 @@ from inference.admin import BenchmarkForm
 from inference.limits import K_MAX
 from inference.models import BenchmarkRun, ModelPair
 from inference.serving import speculation
+from inference.serving.reasons import Reason
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 VALID = {"max_new_tokens": "16", "repeats": "1", "ks": "1-8", "thresholds": "0.3", "prompts_per_set": "2"}
@@ -59,5 +60,8 @@ def test_a_stored_invalid_profile_serves_on_the_default_k(demo_pair, celery_work
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["choices"][0]["text"]
-    planned = speculation.plan(pair=ModelPair.objects.get(id=demo_pair.id), asked=speculation.Asked(), load=1)
-    assert planned.k == (demo_pair.num_assistant_tokens or 5) and "profile is invalid" in planned.reason
+    planned = speculation.plan(pair=ModelPair.objects.get(id=demo_pair.id), asked=speculation.Asked(),
+                               load=speculation.Load(streams=1))
+    assert planned.k == (demo_pair.num_assistant_tokens or 5)
+    assert planned.reasons == (Reason.PAIR_DEFAULT_K_INVALID_PROFILE,)
+    assert "profile is invalid" in planned.reason

@@ -26,6 +26,8 @@ def answer_json(message) -> dict:
             **{name: getattr(generation, name) for name in FIGURES},
             "pair": generation.pair.slug, "speculative_mode": generation.speculative_mode,
             "speculative_reason": generation.speculative_reason, "speculative_k": generation.speculative_k,
+            "speculative_route": generation.speculative_route,
+            "speculative_reason_codes": generation.speculative_reason_codes,
         }
     return data
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from inference import limits
 from inference.api.ids import AnswerIdConverter
+from inference.serving.reasons import Reason
 
 DESCRIPTION = """\
 OpenAI-compatible completions and chat completions served by speculative decoding (a draft model
@@ -127,7 +128,7 @@ def _usage() -> dict:
         "type": "object",
         "required": ["prompt_tokens", "completion_tokens", "total_tokens", "draft_tokens", "accepted_tokens",
                      "acceptance_rate", "mean_accepted_length", "main_steps", "speculative_mode",
-                     "speculative_reason", "speculative_k"],
+                     "speculative_reason", "speculative_k", "speculative_route", "speculative_reason_codes"],
         "properties": {
             "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
             "total_tokens": {"type": "integer"},
@@ -141,7 +142,13 @@ def _usage() -> dict:
                                                             "prompt-lookup", "off"],
                                  "description": "How the answer was served."},
             "speculative_reason": {"type": "string", "description": "Why this mode and K (asked, measured best "
-                                                                    "at this load, the pair's default)."},
+                                                                    "at this load, the pair's default), for people."},
+            "speculative_route": {"type": "string", "description": "The engine that served the answer: "
+                                  f"{', '.join(route.value for route in limits.Route)} (empty on answers older "
+                                  "than routes)."},
+            "speculative_reason_codes": {"type": "array", "items": {"type": "string", "enum": [
+                reason.value for reason in Reason]}, "description": "speculative_reason's reasons as codes, in "
+                                         "the order they were decided (docs/speculation.md#routes-and-reasons)."},
             "speculative_k": {"type": "integer", "nullable": True,
                               "description": "K used: tokens the draft proposed per step (null: threshold or off)."},
         },

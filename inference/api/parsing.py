@@ -20,7 +20,7 @@ from inference.api import tools
 from inference.engines.grammar import Grammar, GrammarError
 from inference.engines.grammar import check as grammar_check
 from inference.models import ModelPair
-from inference.serving import speculation, web
+from inference.serving import reasons, web
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -277,10 +277,10 @@ def _check_alternatives(*, pair: ModelPair, options: web.GenerationOptions, para
     """Alternatives come from our exact engine alone (the library computes none): it needs the pair's draft
     model, and takes K rather than a confidence threshold."""
     if not pair.draft_dir:
-        raise errors.InvalidValue(f"{param} needs a pair with a draft model: {speculation.ALTERNATIVES}.", param=param)
+        raise errors.InvalidValue(f"{param} needs a pair with a draft model: {reasons.ALTERNATIVES}.", param=param)
     if options.assistant_confidence_threshold is not None:
         raise errors.InvalidValue(f"{param} cannot be combined with assistant_confidence_threshold: "
-                                  f"{speculation.ALTERNATIVES}, which takes num_assistant_tokens.", param=param)
+                                  f"{reasons.ALTERNATIVES}, which takes num_assistant_tokens.", param=param)
 
 
 def parse(data: dict, *, chat: bool) -> ApiRequest:

@@ -7,11 +7,14 @@ from dataclasses import dataclass
 
 from inference import errors
 from inference.api.tools import CallStream, split_calls
+from inference.limits import FinishReason
 
 # What OpenAI's usage lacks: the speculative figures of the request (null without speculation).
 SPECULATIVE_USAGE = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "main_steps",
-                     "speculative_mode", "speculative_reason", "speculative_k")
-FINISH_REASONS = {"stopped": "abort"}  # stopped by the client: vLLM's name; "stop" and "length" are OpenAI's own
+                     "speculative_mode", "speculative_reason", "speculative_k", "speculative_route",
+                     "speculative_reason_codes")
+# stopped by the client: vLLM's name; "stop" and "length" are OpenAI's own
+FINISH_REASONS: dict[str, str] = {FinishReason.STOPPED: "abort"}
 
 
 def error_body(exc: errors.ServiceError) -> dict:
@@ -77,7 +80,7 @@ class Shape:
             content, calls = self._calls(text) if self.tool_calls else (text, [])
             message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
             choice = {"index": 0, "message": message}
-            finish_reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
+            finish_reason = "tool_calls" if calls and finish_reason == FinishReason.STOP else finish_reason
         else:
             choice = {"index": 0, "text": text}
         choice.update(logprobs=self._logprobs(steps), finish_reason=FINISH_REASONS.get(finish_reason, finish_reason),
@@ -140,4 +143,4 @@ class Shape:
                                      steps=None if rest else steps))
         elif steps and not rest:  # the held text was whitespace the whole answer drops
             chunks.append(self.chunk(delta={}, with_usage=include_usage, steps=steps))
-        return chunks, "tool_calls" if found and done["finish_reason"] == "stop" else done["finish_reason"]
+        return chunks, "tool_calls" if found and done["finish_reason"] == FinishReason.STOP else done["finish_reason"]

@@ -23,6 +23,7 @@ from typing import Protocol
 from inference.benchmark.prompts import Prompt
 from inference.engines.base import DecodingParams, Engine, Finished, PairSpec, SpeculationStats, TextAssembler
 from inference.engines.registry import build_engine
+from inference.limits import FinishReason
 
 INPROCESS = "inprocess"
 
@@ -227,7 +228,7 @@ def run_once(engine: Engine, *, prompt: str, params: DecodingParams) -> tuple[st
     except queue.Empty:
         raise TimeoutError(f"The benchmark stopped: the engine wrote no token for {TOKEN_TIMEOUT_S} s (an "
                            "overloaded worker, or an engine that hangs).") from None
-    if item.finish_reason == "error":
+    if item.finish_reason == FinishReason.ERROR:
         raise RuntimeError(item.error)
     text.finish()
     return text.text, stats, request.added_at

@@ -23,6 +23,7 @@ from inference.benchmark.prompts import repeated_ngram_share
 from inference.engines.base import DecodingParams, Engine, Finished, PairSpec
 from inference.engines.grammar import Grammar
 from inference.engines.registry import build_engine
+from inference.limits import FinishReason
 
 # Each mode as PairSpec fields ("" precision: the device's default). fast-f32: f32 with the CPU's dynamic int8
 # activations, the fastest main alone on some hosts, where the library's speculation is not exact; own: the same
@@ -87,7 +88,7 @@ def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int,
     while not isinstance(event := request.events.get(timeout=600), Finished):
         tokens += event.token_ids
         steps += 1
-    if event.finish_reason not in {"stop", "length"}:
+    if event.finish_reason not in {FinishReason.STOP, FinishReason.LENGTH}:
         raise RuntimeError(f"an answer failed: {event.error}")
     return tokens, time.perf_counter() - started, steps
 
@@ -99,7 +100,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
     many prompts answered at once by each line (the library batches them; the own engine runs a thread for
     each, but its answers at K=0 share one batch), and tokens/s is their sum over the wall time. With more
     streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
-    burst: that many speculate, the rest run on the main alone, batched (serving.speculation.on_own_engine),
+    burst: that many speculate, the rest run on the main alone, batched (serving/speculation.py, Route.OWN_MAIN_ALONE),
     and so do the speculating ones once the others have come (engines/exact.py)."""
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
     if "own" in modes and 0 < own_engine_streams < streams:

@@ -254,13 +254,14 @@ def measure_sampled(*, pair: ModelPair, options: BenchmarkOptions, engines: Engi
     which of them the product chooses for a lone request (its plan at load 1)."""
     if not pair.draft_dir or not options.sampled_ks:
         return []
-    chosen = speculation.plan(pair=pair, asked=speculation.Asked(sampled=True), load=1)
-    ks = sorted({*options.sampled_ks, *([chosen.k] if chosen.speculative and chosen.k else [])})
+    chosen = speculation.plan(pair=pair, asked=speculation.Asked(sampled=True), load=speculation.Load(streams=1))
+    ks = sorted({*options.sampled_ks, *([chosen.k] if chosen.route.speculates() and chosen.k else [])})
     variants = sampled_variants(ks=ks, temperature=options.sampled_temperature)
     results = measure(plan=[(InProcessPath(engines), variants)], prompts=prompts,
                       max_new_tokens=options.max_new_tokens, repeats=options.repeats)[INPROCESS]
     rows = summarize(results, plain_name=variants[0].name, greedy=False)
-    chosen_name = variants[0].name if not chosen.speculative else f"T={options.sampled_temperature:g} K={chosen.k}"
+    chosen_name = (variants[0].name if chosen.route.is_main_alone()
+                   else f"T={options.sampled_temperature:g} K={chosen.k}")
     for row in rows:
         row["chosen"] = row["variant"] == chosen_name
     return rows

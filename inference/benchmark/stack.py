@@ -29,7 +29,7 @@ from inference.benchmark.summary import percentile
 from inference.engines.rates import LOAD_MEMORY_S
 from inference.limits import SpeculativeMode
 from inference.models import Generation
-from inference.serving.speculation import HANDED_OVER
+from inference.serving.reasons import Reason
 
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=600)
 
@@ -153,7 +153,7 @@ def served_path(done: dict) -> str:
     "K=3"), from its usage: what an adaptive request was given, to compare with the fixed lines."""
     mode, k = done.get("speculative_mode"), done.get("speculative_k")
     final = PLAIN.name if mode in (None, SpeculativeMode.OFF) else f"K={k}" if k else str(mode)
-    return f"moved to {final}" if HANDED_OVER in (done.get("speculative_reason") or "") else final
+    return f"moved to {final}" if Reason.HANDED_OVER in (done.get("speculative_reason_codes") or []) else final
 
 
 CLIENTS = {"websocket": websocket_client, "sse": sse_client}

@@ -21,6 +21,7 @@ import openvino_genai as og
 
 from inference.engines.grammar import Grammar
 from inference.engines.prefill import KEPT_TOKENS
+from inference.limits import FinishReason, Route
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class PairSpec:
     kv_cache_precision: str = "f32"
     speculative: bool = True
     exact_sampling: bool = False  # the exact engine (engines/exact.py) rather than openvino-genai's pipeline
-    own_engine: bool = False  # the pair serves its one-stream answers on its exact engine (see is_pair_default)
+    own_engine: bool = False  # the pair serves its first streams on its exact engine (ModelPair.own_engine_streams)
     speculating_streams: int = 0  # on the exact engine: beyond this many answers, speculating ones join the batch
     prompt_cache_tokens: int = KEPT_TOKENS  # on the exact engine: prompt tokens kept prefilled per model (0: none)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the exact engine only
@@ -60,13 +61,24 @@ class PairSpec:
         return self.speculative and not self.draft_dir and self.prompt_lookup
 
     @property
+    def route(self) -> Route:
+        """The route this engine serves (the own engine serves its main alone too, at K=0)."""
+        if self.exact_sampling:
+            return Route.OWN_SPECULATIVE
+        if self.uses_draft:
+            return Route.LIBRARY_SPECULATIVE
+        return Route.PROMPT_LOOKUP if self.uses_prompt_lookup else Route.LIBRARY_MAIN_ALONE
+
+    @property
     def is_pair_default(self) -> bool:
-        """The pipeline the pair serves as registered, whose state the admin shows (a speculative
-        pair also builds its main alone and its exact-sampling engine, on demand). A pair with its own engine
-        (ModelPair.own_engine_streams) serves on its exact engine; the library's are for concurrent answers."""
+        """The engine the pair serves as registered, whose state the admin shows (a speculative pair also
+        builds its main alone and its exact engine, on demand): its own engine where it has one, else the
+        library's pipeline with its draft, or its prompt lookup, or its main alone."""
         if self.own_engine:
-            return self.exact_sampling
-        return not self.exact_sampling and (self.speculative or not (self.draft_dir or self.prompt_lookup))
+            return self.route == Route.OWN_SPECULATIVE
+        if self.draft_dir:
+            return self.route == Route.LIBRARY_SPECULATIVE
+        return self.route == (Route.PROMPT_LOOKUP if self.prompt_lookup else Route.LIBRARY_MAIN_ALONE)
 
     @property
     def step_budget(self) -> int | None:
@@ -200,7 +212,7 @@ class StepTokens(NamedTuple):
 
 
 class Finished(NamedTuple):
-    finish_reason: str  # "stop" (EOS or stop string), "length", "stopped" (asked to), "error"
+    finish_reason: FinishReason
     error: str = ""
 
 

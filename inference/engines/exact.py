@@ -43,7 +43,7 @@ from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.prefill import PrefillCache
-from inference.limits import DEFAULT_K
+from inference.limits import DEFAULT_K, FinishReason
 
 log = logging.getLogger(__name__)
 COMPACT_MIN_DEAD = 64  # rebuild a cache once this many slots (and more than half) are dead
@@ -249,7 +249,7 @@ class ExactEngine:
             finished = Decoding(self, request, prompt_ids, params).run()
         except Exception as exc:  # a failed request fails alone
             log.exception("exact decoding failed for %s", self.spec.slug)
-            finished = Finished("error", f"{type(exc).__name__}: {exc}")
+            finished = Finished(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
         with self._lock:
             self._active.pop(request.request_id, None)
         request.events.put(finished)
@@ -289,7 +289,7 @@ class Decoding:
         finished = self._emit([first], self._logprobs([logits], [first]))
         while finished is None:
             if self.request.stop_requested:
-                return Finished("stopped")
+                return Finished(FinishReason.STOPPED)
             self._compact_if_mostly_dead()
             self._join_batch_if_busy()
             finished = self._emit(*self._step())
@@ -415,11 +415,11 @@ class Decoding:
         if not params.ignore_eos:
             for index, token in enumerate(tokens):
                 if token in self.engine.eos_ids:
-                    tokens, reason = tokens[: index + 1], "stop"
+                    tokens, reason = tokens[: index + 1], FinishReason.STOP
                     break
         room = params.max_new_tokens - len(self.emitted)
         if len(tokens) >= room:
-            tokens, reason = tokens[:room], reason or "length"
+            tokens, reason = tokens[:room], reason or FinishReason.LENGTH
         if params.stop:
             tokens, reason = self._cut_at_stop_string(tokens, reason)
         self.emitted.extend(tokens)
@@ -428,7 +428,8 @@ class Decoding:
             self.request.events.put(StepTokens(tokens, time.perf_counter(), kept.logprobs, kept.alternatives))
         return Finished(reason) if reason else None
 
-    def _cut_at_stop_string(self, tokens: list[int], reason: str | None) -> tuple[list[int], str | None]:
+    def _cut_at_stop_string(self, tokens: list[int], reason: FinishReason | None
+                            ) -> tuple[list[int], FinishReason | None]:
         """Like the library (stop string not included): the answer ends before the tokens that make up
         the first stop string to appear."""
         decode = self.engine.tokenizer.decode
@@ -440,7 +441,7 @@ class Decoding:
                 keep = end - 1
                 while keep > len(self.emitted) and len(decode(full[:keep])) > min(found):
                     keep -= 1
-                return full[len(self.emitted):keep], "stop"
+                return full[len(self.emitted):keep], FinishReason.STOP
         return tokens, reason
 
     def _compact_if_mostly_dead(self) -> None:

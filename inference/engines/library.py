@@ -41,6 +41,7 @@ from inference.engines.base import (
     prompt_token_ids,
 )
 from inference.engines.pages import RELEASE_EVERY_S, release_weight_pages
+from inference.limits import FinishReason
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 600
@@ -178,7 +179,7 @@ class PairEngine:
                     self._active.pop(request_id, None)
                     self._k.pop(request_id, None)
                     self._decoding.discard(request_id)
-                    request.events.put(Finished(*finished))
+                    request.events.put(Finished(FinishReason(finished[0]), finished[1]))
         try:
             code = self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -190,7 +191,7 @@ class PairEngine:
         reason = (f"the engine {HUNG_ENGINE} in {self._stalled_for:.0f} s and was restarted" if self._stalled_for
                   else f"the engine process exited (code {code})")
         for request in list(self._active.values()):
-            request.events.put(Finished("error", reason))
+            request.events.put(Finished(FinishReason.ERROR, reason))
         self._active.clear()
 
     def _stalled(self) -> bool:
@@ -237,7 +238,7 @@ class Stepper:
     def __init__(self, pipe: og.ContinuousBatchingPipeline, spec: PairSpec, conn: Connection):
         self.pipe, self.spec, self.conn = pipe, spec, conn
         self.handles: dict[int, og.GenerationHandle] = {}  # a handle's destructor cancels its request: keep it
-        self.finish_reasons: dict[int, str] = {}
+        self.finish_reasons: dict[int, FinishReason] = {}
         self.with_logprobs: set[int] = set()  # requests that asked for their tokens' log probabilities
         self.stopping: set[int] = set()
         self.closing = False
@@ -264,7 +265,7 @@ class Stepper:
                 self.pipe.step()
             except Exception as exc:  # a failed step fails the requests in it, not the engine
                 log.exception("step failed for %s", self.spec.slug)
-                error = ("error", f"{type(exc).__name__}: {exc}")
+                error = (FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
                 self._send_step([(rid, [], None, error) for rid in self.handles])
                 self.handles.clear()
                 self.finish_reasons.clear()
@@ -287,7 +288,7 @@ class Stepper:
                 self.handles[request_id] = self.pipe.add_request(request_id, input_ids,
                                                                  params.generation_config(self.spec))
             except Exception as exc:  # the request's settings, not the engine: fail this request only
-                self._send_step([(request_id, [], None, ("error", f"{type(exc).__name__}: {exc}"))])
+                self._send_step([(request_id, [], None, (FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))])
                 return
             if params.logprobs:
                 self.with_logprobs.add(request_id)
@@ -307,21 +308,21 @@ class Stepper:
                 if logprobs is not None:
                     logprobs += list(output.generated_log_probs)
                 if output.finish_reason == og.GenerationFinishReason.LENGTH:
-                    self.finish_reasons[request_id] = "length"
+                    self.finish_reasons[request_id] = FinishReason.LENGTH
                 elif output.finish_reason == og.GenerationFinishReason.STOP:
-                    self.finish_reasons[request_id] = "stop"
+                    self.finish_reasons[request_id] = FinishReason.STOP
         status = handle.get_status()
         if status == og.GenerationStatus.RUNNING:
             return request_id, token_ids, logprobs, None
         del self.handles[request_id]
         self.with_logprobs.discard(request_id)
-        reason = self.finish_reasons.pop(request_id, "stop")
+        reason = self.finish_reasons.pop(request_id, FinishReason.STOP)
         if status in (og.GenerationStatus.STOP, og.GenerationStatus.CANCEL) or request_id in self.stopping:
-            finished = ("stopped", "")
+            finished = (FinishReason.STOPPED, "")
         elif status == og.GenerationStatus.FINISHED:
             finished = (reason, "")
         else:
-            finished = ("error", f"the pipeline dropped the request ({status.name})")
+            finished = (FinishReason.ERROR, f"the pipeline dropped the request ({status.name})")
         self.stopping.discard(request_id)
         return request_id, token_ids, logprobs, finished
 

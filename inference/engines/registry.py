@@ -31,7 +31,7 @@ RENEW_WHEN_RUNNING_AT_MOST = 1
 
 def build_engine(spec: PairSpec, *, on_step: StepObserver | None = None, step_timeout_s: float = 0) -> Engine:
     """The engine a spec asks for: our exact sampler, or the library's pipeline in a step process."""
-    if spec.exact_sampling:
+    if spec.route.is_own_engine():
         return ExactEngine(spec)
     return PairEngine(spec, on_step=on_step, step_timeout_s=step_timeout_s)
 

@@ -24,6 +24,7 @@ from django.db import close_old_connections
 from inference import jobs, transport
 from inference.models import BenchmarkRun, ModelPair
 from inference.pairs.importer import fail_abandoned_imports
+from inference.serving.speculation import pair_default_route
 from inference.serving.worker import (
     STATE,
     fail_orphaned_generations,
@@ -127,7 +128,7 @@ def _load(slug: str) -> None:
     try:
         pair = ModelPair.objects.filter(slug=slug, enabled=True).first()
         if pair is not None:
-            load_engine(pair=pair, exact_sampling=bool(pair.own_engine_streams))  # the pair's default engine
+            load_engine(pair=pair, route=pair_default_route(pair))
     except Exception:
         log.exception("pair %s failed to load", slug)
     finally:

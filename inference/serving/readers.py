@@ -150,7 +150,7 @@ def nothing_after(*, generation_id, seen: str) -> bool:
 
 
 DONE_FIELDS = ("finish_reason", "text", "prompt_tokens", *FIGURES, "speculative_mode", "speculative_reason",
-               "speculative_k")
+               "speculative_k", "speculative_route", "speculative_reason_codes")
 
 
 @reconnecting

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from inference import limits, selectors, transport
 from inference.engines.base import DecodingParams, PairSpec
+from inference.limits import FinishReason, Route
 from inference.models import Generation, ModelPair
 from inference.serving.speculation import Plan
 
@@ -28,8 +29,11 @@ T = TypeVar("T")
 NOT_SAVED = "This answer could not be saved (the database did not answer): send it again."
 
 
-def pair_spec(*, pair: ModelPair, speculative: bool = True, exact_sampling: bool = False) -> PairSpec:
+def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE) -> PairSpec:
+    """The spec of the engine that serves a route of the pair (its own engine serves both of its routes; the
+    library's speculative route is the pair's draft or its prompt lookup, or its main alone without either)."""
     root = Path(settings.MODELS_ROOT)
+    own = route.is_own_engine()  # whose main alone is its batch, beside the draft
     return PairSpec(
         slug=pair.slug,
         main_dir=str(root / pair.main_dir),
@@ -41,18 +45,18 @@ def pair_spec(*, pair: ModelPair, speculative: bool = True, exact_sampling: bool
         prefill_first=pair.prefill_first,
         inference_precision=pair.inference_precision,
         kv_cache_precision=pair.kv_cache_precision,
-        speculative=speculative and pair.is_speculative,
-        exact_sampling=exact_sampling and speculative and bool(pair.draft_dir),
+        speculative=route != Route.LIBRARY_MAIN_ALONE and pair.is_speculative,
+        exact_sampling=own and bool(pair.draft_dir),
         own_engine=bool(pair.own_engine_streams and pair.draft_dir),
         speculating_streams=pair.own_engine_streams if pair.draft_dir else 0,
         prompt_cache_tokens=settings.PROMPT_CACHE_TOKENS,
-        dynamic_quantization=bool(pair.own_engine_streams) and exact_sampling,
+        dynamic_quantization=bool(pair.own_engine_streams) and own,
     )
 
 
 def planned_decoding(params: DecodingParams, planned: Plan) -> DecodingParams:
     """A request's decoding settings with the K or threshold its plan chose (K=0: the own engine's main alone)."""
-    k = 0 if planned.own_engine and not planned.speculative else planned.k
+    k = 0 if planned.route == Route.OWN_MAIN_ALONE else planned.k
     return replace(params, num_assistant_tokens=k, assistant_confidence_threshold=planned.threshold)
 
 
@@ -107,7 +111,7 @@ def fail_generation(*, generation_id, message: str) -> str | None:
         with transaction.atomic():
             return Generation.objects.filter(
                 id=generation_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
-            ).update(status=Generation.Status.FAILED, error=message, finish_reason="error",
+            ).update(status=Generation.Status.FAILED, error=message, finish_reason=FinishReason.ERROR,
                      finished_at=timezone.now())
 
     try:

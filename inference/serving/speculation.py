@@ -1,5 +1,6 @@
-"""How a request is served — which engine, which K, and why — decided when it joins a worker's batch,
-from what it asked, the pair's settings and measured profile, and the worker's load then.
+"""How a request is served — which route (limits.Route: which engine, drafting or not), which K, and why —
+decided when it joins a worker's batch, from what it asked, the pair's settings and measured profile, the
+worker's load then and its live figures: `plan` is a pure function of those; `handover` moves a running answer.
 
 Both sides use it: the web side to validate a request with the settings it would get, the worker to
 decide for real (it knows its load). Two promises shape it: a sampled request runs on the exact engine
@@ -8,6 +9,9 @@ decide for real (it knows its load). Two promises shape it: a sampled request ru
 (speculation must never slow answers). Faster by what this worker measured lately at that load
 (engines/rates.py) where it measured both the main alone and a K there, else by the pair's profile;
 where it measured only one of them at a load of 4 or more streams, it tries the other now and then.
+
+Each decision says why as a `Reason` code with its figures (a `Why`, serving/reasons.py), from which the
+sentence an answer shows is made; no decision reads the sentence.
 """
 
 from __future__ import annotations
@@ -15,19 +19,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from inference.limits import DEFAULT_K, SpeculativeMode
+from inference.engines.rates import StepRates
+from inference.limits import DEFAULT_K, Route, SpeculativeMode
 from inference.models import ModelPair
 from inference.pair_checks import profile_errors
+from inference.serving.reasons import Reason, Why, sentence
 
 log = logging.getLogger(__name__)
-EXACT_THRESHOLD = "the confidence threshold applies to greedy requests; exact sampling takes K"
-# Under a grammar the library masks every position the main scores, the draft's proposals included, and on
-# the pair measured the masks cost more than speculation saved (docs/exactness.md#under-a-grammar). So a
-# request under one speculates only when it names its K (or threshold).
-CONSTRAINED = "held to a grammar, where speculation measured slower than the main alone; name a K to speculate"
-INEXACT_ALLOWED = "allowed by the pair: answers are not drawn from the main model's distribution"
-# The device's default precision quantizes activations differently for one token and for K+1 verified at once.
-FAST_MODE = "fast mode: tokens may differ from the main alone's where two are near-tied"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,22 +41,71 @@ class Asked:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Load:
+    """The pair's answers on this worker as a request joins: `streams`, the request included, and of those
+    running, how many are on the library's speculative pipeline and on its main alone."""
+
+    streams: int
+    running_speculative: int = 0
+    running_alone: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveFigures:
+    """What this worker's engines delivered lately at the load, {K: tokens/s} (0: the main alone), and whether
+    requests joining should try the path it has no figure for there (StepRates.exploring)."""
+
+    rates: dict[int, float]
+    exploring: bool = False
+
+
+def live_figures(rates: StepRates, *, asked: Asked, load: int) -> LiveFigures:
+    """The figures a plan at this load reads; only requests whose K may follow the load explore."""
+    return LiveFigures(rates=rates.at_load(load), exploring=left_to_the_profile(asked) and rates.exploring(load))
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostCalibration:
+    """What a pair measured on this host (issue 35's calibration, not yet built: the planner takes None)."""
+
+    host: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plan:
-    mode: SpeculativeMode
-    reason: str = ""
+    route: Route
+    sampled: bool = False  # the request samples (temperature > 0): the exact rule on the own engine
     k: int | None = None
     threshold: float | None = None
+    why: tuple[Why, ...] = ()
     measured_here: bool = False  # this worker's recent figures show this path clearly faster at the load
-    handed_over: bool = False  # the answer already moved once: it stays (each move costs a prefill)
-    own_engine: bool = False  # on the pair's own engine (on_own_engine), whatever the mode: it stays there
 
     @property
-    def speculative(self) -> bool:
-        return self.mode != SpeculativeMode.OFF
+    def mode(self) -> SpeculativeMode:
+        """How the answer is served, as the API and the chat state it."""
+        if self.route.is_main_alone():
+            return SpeculativeMode.OFF
+        if self.route == Route.PROMPT_LOOKUP:
+            return SpeculativeMode.PROMPT_LOOKUP
+        if not self.sampled:
+            return SpeculativeMode.DRAFT
+        return SpeculativeMode.EXACT_SAMPLING if self.route.is_own_engine() else SpeculativeMode.INEXACT_SAMPLING
 
     @property
-    def exact_sampling(self) -> bool:
-        return self.mode == SpeculativeMode.EXACT_SAMPLING
+    def reasons(self) -> tuple[Reason, ...]:
+        return tuple(why.code for why in self.why)
+
+    @property
+    def reason(self) -> str:
+        return sentence(self.why)
+
+    @property
+    def handed_over(self) -> bool:
+        """The answer already moved once: it stays (each move costs a prefill)."""
+        return Reason.HANDED_OVER in self.reasons
+
+    def because(self, *whys: Why) -> Plan:
+        return replace(self, why=(*self.why, *whys))
 
 
 def measured_k(*, pair: ModelPair, sampled: bool, load: int) -> tuple[int, int] | None:
@@ -107,7 +154,7 @@ def quickest_k(rates: dict[int, float]) -> int:
 LIVE_MARGIN = 1.10
 
 
-def live_k(live: dict[int, float] | None) -> tuple[int | None, str] | None:
+def live_k(live: dict[int, float] | None) -> tuple[int | None, dict] | None:
     """(the clearly faster K, 0 for the main alone, or None if neither is; the figures) from {K: tokens/s}
     measured lately at the load, when the main alone (K=0) and a K are in it; of several Ks, quickest_k's."""
     alone = (live or {}).get(0)
@@ -115,104 +162,130 @@ def live_k(live: dict[int, float] | None) -> tuple[int | None, str] | None:
     if not alone or not drafted:
         return None
     k = quickest_k(drafted)
-    figures = f"K={k} {drafted[k]:.0f} tok/s, the main alone {alone:.0f} tok/s"
+    figures = {"k": k, "k_rate": drafted[k], "alone_rate": alone}
     if drafted[k] >= LIVE_MARGIN * alone:
         return k, figures
     return (0 if alone >= LIVE_MARGIN * drafted[k] else None), figures
 
 
-def plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | None = None,
-         exploring: bool = False) -> Plan:
-    """The plan for a request joining a worker that already runs `load - 1` of the pair's requests;
-    `live` is what the worker's engines delivered lately at that load, {K: tokens/s} (0: the main alone);
-    `exploring`: the worker tries the path it has no figure for at this load (StepRates.exploring).
-    A greedy answer with a draft on a pair in the fast mode says so (FAST_MODE)."""
-    planned = _plan(pair=pair, asked=asked, load=load, live=live, exploring=exploring)
+def pair_default_route(pair: ModelPair) -> Route:
+    """The engine a pair serves as registered, loaded with the pair (ModelPair.own_engine_streams: its own)."""
+    return Route.OWN_SPECULATIVE if pair.own_engine_streams else Route.LIBRARY_SPECULATIVE
+
+
+def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None = None,
+         calibration: HostCalibration | None = None) -> Plan:
+    """The route, K and reasons of a request joining a worker where `load` runs; `live`: the worker's recent
+    figures at that load. `calibration` is for the host's measured figures (none are measured yet: None).
+    First the library's plan (from the request, the figures, else the profile, else the pair's defaults),
+    then adjusted to the batch running here, then moved to the pair's own engine where it serves."""
+    planned = _on_the_library(pair=pair, asked=asked, load=load.streams, live=live)
+    planned = _join_running_batch(pair=pair, asked=asked, planned=planned, load=load)
+    return _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
+
+
+def _on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None) -> Plan:
+    """The plan on openvino-genai's pipelines (or the exact engine for exact sampling). A greedy answer with a
+    draft on a pair in the fast mode says so (FAST_MODE)."""
+    planned = _by_the_request(pair=pair, asked=asked, load=load, live=live)
     if planned.mode == SpeculativeMode.DRAFT and pair.precision_mode == ModelPair.FAST:
-        return replace(planned, reason=_join(planned.reason, FAST_MODE))
+        return planned.because(Why(Reason.FAST_MODE))
     return planned
 
 
-def _plan(*, pair: ModelPair, asked: Asked, load: int, live: dict[int, float] | None,
-          exploring: bool) -> Plan:
+def _by_the_request(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None) -> Plan:
     if not asked.speculative:
-        return Plan(mode=SpeculativeMode.OFF, reason="speculative: false was asked")
+        return Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled, why=(Why(Reason.ASKED_OFF),))
     if not pair.is_speculative:
-        return Plan(mode=SpeculativeMode.OFF, reason="the pair has no draft model")
+        return Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled, why=(Why(Reason.NO_DRAFT),))
     named = asked.k is not None or asked.threshold is not None
     if asked.constrained and not named and not asked.sampled:
-        return Plan(mode=SpeculativeMode.OFF, reason=CONSTRAINED)
+        return Plan(route=Route.LIBRARY_MAIN_ALONE, why=(Why(Reason.CONSTRAINED),))
     if not pair.draft_dir:  # prompt lookup samples from the main and compares with the n-gram: exact
-        return Plan(mode=SpeculativeMode.PROMPT_LOOKUP, k=asked.k or pair.num_assistant_tokens or DEFAULT_K)
+        return Plan(route=Route.PROMPT_LOOKUP, sampled=asked.sampled,
+                    k=asked.k or pair.num_assistant_tokens or DEFAULT_K,
+                    why=(Why(Reason.K_ASKED if asked.k else Reason.PROMPT_LOOKUP),))
     exact = asked.sampled and not pair.allow_inexact_sampling  # under a grammar too: it masks both models
-    if asked.sampled:
-        mode = SpeculativeMode.EXACT_SAMPLING if exact else SpeculativeMode.INEXACT_SAMPLING
-    else:
-        mode = SpeculativeMode.DRAFT
-    allowed = INEXACT_ALLOWED if asked.sampled and not exact else ""
+    drafting = Plan(route=Route.OWN_SPECULATIVE if exact else Route.LIBRARY_SPECULATIVE, sampled=asked.sampled,
+                    why=(Why(Reason.INEXACT_ALLOWED),) if asked.sampled and not exact else ())
     if exact and asked.threshold is not None:
-        return Plan(mode=mode, k=pair.num_assistant_tokens or DEFAULT_K, reason=EXACT_THRESHOLD)
+        return replace(drafting, k=pair.num_assistant_tokens or DEFAULT_K).because(Why(Reason.EXACT_THRESHOLD))
     if asked.threshold is not None:
-        return Plan(mode=mode, threshold=asked.threshold, reason=_join(allowed, "confidence threshold asked"))
+        return replace(drafting, threshold=asked.threshold).because(Why(Reason.THRESHOLD_ASKED))
     if asked.k is not None:
-        return Plan(mode=mode, k=asked.k, reason=_join(allowed, "K asked by the request"))
-    return _for_the_load(pair=pair, asked=asked, mode=mode, load=load, live=live, exploring=exploring)
+        return replace(drafting, k=asked.k).because(Why(Reason.K_ASKED))
+    return _for_the_load(pair=pair, asked=asked, drafting=drafting, load=load, live=live)
 
 
-def _for_the_load(*, pair: ModelPair, asked: Asked, mode: SpeculativeMode, load: int,
-                  live: dict[int, float] | None, exploring: bool) -> Plan:
+def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, live: LiveFigures | None) -> Plan:
     """The plan of a request that leaves K to the pair: from the figures here, else the profile, else the
-    pair's default."""
-    exact = mode == SpeculativeMode.EXACT_SAMPLING
-    allowed = INEXACT_ALLOWED if mode == SpeculativeMode.INEXACT_SAMPLING else ""
-    here = None if asked.sampled else live_k(live)  # the exact engine's steps are not measured
+    pair's default. `drafting`: the route it drafts on, and why that route."""
+    alone = Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled)
+    here = None if asked.sampled or live is None else live_k(live.rates)  # the exact engine's steps are not measured
     if here is not None:
         k, figures = here
-        where = f"measured here lately at {load} streams: {figures}"
+        facts = {"load": load, **figures}
         if k is None:
-            return Plan(mode=SpeculativeMode.OFF, reason=f"neither is clearly faster ({where})")
+            return alone.because(Why(Reason.LIVE_NEITHER_FASTER, facts))
         if k == 0:
-            return Plan(mode=SpeculativeMode.OFF, reason=f"the main alone is faster ({where})", measured_here=True)
-        return Plan(mode=mode, k=k, reason=f"K={k} is fastest ({where})", measured_here=True)
-    if exploring and live and mode == SpeculativeMode.DRAFT:
-        return _explore(pair=pair, live=live, load=load)
+            return replace(alone, measured_here=True).because(Why(Reason.LIVE_MAIN_ALONE_FASTER, facts))
+        return replace(drafting, k=k, measured_here=True).because(Why(Reason.LIVE_K_FASTEST, facts))
+    if live is not None and live.exploring and live.rates and drafting.mode == SpeculativeMode.DRAFT:
+        return _explore(pair=pair, live=live.rates, load=load)
     best = measured_k(pair=pair, sampled=asked.sampled, load=load)
     if best is None:
-        if pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None and not exact:
-            return Plan(mode=mode, threshold=pair.assistant_confidence_threshold,
-                        reason=_join(allowed, "the pair's default threshold"))
+        if (pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None
+                and drafting.mode != SpeculativeMode.EXACT_SAMPLING):
+            return replace(drafting, threshold=pair.assistant_confidence_threshold).because(
+                Why(Reason.PAIR_DEFAULT_THRESHOLD))
         invalid = profile_errors(pair.speculation_profile)
-        why = "its speculation profile is invalid" if invalid else "no measured profile"
-        return Plan(mode=mode, k=pair.num_assistant_tokens or DEFAULT_K,
-                    reason=_join(allowed, f"the pair's default K ({why})"))
+        return replace(drafting, k=pair.num_assistant_tokens or DEFAULT_K).because(
+            Why(Reason.PAIR_DEFAULT_K_INVALID_PROFILE if invalid else Reason.PAIR_DEFAULT_K))
     k, streams = best
     if k == 0:
-        return Plan(mode=SpeculativeMode.OFF, reason=f"the main alone is faster at {streams}+ streams (measured); "
-                                                     f"{load} running here")
-    return Plan(mode=mode, k=k, reason=_join(allowed, f"best K at {streams}+ streams (measured); {load} running here"))
+        return alone.because(Why(Reason.PROFILE_MAIN_ALONE_FASTER, {"streams": streams, "load": load}))
+    return replace(drafting, k=k).because(Why(Reason.PROFILE_BEST_K, {"streams": streams, "load": load}))
 
 
 def _explore(*, pair: ModelPair, live: dict[int, float], load: int) -> Plan:
     """The path this worker has no figure for at the load, tried as if it were clearly faster: requests
     joining go to it, and once the other path's answers have ended its steps run alone and count."""
     if 0 not in live:
-        return Plan(mode=SpeculativeMode.OFF, measured_here=True,
-                    reason=f"exploring: the main alone is not measured here lately at {load} streams")
+        return Plan(route=Route.LIBRARY_MAIN_ALONE, measured_here=True,
+                    why=(Why(Reason.EXPLORING_MAIN_ALONE, {"load": load}),))
     best = measured_k(pair=pair, sampled=False, load=load)
     k = (best[0] if best and best[0] else None) or _highest_load_k(pair) or DEFAULT_K
-    return Plan(mode=SpeculativeMode.DRAFT, k=k, measured_here=True,
-                reason=f"exploring: speculation is not measured here lately at {load} streams")
+    return Plan(route=Route.LIBRARY_SPECULATIVE, k=k, measured_here=True,
+                why=(Why(Reason.EXPLORING_SPECULATION, {"load": load}),))
 
 
-OWN_ENGINE = "on SpecChat's own engine (few enough of the pair's answers here)"
-OWN_BATCH = "the main alone, batched on SpecChat's own engine (more of the pair's answers here than it speculates for)"
-ALTERNATIVES = "top_logprobs asked: only SpecChat's exact engine computes alternatives"
-# Measured on the real pair under a JSON schema: acceptance 0.81 with the draft masked, against 0.52 on the
-# library's pipeline where it is not (docs/benchmark.md#real-pair).
-OWN_CONSTRAINED = "held to a grammar, which the own engine applies to the draft too: the pair's K"
+def _join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, load: Load) -> Plan:
+    """The plan adjusted to the batch already running here. A pair's speculative pipeline and its main
+    alone are two step processes on the same cores: run together they contend (a burst of 16 with one
+    request on the main alone beside 15 at K=5 measured 0.80x of either alone). So a greedy request the
+    profile plans joins whichever of the two is running, when only one is: with the main alone's batch
+    it takes K=0 (and is handed over when that batch empties), with the speculative batch the K the
+    profile chose at its highest load where speculation won. A plan from this worker's own recent
+    figures stands: the other path's answers end there (or move, in a batch of 2 or fewer: handover)."""
+    if not left_to_the_profile(asked) or planned.measured_here:
+        return planned
+    speculative, alone = load.running_speculative, load.running_alone
+    if planned.route == Route.LIBRARY_MAIN_ALONE and speculative and not alone:
+        k = _highest_load_k(pair)
+        if k:
+            return replace(planned, route=Route.LIBRARY_SPECULATIVE, k=k).because(
+                Why(Reason.JOINS_SPECULATIVE_BATCH, {"k": k}))
+    if planned.route == Route.LIBRARY_SPECULATIVE and alone and not speculative:
+        return Plan(route=Route.LIBRARY_MAIN_ALONE, why=(*planned.why, Why(Reason.JOINS_MAIN_ALONE_BATCH)))
+    return planned
 
 
-def on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -> Plan:
+def _highest_load_k(pair: ModelPair) -> int | None:
+    winning = [(streams, k) for streams, k in _profile(pair, sampled=False) if k > 0]
+    return winning[-1][1] if winning else pair.num_assistant_tokens
+
+
+def _on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -> Plan:
     """The plan moved to the pair's own engine (ModelPair.own_engine_streams): while the pair runs at most that
     many answers here, this one included, it speculates there (greedy, sampled or the main alone, under a
     grammar or not, exact with dynamic quantization); beyond that the main alone serves there, in one batch
@@ -226,83 +299,58 @@ def on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) ->
     if planned.mode not in (SpeculativeMode.DRAFT, SpeculativeMode.OFF, SpeculativeMode.EXACT_SAMPLING):
         return planned
     if load > pair.own_engine_streams:
-        if asked.k is not None and planned.speculative:
+        if asked.k is not None and planned.route.speculates():
             return planned  # the K it named, on the library's pipelines, which batch speculation
-        reason = planned.reason if not asked.speculative else f"{load} of the pair's answers running here"
-        return Plan(mode=SpeculativeMode.OFF, own_engine=True, reason=_join(reason, OWN_BATCH))
-    if planned.reason == CONSTRAINED:
-        return Plan(mode=SpeculativeMode.DRAFT, k=pair.num_assistant_tokens or DEFAULT_K, own_engine=True,
-                    reason=_join(OWN_CONSTRAINED, OWN_ENGINE))
-    return replace(planned, own_engine=True, reason=_join(planned.reason, OWN_ENGINE))
+        busy = planned.why if not asked.speculative else (Why(Reason.BEYOND_OWN_STREAMS, {"load": load}),)
+        return Plan(route=Route.OWN_MAIN_ALONE, sampled=asked.sampled, why=(*busy, Why(Reason.OWN_BATCH)))
+    if Reason.CONSTRAINED in planned.reasons:
+        return Plan(route=Route.OWN_SPECULATIVE, k=pair.num_assistant_tokens or DEFAULT_K,
+                    why=(Why(Reason.OWN_CONSTRAINED), Why(Reason.OWN_ENGINE)))
+    own = Route.OWN_MAIN_ALONE if planned.route.is_main_alone() else Route.OWN_SPECULATIVE
+    return replace(planned, route=own).because(Why(Reason.OWN_ENGINE))
 
 
 def _for_alternatives(*, pair: ModelPair, planned: Plan) -> Plan:
     """A request asking top_logprobs runs on the exact engine at any load (the API refuses it for a pair
     without a draft, or with a confidence threshold): greedy, sampled exactly, or the main alone (K=0)."""
-    mode = SpeculativeMode.EXACT_SAMPLING if planned.mode == SpeculativeMode.INEXACT_SAMPLING else planned.mode
-    k = (planned.k or pair.num_assistant_tokens or DEFAULT_K) if mode != SpeculativeMode.OFF else None
-    reason = planned.reason.replace(INEXACT_ALLOWED, "").strip("; ")
-    return Plan(mode=mode, k=k, own_engine=True, reason=_join(reason, ALTERNATIVES))
-
-
-def join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, running_speculative: int,
-                       running_alone: int) -> Plan:
-    """The plan adjusted to the batch already running here. A pair's speculative pipeline and its main
-    alone are two step processes on the same cores: run together they contend (a burst of 16 with one
-    request on the main alone beside 15 at K=5 measured 0.80x of either alone). So a greedy request the
-    profile plans joins whichever of the two is running, when only one is: with the main alone's batch
-    it takes K=0 (and is handed over when that batch empties), with the speculative batch the K the
-    profile chose at its highest load where speculation won. A plan from this worker's own recent
-    figures stands: the other path's answers end there (or move, in a batch of 2 or fewer: handover)."""
-    if not left_to_the_profile(asked) or planned.measured_here:
-        return planned
-    if planned.mode == SpeculativeMode.OFF and running_speculative and not running_alone:
-        k = _highest_load_k(pair)
-        if k:
-            return Plan(mode=SpeculativeMode.DRAFT, k=k, reason=f"{planned.reason}; joins the running "
-                                                                f"speculative batch with K={k} (its highest-load K)")
-    if planned.mode == SpeculativeMode.DRAFT and running_alone and not running_speculative:
-        return Plan(mode=SpeculativeMode.OFF, reason=f"{planned.reason}; joins the running batch of the main alone")
-    return planned
-
-
-def _highest_load_k(pair: ModelPair) -> int | None:
-    winning = [(streams, k) for streams, k in _profile(pair, sampled=False) if k > 0]
-    return winning[-1][1] if winning else pair.num_assistant_tokens
+    if planned.route.is_main_alone():
+        own, k = Route.OWN_MAIN_ALONE, None
+    else:
+        own, k = Route.OWN_SPECULATIVE, planned.k or pair.num_assistant_tokens or DEFAULT_K
+    why = tuple(why for why in planned.why if why.code != Reason.INEXACT_ALLOWED)  # exact on the own engine
+    return Plan(route=own, sampled=planned.sampled, k=k, why=(*why, Why(Reason.ALTERNATIVES)))
 
 
 # A running answer moves to the other pipeline only while the pair's batch here is this small: it must
-# prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins.
-# At 8 streams, answers moved by the figures cost the requests arriving meanwhile 2.6-3.3 s of time to
-# first token (against 0.7 s for a fixed K=5): each saved its own stream ~10% of what was left. By the
-# profile an answer moves from the main alone to speculation (a burst's last request otherwise ends
-# alone at the main's 1-stream speed); by this worker's recent figures, either way.
+# prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins
+# (measured: docs/speculation.md, "Live figures"). By the profile an answer moves from the main alone to
+# speculation (a burst's last request otherwise ends alone at the main's 1-stream speed); by this worker's
+# recent figures, either way.
 HANDOVER_MAX_STREAMS = 2
 HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the prefill
-HANDED_OVER = "handed over to"  # in the reason of an answer that moved (the benchmark reads it)
 
 
 def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
-             live: dict[int, float] | None = None, exploring: bool = False) -> Plan | None:
+             live: LiveFigures | None = None) -> Plan | None:
     """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
     for greedy answers the profile or the figures planned, and off the exact engine for sampled ones (the
     library cannot change a request's K, so moving is a new request that goes on from the answer so far;
-    its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way)."""
-    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over or planned.own_engine:
+    its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way).
+    An answer the pair's own engine serves (or that asked alternatives) stays there."""
+    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over:
         return None
-    if planned.exact_sampling:
+    if planned.route.is_own_engine():
+        if pair.own_engine_streams or asked.alternatives:
+            return None
         return _off_the_exact_engine(pair=pair, asked=asked, planned=planned, load=load, generated=generated)
     if planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not left_to_the_profile(asked):
         return None
-    now = plan(pair=pair, asked=asked, load=load, live=live, exploring=exploring)
-    if now.mode == planned.mode or (now.mode == SpeculativeMode.DRAFT and now.k is None):
+    now = _on_the_library(pair=pair, asked=asked, load=load, live=live)
+    if now.route == planned.route or (now.route.speculates() and now.k is None):
         return None
-    if load > HANDOVER_MAX_STREAMS or (now.mode == SpeculativeMode.OFF and not now.measured_here):
+    if load > HANDOVER_MAX_STREAMS or (now.route.is_main_alone() and not now.measured_here):
         return None
-    to = f"K={now.k}" if now.speculative else "the main alone"
-    return Plan(mode=now.mode, k=now.k, measured_here=now.measured_here, handed_over=True,
-                reason=f"{planned.reason}; {HANDED_OVER} {to} from token {generated + 1}, {load} running here "
-                       f"({now.reason})")
+    return replace(now, why=(*planned.why, _handed_over(now, generated=generated, load=load)))
 
 
 def _off_the_exact_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int) -> Plan | None:
@@ -312,13 +360,13 @@ def _off_the_exact_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load:
     held it while the other 7 ran on the main alone: the burst ran at 0.71x the main alone's speed)."""
     if not asked.speculative or asked.k is not None or asked.threshold is not None:
         return None  # the request asked for this engine
-    now = plan(pair=pair, asked=asked, load=load)
-    if now.mode != SpeculativeMode.OFF:
+    now = _on_the_library(pair=pair, asked=asked, load=load, live=None)
+    if not now.route.is_main_alone():
         return None
-    return Plan(mode=now.mode, handed_over=True,
-                reason=f"{planned.reason}; {HANDED_OVER} the main alone from token {generated + 1}, {load} running "
-                       f"here ({now.reason})")
+    return Plan(route=now.route, sampled=asked.sampled,
+                why=(*planned.why, _handed_over(now, generated=generated, load=load)))
 
 
-def _join(*parts: str) -> str:
-    return "; ".join(part for part in parts if part)
+def _handed_over(now: Plan, *, generated: int, load: int) -> Why:
+    return Why(Reason.HANDED_OVER, {"to_k": now.k if now.route.speculates() else None, "token": generated + 1,
+                                    "load": load, "then": now.why})

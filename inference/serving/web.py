@@ -142,10 +142,10 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         max_ngram_size=pair.max_ngram_size,
         **options.sampling(),
     )
-    planned = speculation.plan(pair=pair, asked=asked(options), load=1)
+    planned = speculation.plan(pair=pair, asked=asked(options), load=speculation.Load(streams=1))
     try:  # whatever else the pipeline would refuse, refused here rather than on the worker
         planned_params = planned_decoding(params, planned)
-        planned_params.generation_config(pair_spec(pair=pair, speculative=planned.speculative)).validate()
+        planned_params.generation_config(pair_spec(pair=pair, route=planned.route)).validate()
     except RuntimeError as exc:
         reason = str(exc).strip().splitlines()[-1]  # the C++ check's own sentence, without its source path
         raise errors.InvalidValue(f"The pipeline refuses these settings: {reason}") from None

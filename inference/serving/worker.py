@@ -26,6 +26,7 @@ from inference.engines.base import (
     TextAssembler,
 )
 from inference.engines.registry import EngineRegistry
+from inference.limits import FinishReason, Route, SpeculativeMode
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
 from inference.serving import speculation
@@ -62,11 +63,10 @@ OVERRAN = "The answer ran past the server's limit of {limit} s and was stopped; 
 WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
 
 
-def load_engine(*, pair: ModelPair, speculative: bool = True,
-                exact_sampling: bool = False) -> Engine:
-    """This worker's engine for the pair, loaded on first use; the last load result is kept on the pair."""
+def load_engine(*, pair: ModelPair, route: Route) -> Engine:
+    """This worker's engine for the pair's route, loaded on first use; the last load result is kept on the pair."""
     try:
-        engine = STATE.engines.get(pair_spec(pair=pair, speculative=speculative, exact_sampling=exact_sampling))
+        engine = STATE.engines.get(pair_spec(pair=pair, route=route))
     except Exception as exc:
         ModelPair.objects.filter(id=pair.id).update(load_error=f"{type(exc).__name__}: {exc}",
                                                     load_reported_at=timezone.now())
@@ -81,14 +81,13 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     if generation is None or generation.status != Generation.Status.QUEUED:
         return  # a replayed delivery of a generation that already ran
     asked = speculation.Asked(**generation.params.get("asked", {}))
-    load, rates = current_load(pair=generation.pair), STATE.engines.rates_of(generation.pair.slug)
-    planned = speculation.join_running_batch(
+    load, slug = current_load(pair=generation.pair), generation.pair.slug
+    planned = speculation.plan(
         pair=generation.pair, asked=asked,
-        planned=speculation.plan(pair=generation.pair, asked=asked, load=load, live=rates.at_load(load),
-                                 exploring=speculation.left_to_the_profile(asked) and rates.exploring(load)),
-        running_speculative=STATE.engines.active_requests(slug=generation.pair.slug, speculative=True),
-        running_alone=STATE.engines.active_requests(slug=generation.pair.slug, speculative=False))
-    planned = speculation.on_own_engine(pair=generation.pair, asked=asked, planned=planned, load=load)
+        load=speculation.Load(streams=load,
+                              running_speculative=STATE.engines.active_requests(slug=slug, speculative=True),
+                              running_alone=STATE.engines.active_requests(slug=slug, speculative=False)),
+        live=speculation.live_figures(STATE.engines.rates_of(slug), asked=asked, load=load))
     # Held before the row says so: the heartbeat's reconcile fails a running row that no thread holds.
     STATE.claimed.add(str(generation.id))
     try:
@@ -103,8 +102,7 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
 
 def _serve(*, generation: Generation, asked: speculation.Asked, planned: speculation.Plan, worker_name: str) -> None:
     try:
-        engine = load_engine(pair=generation.pair, speculative=planned.speculative or planned.own_engine,
-                             exact_sampling=planned.exact_sampling or planned.own_engine)
+        engine = load_engine(pair=generation.pair, route=planned.route)
     except Exception:  # the details (paths, the library's words) go to the log and the pair's admin page
         log.exception("pair %s failed to load for generation %s", generation.pair.slug, generation.id)
         fail_generation(generation_id=generation.id,
@@ -141,7 +139,8 @@ def _plan_fields(*, generation: Generation, planned: speculation.Plan) -> dict:
     """The plan as the generation records it (also on the instance, for the events that carry it)."""
     limit = Generation._meta.get_field("speculative_reason").max_length or 0
     reason = planned.reason if len(planned.reason) <= limit else planned.reason[:limit - 1] + "…"  # handovers add up
-    fields = {"speculative_mode": planned.mode, "speculative_reason": reason, "speculative_k": planned.k}
+    fields = {"speculative_mode": planned.mode, "speculative_reason": reason, "speculative_k": planned.k,
+              "speculative_route": planned.route, "speculative_reason_codes": list(planned.reasons)}
     for name, value in fields.items():
         setattr(generation, name, value)
     return fields
@@ -233,8 +232,8 @@ class Answer:
                 self.pending.append(piece)
             elif isinstance(item, Finished):
                 finished = self._continue_elsewhere() if self._handing_over(item) else item
-                if finished and finished.finish_reason == "stopped" and self.overran:
-                    finished = Finished("error", OVERRAN.format(limit=settings.MAX_ANSWER_S))
+                if finished and finished.finish_reason == FinishReason.STOPPED and self.overran:
+                    finished = Finished(FinishReason.ERROR, OVERRAN.format(limit=settings.MAX_ANSWER_S))
             finished = finished or self._overrun()
             first_tokens = self.pending and len(self.pending) == len(self.steps)  # the time to first token
             if finished or first_tokens or time.monotonic() - last_flush >= flush_s:
@@ -258,7 +257,7 @@ class Answer:
             log.warning("generation %s ran %.0f s, over the limit of %d s: stopping it", self.generation.id, ran, limit)
             self.overran, self.moving_to = True, None
             self.request.stop()
-        return Finished("error", OVERRAN.format(limit=limit)) if ran >= limit + OVERRUN_GRACE_S else None
+        return Finished(FinishReason.ERROR, OVERRAN.format(limit=limit)) if ran >= limit + OVERRUN_GRACE_S else None
 
     def _flush(self, finished: Finished | None) -> None:
         if finished:
@@ -275,7 +274,7 @@ class Answer:
         """Stop this request to go on elsewhere if the load now calls for another engine (greedy, or
         sampled on the exact engine; no stop strings: the library would not see one that began before
         the handover; no grammar: it would start again at the handover)."""
-        exact = self.planned.exact_sampling
+        exact = self.planned.mode == SpeculativeMode.EXACT_SAMPLING
         if (self.moving_to or self.request.stop_requested or self.params.stop or self.params.grammar
                 or (self.params.temperature > 0 and not exact)):
             return
@@ -288,12 +287,12 @@ class Answer:
         self.moving_to = speculation.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
-            live=rates.at_load(load), exploring=speculation.left_to_the_profile(self.asked) and rates.exploring(load))
+            live=speculation.live_figures(rates, asked=self.asked, load=load))
         if self.moving_to:
             self.request.stop()
 
     def _handing_over(self, finished: Finished) -> bool:
-        return (self.moving_to is not None and finished.finish_reason == "stopped"
+        return (self.moving_to is not None and finished.finish_reason == FinishReason.STOPPED
                 and not self.writer.cancel_requested())
 
     def _continue_elsewhere(self) -> Finished | None:
@@ -303,11 +302,11 @@ class Answer:
         params = planned_decoding(replace(self.params, max_new_tokens=self.params.max_new_tokens - self.stats.tokens),
                                   planned)
         try:
-            engine = load_engine(pair=self.generation.pair, speculative=planned.speculative)
+            engine = load_engine(pair=self.generation.pair, route=planned.route)
             request = engine.submit(prompt_ids=self.prompt_ids + self.text.ids, params=params)
         except Exception:
             log.exception("generation %s could not be handed over", self.generation.id)
-            return Finished("error", f"The answer could not go on ({planned.reason}): {WORKER_FAILED}")
+            return Finished(FinishReason.ERROR, f"The answer could not go on ({planned.reason}): {WORKER_FAILED}")
         self.engine, self.request, self.planned = engine, request, planned
         STATE.running[str(self.generation.id)] = request
         self.stats.hand_over(num_assistant_tokens=self._fixed_k(engine, params), speculative=engine.spec.uses_draft)
@@ -318,7 +317,7 @@ class Answer:
         generation, writer = self.generation, self.writer
         figures = self.stats.summary(started_at=self.started_at,
                                      ended_at=self.stats.last_token_at or time.perf_counter())
-        status = {"stopped": Generation.Status.STOPPED, "error": Generation.Status.FAILED}.get(
+        status = {FinishReason.STOPPED: Generation.Status.STOPPED, FinishReason.ERROR: Generation.Status.FAILED}.get(
             finished.finish_reason, Generation.Status.FINISHED
         )
         prompt_tokens = len(self.prompt_ids)
@@ -340,7 +339,7 @@ class Answer:
         record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
                           prompt_tokens=prompt_tokens, figures=figures, mode=generation.speculative_mode,
                           k=generation.speculative_k)
-        if finished.finish_reason == "error":
+        if finished.finish_reason == FinishReason.ERROR:
             writer.send({"type": "error", "message": finished.error})
         else:
             writer.send({"type": "done", "finish_reason": finished.finish_reason, "prompt_tokens": prompt_tokens,
@@ -350,7 +349,8 @@ class Answer:
 def _served(generation: Generation) -> dict:
     """How the answer is served, as the start and done events carry it."""
     return {"speculative_mode": generation.speculative_mode, "speculative_reason": generation.speculative_reason,
-            "speculative_k": generation.speculative_k}
+            "speculative_k": generation.speculative_k, "speculative_route": generation.speculative_route,
+            "speculative_reason_codes": generation.speculative_reason_codes}
 
 
 def resend_lost_generations(*, client, queues: list[str]) -> None:

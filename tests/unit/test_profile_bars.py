@@ -35,12 +35,12 @@ def test_a_cell_short_of_the_main_alone_is_a_miss_unless_adaptive_served_the_mai
 
 
 @pytest.mark.parametrize(("usage", "path"), [
-    ({"speculative_mode": "off", "speculative_k": None, "speculative_reason": "speculative: false was asked"}, "plain"),
-    ({"speculative_mode": "draft", "speculative_k": 3, "speculative_reason": "best K at 4+ streams"}, "K=3"),
-    ({"speculative_mode": "draft-exact-sampling", "speculative_k": 2, "speculative_reason": ""}, "K=2"),
+    ({"speculative_mode": "off", "speculative_k": None, "speculative_reason_codes": ["asked-off"]}, "plain"),
+    ({"speculative_mode": "draft", "speculative_k": 3, "speculative_reason_codes": ["profile-best-k"]}, "K=3"),
+    ({"speculative_mode": "draft-exact-sampling", "speculative_k": 2, "speculative_reason_codes": []}, "K=2"),
     ({"speculative_mode": "off", "speculative_k": None,
-      "speculative_reason": "best K at 1+ streams; handed over to the main alone from token 9"}, "moved to plain"),
-    ({"speculative_mode": "draft", "speculative_k": None, "speculative_reason": "confidence threshold asked"}, "draft"),
+      "speculative_reason_codes": ["profile-best-k", "handed-over"]}, "moved to plain"),
+    ({"speculative_mode": "draft", "speculative_k": None, "speculative_reason_codes": ["threshold-asked"]}, "draft"),
 ])
 def test_the_path_an_answer_was_served_on_is_named_as_the_benchmarks_lines(usage, path):
     assert served_path(usage) == path

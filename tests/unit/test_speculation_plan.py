@@ -1,20 +1,14 @@
-"""How a request is served, decided without any service running: the plan a worker makes."""
+"""How a request is served, decided without any service running: the plan a worker makes, as a table of
+(pair, request, load, live figures) -> (route, K, reason codes), and how a running answer moves."""
 
 import pytest
 
 from inference.engines.rates import StepRates, streams_bucket
-from inference.limits import SpeculativeMode
+from inference.limits import Route, SpeculativeMode
 from inference.models import Generation, ModelPair
-from inference.serving.speculation import (
-    CONSTRAINED,
-    EXACT_THRESHOLD,
-    OWN_BATCH,
-    Asked,
-    handover,
-    join_running_batch,
-    on_own_engine,
-    plan,
-)
+from inference.serving.reasons import SENTENCES, Reason, Why, sentence
+from inference.serving.records import pair_spec, planned_decoding
+from inference.serving.speculation import Asked, LiveFigures, Load, Plan, handover, plan
 
 PROFILE = {"greedy": {"1": 4, "4": 2, "16": 0}, "sampled": {"1": 3, "8": 0}}
 
@@ -24,107 +18,172 @@ def pair(**fields) -> ModelPair:
     return ModelPair(**{**defaults, **fields})
 
 
-@pytest.mark.parametrize(("load", "k", "mode"), [
-    (1, 4, SpeculativeMode.DRAFT), (3, 4, SpeculativeMode.DRAFT), (4, 2, SpeculativeMode.DRAFT),
-    (15, 2, SpeculativeMode.DRAFT), (16, None, SpeculativeMode.OFF), (40, None, SpeculativeMode.OFF),
+PROFILED = {"speculation_profile": PROFILE}
+OWN = {"own_engine_streams": 2, "num_assistant_tokens": 3, "speculation_profile": PROFILE}  # its own engine, 2 streams
+FAST = {"inference_precision": "", "kv_cache_precision": "", "speculation_profile": PROFILE}
+LOOKUP = {"draft_dir": "", "prompt_lookup": True}
+R = Reason
+LIB, LOOKS, ALONE, OWN_K, OWN_ALONE = (Route.LIBRARY_SPECULATIVE, Route.PROMPT_LOOKUP, Route.LIBRARY_MAIN_ALONE,
+                                       Route.OWN_SPECULATIVE, Route.OWN_MAIN_ALONE)
+
+
+def live(rates: dict[int, float], *, exploring: bool = False) -> LiveFigures:
+    return LiveFigures(rates=rates, exploring=exploring)
+
+
+# (pair fields, what the request asked, the load as it joins, this worker's live figures at that load)
+#   -> (route, K, the reasons' codes)
+TABLE = [
+    # greedy, K left to the pair: the profile at the worker's load, else the pair's default
+    (PROFILED, Asked(), Load(streams=1), None, LIB, 4, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=3), None, LIB, 4, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=4), None, LIB, 2, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=15), None, LIB, 2, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=16), None, ALONE, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
+    (PROFILED, Asked(), Load(streams=40), None, ALONE, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
+    ({}, Asked(), Load(streams=8), None, LIB, 5, (R.PAIR_DEFAULT_K,)),
+    ({"speculation_profile": {"greedy": {"1": -1}}}, Asked(), Load(streams=1), None, LIB, 5,
+     (R.PAIR_DEFAULT_K_INVALID_PROFILE,)),
+    ({"num_assistant_tokens": None, "assistant_confidence_threshold": 0.4}, Asked(), Load(streams=1), None, LIB, None,
+     (R.PAIR_DEFAULT_THRESHOLD,)),
+    # what a request names, it gets, whatever the load
+    (PROFILED, Asked(k=7), Load(streams=16), None, LIB, 7, (R.K_ASKED,)),
+    (PROFILED, Asked(threshold=0.3), Load(streams=1), None, LIB, None, (R.THRESHOLD_ASKED,)),
+    (PROFILED, Asked(speculative=False), Load(streams=1), None, ALONE, None, (R.ASKED_OFF,)),
+    ({"draft_dir": ""}, Asked(), Load(streams=1), None, ALONE, None, (R.NO_DRAFT,)),
+    (LOOKUP, Asked(sampled=True), Load(streams=1), None, LOOKS, 5, (R.PROMPT_LOOKUP,)),
+    (LOOKUP, Asked(k=2), Load(streams=1), None, LOOKS, 2, (R.K_ASKED,)),
+    # sampling runs on the exact engine with the sampled profile, never the library's inexact sampling unless allowed
+    (PROFILED, Asked(sampled=True), Load(streams=1), None, OWN_K, 3, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(sampled=True), Load(streams=7), None, OWN_K, 3, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(sampled=True), Load(streams=8), None, ALONE, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
+    ({}, Asked(sampled=True, k=2), Load(streams=1), None, OWN_K, 2, (R.K_ASKED,)),
+    ({}, Asked(sampled=True, threshold=0.3), Load(streams=1), None, OWN_K, 5, (R.EXACT_THRESHOLD,)),
+    ({"allow_inexact_sampling": True}, Asked(sampled=True), Load(streams=1), None, LIB, 5,
+     (R.INEXACT_ALLOWED, R.PAIR_DEFAULT_K)),
+    # under a grammar the library speculates only when K is named; sampled answers stay on the exact engine
+    (PROFILED, Asked(constrained=True), Load(streams=1), None, ALONE, None, (R.CONSTRAINED,)),
+    ({}, Asked(constrained=True, k=3), Load(streams=1), None, LIB, 3, (R.K_ASKED,)),
+    ({}, Asked(sampled=True, constrained=True, k=3), Load(streams=1), None, OWN_K, 3, (R.K_ASKED,)),
+    (PROFILED, Asked(sampled=True, constrained=True), Load(streams=1), None, OWN_K, 3, (R.PROFILE_BEST_K,)),
+    ({"allow_inexact_sampling": True}, Asked(sampled=True, constrained=True), Load(streams=1), None, LIB, 5,
+     (R.INEXACT_ALLOWED, R.PAIR_DEFAULT_K)),
+    # this worker's recent figures at the load outrank the profile (which says K=2 at 8 streams)
+    (PROFILED, Asked(), Load(streams=8), live({0: 80.0, 5: 70.0}), ALONE, None, (R.LIVE_MAIN_ALONE_FASTER,)),
+    (PROFILED, Asked(), Load(streams=8), live({0: 80.0, 5: 82.0}), ALONE, None, (R.LIVE_NEITHER_FASTER,)),
+    (PROFILED, Asked(), Load(streams=8), live({0: 80.0, 5: 90.0, 3: 100.0}), LIB, 3, (R.LIVE_K_FASTEST,)),
+    (PROFILED, Asked(), Load(streams=8), live({5: 90.0}), LIB, 2, (R.PROFILE_BEST_K,)),  # one path: the profile
+    (PROFILED, Asked(), Load(streams=8), live({0: 80.0}), LIB, 2, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(k=5), Load(streams=8), live({0: 80.0, 5: 70.0}), LIB, 5, (R.K_ASKED,)),
+    (PROFILED, Asked(sampled=True), Load(streams=8), live({0: 80.0, 5: 90.0}), ALONE, None,
+     (R.PROFILE_MAIN_ALONE_FASTER,)),  # the library's greedy figures say nothing of the exact engine
+    # a worker that measured one path at a load tries the other
+    (PROFILED, Asked(), Load(streams=8), live({2: 240.0}, exploring=True), ALONE, None, (R.EXPLORING_MAIN_ALONE,)),
+    (PROFILED, Asked(), Load(streams=16), live({0: 80.0}, exploring=True), LIB, 2, (R.EXPLORING_SPECULATION,)),
+    (PROFILED, Asked(sampled=True), Load(streams=8), live({0: 80.0}, exploring=True), ALONE, None,
+     (R.PROFILE_MAIN_ALONE_FASTER,)),
+    # a greedy request joins the batch that runs (the speculative one at the profile's highest-load K)
+    (PROFILED, Asked(), Load(streams=16, running_speculative=3), None, LIB, 2,
+     (R.PROFILE_MAIN_ALONE_FASTER, R.JOINS_SPECULATIVE_BATCH)),
+    (PROFILED, Asked(), Load(streams=2, running_alone=3), None, ALONE, None,
+     (R.PROFILE_BEST_K, R.JOINS_MAIN_ALONE_BATCH)),
+    (PROFILED, Asked(), Load(streams=16, running_alone=3), None, ALONE, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
+    (PROFILED, Asked(), Load(streams=2, running_speculative=3), None, LIB, 4, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=16, running_speculative=3, running_alone=3), None, ALONE, None,
+     (R.PROFILE_MAIN_ALONE_FASTER,)),  # both run: the profile decides
+    (PROFILED, Asked(speculative=False), Load(streams=1, running_speculative=3), None, ALONE, None, (R.ASKED_OFF,)),
+    (PROFILED, Asked(k=6), Load(streams=1, running_alone=3), None, LIB, 6, (R.K_ASKED,)),
+    (PROFILED, Asked(), Load(streams=8, running_speculative=5), live({0: 80.0, 5: 70.0}), ALONE, None,
+     (R.LIVE_MAIN_ALONE_FASTER,)),  # a clear loser is not joined
+    (PROFILED, Asked(), Load(streams=8, running_speculative=5), live({0: 80.0, 5: 82.0}), LIB, 2,
+     (R.LIVE_NEITHER_FASTER, R.JOINS_SPECULATIVE_BATCH)),
+    # a pair with its own engine: up to own_engine_streams answers speculate there, beyond, its main alone batched
+    (OWN, Asked(), Load(streams=1), None, OWN_K, 4, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=2), None, OWN_K, 4, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=3), None, OWN_ALONE, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
+    (OWN, Asked(sampled=True), Load(streams=3), None, OWN_ALONE, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
+    (OWN, Asked(constrained=True), Load(streams=3), None, OWN_ALONE, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
+    (OWN, Asked(speculative=False), Load(streams=3), None, OWN_ALONE, None, (R.ASKED_OFF, R.OWN_BATCH)),
+    (OWN, Asked(speculative=False), Load(streams=1), None, OWN_ALONE, None, (R.ASKED_OFF, R.OWN_ENGINE)),
+    (OWN, Asked(k=4), Load(streams=3), None, LIB, 4, (R.K_ASKED,)),  # the K it named, on the library's pipelines
+    (OWN, Asked(constrained=True), Load(streams=1), None, OWN_K, 3, (R.OWN_CONSTRAINED, R.OWN_ENGINE)),
+    (OWN, Asked(threshold=0.3), Load(streams=1), None, LIB, None, (R.THRESHOLD_ASKED,)),  # only the library's
+    ({"own_engine_streams": 0}, Asked(), Load(streams=1), None, LIB, 5, (R.PAIR_DEFAULT_K,)),
+    # alternatives (top_logprobs) only the exact engine computes, at any load
+    ({"allow_inexact_sampling": True}, Asked(sampled=True, alternatives=True), Load(streams=1), None, OWN_K, 5,
+     (R.PAIR_DEFAULT_K, R.ALTERNATIVES)),
+    (PROFILED, Asked(alternatives=True), Load(streams=16), None, OWN_ALONE, None,
+     (R.PROFILE_MAIN_ALONE_FASTER, R.ALTERNATIVES)),
+    (PROFILED, Asked(speculative=False, alternatives=True), Load(streams=1), None, OWN_ALONE, None,
+     (R.ASKED_OFF, R.ALTERNATIVES)),
+    # a greedy answer with the draft on a pair in the fast mode says it may differ; the main alone and exact
+    # sampling are the main's own output in either mode
+    (FAST, Asked(k=3), Load(streams=1), None, LIB, 3, (R.K_ASKED, R.FAST_MODE)),
+    (FAST, Asked(k=3, sampled=True), Load(streams=1), None, OWN_K, 3, (R.K_ASKED,)),
+    (FAST, Asked(speculative=False), Load(streams=1), None, ALONE, None, (R.ASKED_OFF,)),
+]
+
+
+@pytest.mark.parametrize(("fields", "asked", "load", "figures", "route", "k", "reasons"), TABLE)
+def test_the_planner_table(fields, asked, load, figures, route, k, reasons):
+    planned = plan(pair=pair(**fields), asked=asked, load=load, live=figures, calibration=None)
+    assert (planned.route, planned.k, planned.reasons) == (route, k, reasons)
+
+
+def test_the_mode_an_answer_states_follows_its_route_and_whether_it_samples():
+    def mode(fields: dict, asked: Asked) -> SpeculativeMode:
+        return plan(pair=pair(**fields), asked=asked, load=Load(streams=1)).mode
+
+    assert mode(PROFILED, Asked()) == SpeculativeMode.DRAFT
+    assert mode(OWN, Asked()) == SpeculativeMode.DRAFT  # greedy on the own engine: the main's output exactly
+    assert mode(PROFILED, Asked(sampled=True)) == SpeculativeMode.EXACT_SAMPLING
+    assert mode({"allow_inexact_sampling": True}, Asked(sampled=True)) == SpeculativeMode.INEXACT_SAMPLING
+    assert mode(LOOKUP, Asked()) == SpeculativeMode.PROMPT_LOOKUP
+    assert mode(OWN, Asked(speculative=False)) == mode(PROFILED, Asked(speculative=False)) == SpeculativeMode.OFF
+
+
+@pytest.mark.parametrize(("route", "speculative", "exact", "quantized", "k"), [
+    (Route.LIBRARY_SPECULATIVE, True, False, False, 4),
+    (Route.LIBRARY_MAIN_ALONE, False, False, False, 4),
+    (Route.OWN_SPECULATIVE, True, True, True, 4),
+    (Route.OWN_MAIN_ALONE, True, True, True, 0),  # the own engine's batch of the main alone: K=0 there
 ])
-def test_greedy_k_follows_the_profile_at_the_workers_load(load, k, mode):
-    chosen = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(), load=load)
-    assert (chosen.mode, chosen.k) == (mode, k)
-    assert "measured" in chosen.reason
+def test_each_route_names_the_engine_that_serves_it(route, speculative, exact, quantized, k):
+    from inference.engines.base import DecodingParams
+
+    spec = pair_spec(pair=pair(own_engine_streams=2), route=route)
+    assert (spec.speculative, spec.exact_sampling, spec.dynamic_quantization) == (speculative, exact, quantized)
+    assert planned_decoding(DecodingParams(max_new_tokens=8), Plan(route=route, k=4)).num_assistant_tokens == k
 
 
-def test_a_request_that_names_its_k_gets_it_whatever_the_load():
-    chosen = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(k=7), load=16)
-    assert (chosen.mode, chosen.k, chosen.reason) == (SpeculativeMode.DRAFT, 7, "K asked by the request")
-
-
-def test_without_a_profile_the_pairs_default_k_or_threshold():
-    assert plan(pair=pair(), asked=Asked(), load=8).k == 5
-    threshold = plan(pair=pair(num_assistant_tokens=None, assistant_confidence_threshold=0.4), asked=Asked(), load=1)
-    assert (threshold.k, threshold.threshold) == (None, 0.4)
-
-
-@pytest.mark.parametrize(("load", "k", "mode"), [
-    (1, 3, SpeculativeMode.EXACT_SAMPLING), (7, 3, SpeculativeMode.EXACT_SAMPLING), (8, None, SpeculativeMode.OFF)])
-def test_sampling_runs_on_the_exact_engine_with_the_sampled_profile(load, k, mode):
-    chosen = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(sampled=True), load=load)
-    assert (chosen.mode, chosen.k, chosen.exact_sampling) == (mode, k, mode == SpeculativeMode.EXACT_SAMPLING)
-
-
-def test_sampling_never_takes_the_inexact_library_path_unless_the_pair_allows_it():
-    asked = plan(pair=pair(), asked=Asked(sampled=True, k=2), load=1)
-    assert (asked.mode, asked.k) == (SpeculativeMode.EXACT_SAMPLING, 2)
-    threshold = plan(pair=pair(), asked=Asked(sampled=True, threshold=0.3), load=1)
-    assert (threshold.mode, threshold.k, threshold.reason) == (SpeculativeMode.EXACT_SAMPLING, 5, EXACT_THRESHOLD)
-    allowed = plan(pair=pair(allow_inexact_sampling=True), asked=Asked(sampled=True), load=1)
-    assert allowed.mode == SpeculativeMode.INEXACT_SAMPLING and "not drawn" in allowed.reason
-    assert not allowed.exact_sampling
-
-
-
-def test_under_a_grammar_greedy_speculates_when_it_names_k_and_sampling_runs_on_the_exact_engine():
-    """Speculation measured slower under a grammar on the library: a greedy request speculates only when it
-    names its K. A sampled answer under one runs on the exact engine, which holds both models to it, never
-    on the library's inexact speculative sampling (unless the pair allows that)."""
-    greedy = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(constrained=True), load=1)
-    assert (greedy.mode, greedy.reason) == (SpeculativeMode.OFF, CONSTRAINED)
-    named = plan(pair=pair(), asked=Asked(constrained=True, k=3), load=1)
-    assert (named.mode, named.k) == (SpeculativeMode.DRAFT, 3)
-    sampled = plan(pair=pair(), asked=Asked(sampled=True, constrained=True, k=3), load=1)
-    assert (sampled.mode, sampled.k) == (SpeculativeMode.EXACT_SAMPLING, 3)
-    left = plan(pair=pair(speculation_profile=PROFILE), asked=Asked(sampled=True, constrained=True), load=1)
-    assert (left.mode, left.k) == (SpeculativeMode.EXACT_SAMPLING, 3)
-    allowed = plan(pair=pair(allow_inexact_sampling=True), asked=Asked(sampled=True, constrained=True), load=1)
-    assert allowed.mode == SpeculativeMode.INEXACT_SAMPLING
-
-def test_on_the_own_engine_a_grammar_speculates_with_the_pairs_k():
-    """The own engine masks the draft by the grammar too (acceptance 0.81 against the library's 0.52 on the real
-    pair): an answer it serves alone speculates with the pair's K; beside others, the main alone there, batched."""
-    own = pair(own_engine_streams=1, num_assistant_tokens=3)
-
-    def planned(asked: Asked, load: int):
-        return on_own_engine(pair=own, asked=asked, planned=plan(pair=own, asked=asked, load=load), load=load)
-
-    alone = planned(Asked(constrained=True), 1)
-    assert (alone.mode, alone.k, alone.own_engine) == (SpeculativeMode.DRAFT, 3, True)
-    off = planned(Asked(constrained=True, speculative=False), 1)
-    assert (off.mode, off.own_engine) == (SpeculativeMode.OFF, True)
-    busy = planned(Asked(constrained=True), 2)
-    assert (busy.mode, busy.own_engine) == (SpeculativeMode.OFF, True)
-
-
-def test_the_own_engine_speculates_for_as_many_streams_as_the_pair_gives_it_then_batches_the_main_alone():
-    """Up to own_engine_streams answers of the pair here speculate on its own engine, each on its own; beyond
-    that, greedy, sampled, constrained and speculative: false answers run on the main alone there, batched (one
-    copy of the weights at every load). A request that names its K keeps it (on the library's pipelines)."""
-    two = pair(own_engine_streams=2, num_assistant_tokens=3)
-
-    def planned(asked: Asked, load: int):
-        return on_own_engine(pair=two, asked=asked, planned=plan(pair=two, asked=asked, load=load), load=load)
-
-    for load, mode in ((1, SpeculativeMode.DRAFT), (2, SpeculativeMode.DRAFT), (3, SpeculativeMode.OFF)):
-        assert (planned(Asked(), load).mode, planned(Asked(), load).own_engine) == (mode, True), load
-    for asked in (Asked(sampled=True), Asked(constrained=True), Asked(speculative=False)):
-        busy = planned(asked, 3)
-        assert (busy.mode, busy.k, busy.own_engine) == (SpeculativeMode.OFF, None, True), asked
-        assert OWN_BATCH in busy.reason
-    assert "speculative: false was asked" in planned(Asked(speculative=False), 3).reason
-    named = planned(Asked(k=4), 3)
-    assert (named.mode, named.k, named.own_engine) == (SpeculativeMode.DRAFT, 4, False)
-    never = pair(own_engine_streams=0)
-    for load in (1, 3):
-        assert not on_own_engine(pair=never, asked=Asked(), planned=plan(pair=never, asked=Asked(), load=load),
-                                 load=load).own_engine
-
-
-@pytest.mark.parametrize(("fields", "asked", "mode"), [
-    ({}, Asked(speculative=False), SpeculativeMode.OFF),
-    ({"draft_dir": ""}, Asked(), SpeculativeMode.OFF),
-    ({"draft_dir": "", "prompt_lookup": True}, Asked(sampled=True), SpeculativeMode.PROMPT_LOOKUP),
+@pytest.mark.parametrize(("fields", "engines"), [
+    # each route asked -> the route of the engine that serves it, and whether that engine is the pair's default
+    (OWN, {OWN_K: (OWN_K, True), OWN_ALONE: (OWN_K, True), LIB: (LIB, False), ALONE: (ALONE, False)}),
+    ({}, {LIB: (LIB, True), OWN_K: (OWN_K, False), ALONE: (ALONE, False)}),
+    (LOOKUP, {LIB: (LOOKS, True), ALONE: (ALONE, False)}),
+    ({"draft_dir": ""}, {LIB: (ALONE, True), ALONE: (ALONE, True)}),  # nothing to draft with: one engine
 ])
-def test_modes_without_a_draft_or_speculation(fields, asked, mode):
-    assert plan(pair=pair(**fields), asked=asked, load=1).mode == mode
+def test_the_pairs_default_engine_is_the_one_its_default_route_builds(fields, engines):
+    from inference.serving.speculation import pair_default_route
+
+    each = pair(**fields)
+    assert {route: (pair_spec(pair=each, route=route).route, pair_spec(pair=each, route=route).is_pair_default)
+            for route in engines} == engines
+    assert pair_spec(pair=each, route=pair_default_route(each)).is_pair_default
+
+
+def test_every_reason_has_its_sentence_and_the_sentences_read_as_before():
+    assert set(SENTENCES) == set(Reason)
+    at_two = plan(pair=pair(**PROFILED), asked=Asked(), load=Load(streams=16, running_speculative=3))
+    assert at_two.reason == ("the main alone is faster at 16+ streams (measured); 16 running here; "
+                             "joins the running speculative batch with K=2 (its highest-load K)")
+    figures = plan(pair=pair(), asked=Asked(), load=Load(streams=8), live=live({0: 150.0, 2: 201.0, 5: 206.0}))
+    assert figures.reason == "K=2 is fastest (measured here lately at 8 streams: K=2 201 tok/s, the main alone 150 tok/s)"
+    assert plan(pair=pair(**OWN), asked=Asked(), load=Load(streams=3)).reason == (
+        "3 of the pair's answers running here; the main alone, batched on SpecChat's own engine (more of the pair's "
+        "answers here than it speculates for)")
+    assert sentence((Why(Reason.K_ASKED), Why(Reason.FAST_MODE))) == (
+        "K asked by the request; fast mode: tokens may differ from the main alone's where two are near-tied")
 
 
 def test_the_profile_takes_a_k_only_where_it_clearly_beats_the_main_alone():
@@ -146,8 +205,8 @@ def test_of_ks_about_as_fast_the_smallest_serves_and_its_shorter_steps_start_joi
         ("plain", 8, 168.6), ("K=2", 8, 206.5), ("K=3", 8, 197.4), ("K=5", 8, 209.7),
         ("plain", 16, 205.0), ("K=2", 16, 215.0), ("K=3", 16, 224.0), ("K=5", 16, 230.0)]]
     assert best_k_by_level(rows) == {"4": 5, "8": 2, "16": 5}  # K=3 is as fast at 16 but not 10% over the main
-    live = plan(pair=pair(), asked=Asked(), load=8, live={0: 150.0, 2: 201.0, 3: 195.0, 5: 206.0})
-    assert (live.mode, live.k) == (SpeculativeMode.DRAFT, 2) and "K=2 201 tok/s" in live.reason
+    chosen = plan(pair=pair(), asked=Asked(), load=Load(streams=8), live=live({0: 150.0, 2: 201.0, 3: 195.0, 5: 206.0}))
+    assert (chosen.route, chosen.k, chosen.reasons) == (LIB, 2, (R.LIVE_K_FASTEST,))
 
 
 @pytest.mark.parametrize(("asked", "load", "remaining", "moves"), [
@@ -155,21 +214,32 @@ def test_of_ks_about_as_fast_the_smallest_serves_and_its_shorter_steps_start_joi
     (Asked(sampled=True), 2, 100, False),  # the profile still says the exact engine below 8 streams
     (Asked(sampled=True), 8, 20, False),  # too little left to repay the prefill
     (Asked(sampled=True, k=3), 8, 100, False),  # the request asked for this engine
+    (Asked(sampled=True, alternatives=True), 8, 100, False),  # only the exact engine gives alternatives
 ])
 def test_a_sampled_answer_leaves_the_exact_engine_once_the_profile_says_the_main_alone_at_the_load(
         asked, load, remaining, moves):
     """A burst's first sampled request, planned for one stream, would hold the exact engine while the rest
     of the burst runs on the main alone: it goes on with the main alone (drawn from the main's distribution
     either way), once."""
-    profiled = pair(speculation_profile=PROFILE)
-    alone = plan(pair=profiled, asked=asked, load=1)
-    assert alone.exact_sampling
+    profiled = pair(**PROFILED)
+    alone = plan(pair=profiled, asked=asked, load=Load(streams=1))
+    assert alone.route == OWN_K
     moved = handover(pair=profiled, asked=asked, planned=alone, load=load, generated=10, remaining=remaining)
     assert (moved is not None) == moves
     if moved:
-        assert (moved.mode, moved.k, moved.handed_over) == (SpeculativeMode.OFF, None, True)
+        assert (moved.route, moved.k, moved.reasons) == (ALONE, None, (R.PROFILE_BEST_K, R.HANDED_OVER))
         assert "handed over to the main alone from token 11, 8 running here" in moved.reason
         assert handover(pair=profiled, asked=asked, planned=moved, load=1, generated=20, remaining=90) is None
+
+
+def test_an_answer_the_pairs_own_engine_serves_stays_there():
+    own = pair(**OWN)
+    for asked in (Asked(), Asked(sampled=True), Asked(speculative=False)):
+        for load in (1, 3):
+            planned = plan(pair=own, asked=asked, load=Load(streams=load))
+            assert planned.route.is_own_engine()
+            assert handover(pair=own, asked=asked, planned=planned, load=8, generated=3, remaining=100,
+                            live=live({0: 80.0, 4: 200.0})) is None
 
 
 @pytest.mark.parametrize(("asked", "load", "remaining", "moves"), [
@@ -182,29 +252,13 @@ def test_a_sampled_answer_leaves_the_exact_engine_once_the_profile_says_the_main
 ])
 def test_an_answer_on_the_main_alone_moves_to_speculation_only_when_the_batch_has_emptied(
         asked, load, remaining, moves):
-    busy = plan(pair=pair(speculation_profile=PROFILE), asked=asked, load=16)
-    moved = handover(pair=pair(speculation_profile=PROFILE), asked=asked, planned=busy, load=load, generated=20,
-                     remaining=remaining)
+    profiled = pair(**PROFILED)
+    busy = plan(pair=profiled, asked=asked, load=Load(streams=16))
+    moved = handover(pair=profiled, asked=asked, planned=busy, load=load, generated=20, remaining=remaining)
     assert (moved is not None) == moves
     if moved:
-        assert (moved.mode, moved.k) == (SpeculativeMode.DRAFT, 4)
+        assert (moved.route, moved.k, moved.reasons) == (LIB, 4, (R.PROFILE_MAIN_ALONE_FASTER, R.HANDED_OVER))
         assert moved.reason.startswith(busy.reason) and "handed over to K=4 from token 21" in moved.reason
-
-
-@pytest.mark.parametrize(("asked", "load", "running", "mode", "k"), [
-    (Asked(), 16, (3, 0), SpeculativeMode.DRAFT, 2),  # the speculative batch runs: join it at its highest-load K
-    (Asked(), 2, (0, 3), SpeculativeMode.OFF, None),  # the main alone's batch runs: join it
-    (Asked(), 16, (0, 3), SpeculativeMode.OFF, None),
-    (Asked(), 2, (3, 0), SpeculativeMode.DRAFT, 4),
-    (Asked(), 16, (3, 3), SpeculativeMode.OFF, None),  # both run: the profile decides
-    (Asked(speculative=False), 1, (3, 0), SpeculativeMode.OFF, None),  # what a request asks, it gets
-    (Asked(k=6), 1, (0, 3), SpeculativeMode.DRAFT, 6),
-])
-def test_a_greedy_request_joins_the_batch_that_runs(asked, load, running, mode, k):
-    profiled = pair(speculation_profile=PROFILE)
-    joined = join_running_batch(pair=profiled, asked=asked, planned=plan(pair=profiled, asked=asked, load=load),
-                                running_speculative=running[0], running_alone=running[1])
-    assert (joined.mode, joined.k) == (mode, k)
 
 
 def test_recent_figures_count_by_the_streams_a_step_served_and_fade():
@@ -220,46 +274,27 @@ def test_recent_figures_count_by_the_streams_a_step_served_and_fade():
     assert rates.at_load(8, now=200) == {}
 
 
-@pytest.mark.parametrize(("live", "mode", "k", "decisive"), [
-    ({0: 80.0, 5: 70.0}, SpeculativeMode.OFF, None, True),  # the profile says K=2 at 8 streams; here the main won
-    ({0: 80.0, 5: 82.0}, SpeculativeMode.OFF, None, False),  # neither clearly faster: the main alone...
-    ({0: 80.0, 5: 75.0}, SpeculativeMode.OFF, None, False),  # ...which joins a running batch (below)
-    ({0: 80.0, 5: 90.0, 3: 100.0}, SpeculativeMode.DRAFT, 3, True),
-    ({5: 90.0}, SpeculativeMode.DRAFT, 2, False),  # the main alone not measured here: the profile decides
-    ({0: 80.0}, SpeculativeMode.DRAFT, 2, False),
-])
-def test_a_workers_recent_figures_at_the_load_outrank_the_profile(live, mode, k, decisive):
-    profiled = pair(speculation_profile=PROFILE)
-    chosen = plan(pair=profiled, asked=Asked(), load=8, live=live)
-    assert (chosen.mode, chosen.k, chosen.measured_here) == (mode, k, decisive)
-    assert ("measured here lately at 8 streams" in chosen.reason) == (0 in live and len(live) > 1)
-    joined = join_running_batch(pair=profiled, asked=Asked(), planned=chosen, running_speculative=5, running_alone=0)
-    assert joined.speculative == (mode == SpeculativeMode.DRAFT or not decisive)  # a clear loser is not joined
-    assert plan(pair=profiled, asked=Asked(k=5), load=8, live=live).k == 5
-    assert plan(pair=profiled, asked=Asked(sampled=True), load=8, live=live).mode == \
-        SpeculativeMode.OFF  # the sampled profile: figures of the library's greedy pipelines say nothing of it
-
-
 def test_running_answers_move_once_to_a_clearly_faster_path_while_the_batch_is_small():
-    profiled = pair(speculation_profile=PROFILE)
-    on_k2 = plan(pair=profiled, asked=Asked(), load=8)
-    slower_here = {0: 80.0, 2: 60.0}
+    profiled = pair(**PROFILED)
+    on_k2 = plan(pair=profiled, asked=Asked(), load=Load(streams=8))
+    slower_here = live({0: 80.0, 2: 60.0})
     assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60,
-                    live={0: 80.0, 2: 60.0}) is None  # its prefill would stall the 7 others: new requests follow
+                    live=slower_here) is None  # its prefill would stall the 7 others: new requests follow
     moved = handover(pair=profiled, asked=Asked(), planned=on_k2, load=2, generated=3, remaining=60, live=slower_here)
-    assert moved is not None and (moved.mode, moved.k) == (SpeculativeMode.OFF, None)
+    assert moved is not None and (moved.route, moved.k) == (ALONE, None)
+    assert moved.reasons == (R.PROFILE_BEST_K, R.HANDED_OVER) and moved.handed_over
     assert "handed over to the main alone from token 4, 2 running here" in moved.reason
     assert len(moved.reason) <= Generation._meta.get_field("speculative_reason").max_length  # PostgreSQL enforces it
     assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=2, generated=3, remaining=20,
                     live=slower_here) is None  # too little left to repay the prefill
     assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=2, generated=3, remaining=60,
-                    live={0: 80.0, 2: 75.0}) is None  # not clearly faster: no prefill spent on it
+                    live=live({0: 80.0, 2: 75.0})) is None  # not clearly faster: no prefill spent on it
     assert handover(pair=profiled, asked=Asked(), planned=moved, load=2, generated=40, remaining=60,
-                    live={0: 80.0, 2: 100.0}) is None  # moved once: it stays (figures swing as answers move)
-    on_alone = plan(pair=profiled, asked=Asked(), load=16)
+                    live=live({0: 80.0, 2: 100.0})) is None  # moved once: it stays (figures swing as answers move)
+    on_alone = plan(pair=profiled, asked=Asked(), load=Load(streams=16))
     to_k2 = handover(pair=profiled, asked=Asked(), planned=on_alone, load=2, generated=3, remaining=60,
-                     live={0: 80.0, 2: 100.0})
-    assert to_k2 is not None and (to_k2.mode, to_k2.k) == (SpeculativeMode.DRAFT, 2)
+                     live=live({0: 80.0, 2: 100.0}))
+    assert to_k2 is not None and (to_k2.route, to_k2.k) == (LIB, 2)
 
 
 def test_the_load_a_request_plans_for_remembers_the_last_seconds_unless_live_figures_are_off():
@@ -289,26 +324,7 @@ def test_a_worker_that_measured_one_path_at_a_load_tries_the_other_once_per_figu
         rates.record(k=2, streams=8, tokens=24, seconds=0.1, at=step)
     assert rates.exploring(8, now=700)  # the main alone's figure faded: tried again
 
-    profiled = pair(speculation_profile=PROFILE)
-    on_k2 = plan(pair=profiled, asked=Asked(), load=8, live={2: 240.0})
-    trying = plan(pair=profiled, asked=Asked(), load=8, live={2: 240.0}, exploring=True)
-    assert (on_k2.mode, trying.mode, trying.measured_here) == (SpeculativeMode.DRAFT, SpeculativeMode.OFF, True)
-    assert trying.reason == "exploring: the main alone is not measured here lately at 8 streams"
+    profiled = pair(**PROFILED)
+    on_k2 = plan(pair=profiled, asked=Asked(), load=Load(streams=8), live=live({2: 240.0}))
     assert handover(pair=profiled, asked=Asked(), planned=on_k2, load=8, generated=3, remaining=60,
-                    live={2: 240.0}, exploring=True) is None  # only new requests explore: a move stalls the batch
-    back = plan(pair=profiled, asked=Asked(), load=16, live={0: 80.0}, exploring=True)
-    assert (back.mode, back.k) == (SpeculativeMode.DRAFT, 2)  # the profile's highest-load K
-    assert plan(pair=profiled, asked=Asked(sampled=True), load=8, live={0: 80.0}, exploring=True).mode == \
-        SpeculativeMode.OFF  # sampled requests follow their own profile
-
-
-def test_a_greedy_answer_with_the_draft_on_a_pair_in_the_fast_mode_says_it_may_differ():
-    from inference.serving.speculation import FAST_MODE
-
-    fast = pair(inference_precision="", kv_cache_precision="")
-    assert fast.precision_mode == ModelPair.FAST and pair().precision_mode == ModelPair.EXACT
-    assert FAST_MODE in plan(pair=fast, asked=Asked(k=3), load=1).reason
-    assert FAST_MODE not in plan(pair=pair(), asked=Asked(k=3), load=1).reason
-    # the main alone and exact sampling are the main's own output in either mode
-    assert FAST_MODE not in plan(pair=fast, asked=Asked(speculative=False), load=1).reason
-    assert FAST_MODE not in plan(pair=fast, asked=Asked(k=3, sampled=True), load=1).reason
+                    live=live({2: 240.0}, exploring=True)) is None  # only new requests explore: a move stalls the batch

@@ -189,19 +189,23 @@ export async function copyText(text, button) {
 }
 
 // ------------------------------------------------------------------ the metrics line, in words
+// Read from the plan's reason codes (serving/speculation.py, Reason), never from its sentence.
+const LOAD_CODES = ["profile-best-k", "live-k-fastest", "joins-speculative-batch", "exploring-speculation"];
+const DEFAULT_CODES = ["pair-default-k", "pair-default-k-invalid-profile"];
+
 function speculationWords(m) {
-  const reason = m.speculative_reason || "";
-  const load = reason.match(/(\d+) running here/);
+  const codes = m.speculative_reason_codes || [];
+  const because = (...wanted) => wanted.some((code) => codes.includes(code));
   if (m.speculative_mode === "off" || !m.speculative_mode) {
-    if (reason.startsWith("speculative: false")) return "draft off, as asked";
-    if (reason.includes("no draft")) return "no draft model";
+    if (because("asked-off")) return "draft off, as asked";
+    if (because("no-draft")) return "no draft model";
     return m.speculative_mode ? "the main model alone was chosen" : "";
   }
   if (m.speculative_mode === "prompt-lookup") return "drafts from the prompt's own words";
   if (m.speculative_k == null) return "draft while confident";
-  if (reason.includes("asked")) return `K=${m.speculative_k}, as asked`;
-  if (load) return `K=${m.speculative_k} chosen for ${plural(Number(load[1]), "stream")}`;
-  if (reason.includes("default")) return `K=${m.speculative_k}, the pair's default`;
+  if (because("k-asked")) return `K=${m.speculative_k}, as asked`;
+  if (because(...LOAD_CODES)) return `K=${m.speculative_k} chosen for the load`;
+  if (because(...DEFAULT_CODES)) return `K=${m.speculative_k}, the pair's default`;
   return `K=${m.speculative_k}`;
 }
 
