@@ -78,8 +78,15 @@ def test_a_conversation_writes_one_answer_at_a_time(demo_pair, user, live_server
 
 @pytest.fixture
 def unserved_pair(demo_pair):
+    ModelPair.objects.create(name="Main alone", slug="main-alone", main_dir=demo_pair.main_dir)  # no draft
     return ModelPair.objects.create(name="Unserved", slug="unserved", main_dir=demo_pair.main_dir,
                                     draft_dir=demo_pair.draft_dir, num_assistant_tokens=3)
+
+
+def choose_pair(page, slug: str) -> None:
+    """As on a page loaded while a worker served the pair, which nobody serves since."""
+    page.evaluate(f"""() => {{ const select = document.getElementById('pair');
+        select.querySelector('option[value="{slug}"]').disabled = false; select.value = '{slug}'; }}""")
 
 
 @pytest.fixture
@@ -111,9 +118,13 @@ def test_errors_a_chat_user_causes_are_told_in_the_pages_words(unserved_pair, ke
     assert status_after_send(page).startswith("Options: set K or Threshold, not both")
     page.fill("#threshold", "")
 
-    # A page loaded while a worker served the pair, which nobody serves since.
-    page.evaluate("""() => { const select = document.getElementById('pair');
-        select.querySelector('option[value=unserved]').disabled = false; select.value = 'unserved'; }""")
+    # The server's own checks, told in the page's words: K for a pair without a draft (checked before
+    # whether anybody serves it), then a pair nobody serves.
+    choose_pair(page, "main-alone")
+    assert status_after_send(page) == ("Options → K: a whole number from 1 to 32, for a pair with a draft model; "
+                                       "leave it empty to let the server choose.")
+    page.fill("#k", "")
+    choose_pair(page, "unserved")
     assert status_after_send(page) == UNSERVED
     assert page.input_value("#prompt") == "def f():"  # nothing is lost
     page.select_option("#pair", "demo-code")
