@@ -11,6 +11,11 @@ TEMPERATURE_MAX = 2
 TOP_K_MAX = 100_000
 MAX_SEED = 2**64 - 1  # openvino-genai's rng_seed is a size_t
 MAX_STOP_STRINGS = 4
+MAX_STOP_LENGTH = 256  # characters in one stop string: the pipeline looks for each in every new piece of text
+# JSON a user sends (an API body, a tool call's arguments): nesting and number sizes no field needs. JSON
+# schemas in response_format and tools nest two levels per object level.
+MAX_JSON_DEPTH = 64
+MAX_NUMBER_DIGITS = 1000
 # The pipeline keeps temperature and the confidence threshold as float32: far smaller values become 0
 # (the pipeline then refuses the request on the worker) or a denormal (NaN garbage).
 FLOAT32_TINY = 1e-30

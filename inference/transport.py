@@ -206,7 +206,9 @@ def entry_key(entry_id: str) -> tuple[int, int]:
 
 
 def valid_entry_id(value: str) -> bool:
-    """A Redis stream id, as clients send it back in Last-Event-ID or `after`."""
+    """A Redis stream id, as clients send it back in Last-Event-ID or `after`: one or two 64-bit numbers
+    (their digits counted first: Python refuses int() of over 4,300)."""
     head, dash, tail = (value or "").partition("-")
     parts = (head, tail) if dash else (head,)
-    return all(part.isascii() and part.isdigit() and int(part) < 2**64 for part in parts)
+    return all(part.isascii() and part.isdigit() and len(part) <= len(str(2**64)) and int(part) < 2**64
+               for part in parts)

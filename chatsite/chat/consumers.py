@@ -28,7 +28,7 @@ from django.db import DatabaseError, connections
 
 from chatsite.chat import access, services
 from chatsite.chat.handshake import DATABASE_UNAVAILABLE_CLOSE
-from inference import errors, transport
+from inference import errors, json_input, transport
 from inference.selectors import generation_for_user
 from inference.serving import readers, web
 from inference.serving.records import reconnecting
@@ -89,14 +89,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         try:
-            content = json.loads(text_data or bytes_data or "")
-        except ValueError:
-            await self.send_error(errors.InvalidJson("Messages must be JSON."))
-            return
-        except RecursionError:  # nested deeper than the parser goes
-            content = None
-        if content is None or _depth_over(content, MAX_JSON_DEPTH):
-            await self.send_error(errors.InvalidJson(f"Messages must nest at most {MAX_JSON_DEPTH} levels deep."))
+            content = json_input.parse(text_data or bytes_data or "", max_depth=MAX_JSON_DEPTH)
+        except json_input.JsonInputError as exc:
+            await self.send_error(errors.InvalidJson(f"Messages must be JSON nested at most {MAX_JSON_DEPTH} levels "
+                                                     f"deep: {exc}."))
             return
         if not isinstance(content, dict):
             await self.send_error(errors.InvalidJson("Messages must be JSON objects."))
@@ -225,18 +221,6 @@ async def _stop_if_abandoned(generation_ids: list[str]) -> None:
     """After a grace period for a reconnect (a reload, a network blip), stop the answers nobody watches."""
     await asyncio.sleep(settings.CHAT_ABANDON_GRACE_S)
     await _pooled(services.stop_unwatched)(generation_ids=generation_ids)  # its connection's thread is gone
-
-
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether `value` (parsed JSON) nests deeper than `limit`; without recursion, so any depth is safe."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > limit:
-                return True
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return False
 
 
 def _for_browser(event: dict) -> dict:

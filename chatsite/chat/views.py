@@ -9,7 +9,7 @@ from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
 from chatsite.chat import selectors, services
-from inference import errors
+from inference import errors, json_input
 from inference.engines.base import FIGURES
 from inference.serving import web
 
@@ -60,12 +60,12 @@ def _json_action(action: Callable[[dict], dict]):
     @require_POST
     def view(request, **kwargs):
         try:
-            body = json.loads(request.body or b"{}")
+            body = json_input.parse(request.body or b"{}")
             if not isinstance(body, dict):
                 raise errors.InvalidJson("The body must be a JSON object.")
             return JsonResponse(action({**body, **kwargs, "user": request.user}))
-        except ValueError:
-            error: errors.ServiceError = errors.InvalidJson("The body must be JSON.")
+        except json_input.JsonInputError as exc:
+            error: errors.ServiceError = errors.InvalidJson(f"The body must be JSON: {exc}.")
         except errors.ServiceError as exc:
             error = exc
         return JsonResponse({"error": {"message": error.message, "param": error.param, "code": error.code}},

@@ -82,8 +82,9 @@ def _sampling(*, models: list[str], max_tokens: int) -> dict:
                   "description": "0 means no top-k."},
         "seed": {"type": "integer", "minimum": 0, "maximum": limits.MAX_SEED, "nullable": True},
         "stop": {"nullable": True, "oneOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}}]},
+            {"type": "string", "minLength": 1, "maxLength": limits.MAX_STOP_LENGTH},
+            {"type": "array", "maxItems": limits.MAX_STOP_STRINGS,
+             "items": {"type": "string", "minLength": 1, "maxLength": limits.MAX_STOP_LENGTH}}]},
         "ignore_eos": {"type": "boolean", "nullable": True},
         "stream": {"type": "boolean", "nullable": True},
         "stream_options": {"type": "object", "nullable": True, "description": "Only with stream: true.",

@@ -15,7 +15,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
-from inference import errors
+from inference import errors, json_input
 from inference.api import tools
 from inference.engines.grammar import Grammar, GrammarError
 from inference.engines.grammar import check as grammar_check
@@ -66,15 +66,15 @@ class ApiRequest:
 
 
 def json_body(request: HttpRequest) -> dict:
-    """The request's JSON object; NaN and Infinity are refused (no field takes them)."""
+    """The request's JSON object, within json_input's bounds (NaN, Infinity and deep nesting refused)."""
     try:
         raw = request.body
     except (RequestDataTooBig, RawPostDataException):
         raise errors.RequestTooLarge("The request body is too large.") from None
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        raise errors.InvalidJson(f"The body is not valid JSON: {exc}") from None
+        data = json_input.parse(raw)
+    except json_input.JsonInputError as exc:
+        raise errors.InvalidJson(f"The body is not valid JSON: {exc}.") from None
     if not isinstance(data, dict):
         raise errors.InvalidJson("The body must be a JSON object.")
     try:
@@ -82,10 +82,6 @@ def json_body(request: HttpRequest) -> dict:
     except UnicodeEncodeError:
         raise errors.InvalidJson("The body holds invalid Unicode (a lone surrogate escape).") from None
     return data
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def _flag(data: dict, name: str) -> bool:
@@ -262,10 +258,12 @@ def _tool_calls(message: dict, index: int) -> list[dict]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise errors.InvalidType("A tool call must be {\"type\": \"function\", \"function\": {\"name\", "
                                      "\"arguments\"}}.", param=where)
+        text = function.get("arguments", "{}")
         try:
-            arguments = json.loads(function.get("arguments", "{}"))
-        except (TypeError, ValueError):
-            arguments = None
+            arguments = json_input.parse(text) if isinstance(text, str) else None
+        except json_input.JsonInputError as exc:
+            raise errors.InvalidValue(f"A tool call's arguments must be a JSON object in a string: {exc}.",
+                                      param=f"{where}.function.arguments") from None
         if not isinstance(arguments, dict):
             raise errors.InvalidValue("A tool call's arguments must be a JSON object in a string.",
                                       param=f"{where}.function.arguments")

@@ -13,8 +13,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from inference import errors
-from inference.engines.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
+from inference import errors, json_input
+from inference.engines.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar, GrammarError, check
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOOLS = 64
@@ -48,7 +48,8 @@ def parse(data: dict) -> ToolRequest | None:
         return None
     if choice == "required":
         return ToolRequest(tools=tools, grammar=_one_call_of(functions))
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    named = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(named, str):
         raise errors.InvalidValue('tool_choice must be "none", "auto", "required" or {"type": "function", '
                                   '"function": {"name": ...}}.', param="tool_choice")
@@ -58,6 +59,8 @@ def parse(data: dict) -> ToolRequest | None:
 
 
 def _function_name(tool, index: int) -> str:
+    """The tool's function name, once the tool is checked: whether or not a call is forced, its parameters
+    must compile as a JSON schema (the model may call it, and a later request may force the call)."""
     function = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
         raise errors.InvalidType('Each tool must be {"type": "function", "function": {...}}.', param=f"tools[{index}]")
@@ -69,6 +72,11 @@ def _function_name(tool, index: int) -> str:
     if not isinstance(parameters, dict):
         raise errors.InvalidType("A function's parameters must be a JSON schema object.",
                                  param=f"tools[{index}].function.parameters")
+    try:
+        check(Grammar(kind="json_schema", text=json.dumps(parameters or {"type": "object"})))
+    except GrammarError as exc:
+        raise errors.InvalidValue(f"tools[{index}].function.parameters cannot be compiled: {exc}",
+                                  param=f"tools[{index}].function.parameters") from None
     return name
 
 
@@ -88,8 +96,8 @@ def split_calls(text: str, *, ids: str) -> tuple[str | None, list[dict]]:
     kept, last = [], 0
     for match in CALL.finditer(text):
         try:
-            call = json.loads(match.group(1))
-        except ValueError:
+            call = json_input.parse(match.group(1))
+        except json_input.JsonInputError:  # model output: however deep it nests, left in the text
             continue
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             continue

@@ -96,7 +96,9 @@ def _compile_error(grammar: Grammar) -> str | None:
 
 
 def _reason(message: str) -> str:
-    """The library's sentence without its time and source path: '[00:19:40] /…/regex_converter.cc:75: Regex
-    parsing error at position 5: Unclosed '['' -> 'Regex parsing error at position 5: Unclosed '[''."""
+    """The library's sentence without its time, source path and C++ check: '[00:19:40] /…/regex_converter.cc:75:
+    Regex parsing error at position 5: Unclosed '['' -> 'Regex parsing error at position 5: Unclosed '['';
+    'Check failed: (schema_obj.at("type").is<std::string>()) is false: Type should be a string' -> 'Type should
+    be a string'."""
     last = (message.strip().splitlines() or [""])[-1]
-    return re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", last).strip()
+    return re.sub(r"^(\[[^\]]*\] \S+:\d+: )?(Check failed: .*? is false: )?", "", last).strip()

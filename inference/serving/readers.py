@@ -11,6 +11,7 @@ a Redis restart).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -23,12 +24,15 @@ from inference.engines.base import FIGURES
 from inference.models import Generation
 from inference.serving.records import fail_generation, reconnecting, stalled_generation_problem
 
+log = logging.getLogger(__name__)
+
 # A reader keeps following a stream while the database is away, this long: a restart or a failover
 # takes seconds; past it the reader is told, and its answer's record ends it once the database is back.
 DATABASE_PATIENCE_S = 60
 ENDED = {"type": "ended", "message": "This answer has ended: nothing follows the event asked for."}
 
 
+REDIS_LOST = "Lost the connection to Redis. Reload to see the answer as it was saved."
 INTERRUPTED = ("The stream of this answer was interrupted (Redis restarted) and cannot be resumed from "
                "where it was: reload to see the answer as saved.")
 
@@ -111,9 +115,9 @@ async def follow_generation(*, generation_id, after: str = "0-0", known_steps: i
                 if time.monotonic() - database_lost_at >= DATABASE_PATIENCE_S:
                     yield None, {"type": "error", "message": errors.DATABASE_DOWN}
                     return
-    except transport.REDIS_ERRORS as exc:
-        yield None, {"type": "error", "message": f"Lost the connection to Redis: {exc}. Reload to see the answer "
-                                                 "as it was saved."}
+    except transport.REDIS_ERRORS:  # its message names Redis's host and port: for the log, not the reader
+        log.exception("following generation %s: Redis did not answer", generation_id)
+        yield None, {"type": "error", "message": REDIS_LOST}
     finally:
         await client.aclose()
 

@@ -10,6 +10,8 @@ with inference.serving.readers.
 from __future__ import annotations
 
 import logging
+import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
@@ -48,9 +50,13 @@ def _typed(data: dict, name: str, kind: type, default=None):
         return default
     ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > sys.float_info.max:
+            raise errors.InvalidValue(f"{name} is far out of range ({_shown(value)}).", param=name)
         value, ok = float(value), True
     if not ok:
         raise errors.InvalidType(f"{name} must be {kind.__name__}, not {type(value).__name__}.", param=name)
+    if kind is float and not math.isfinite(value):
+        raise errors.InvalidValue(f"{name} must be a finite number; got {value}.", param=name)
     return value
 
 
@@ -72,6 +78,8 @@ def parse_options(data: dict, *, max_tokens_names: tuple[str, ...] = ("max_token
                                  param="stop")
     if any(not s or "\x00" in s for s in stop):
         raise errors.InvalidValue("stop strings must not be empty or contain NUL.", param="stop")
+    if any(len(s) > limits.MAX_STOP_LENGTH for s in stop):
+        raise errors.InvalidValue(f"A stop string is at most {limits.MAX_STOP_LENGTH} characters long.", param="stop")
     return GenerationOptions(
         max_new_tokens=max_new,
         num_assistant_tokens=_typed(data, "num_assistant_tokens", int),
@@ -93,7 +101,13 @@ def _check_range(value, low, high, param: str, *, low_open=False, high_open=Fals
     too_high = value >= high if high_open else value > high
     if too_low or too_high:
         lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
-        raise errors.InvalidValue(f"{param} must be in {lo}{low}, {high}{hi}; got {value}.", param=param)
+        raise errors.InvalidValue(f"{param} must be in {lo}{low}, {high}{hi}; got {_shown(value)}.", param=param)
+
+
+def _shown(number) -> str:
+    """A number as an error message quotes it: a 1,000-digit one by its length."""
+    text = str(number)
+    return text if len(text) <= 24 else f"a number of {len(text.lstrip('-'))} digits"
 
 
 def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_tokens: int) -> DecodingParams:
@@ -124,10 +138,10 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
     _check_range(options.seed, 0, limits.MAX_SEED, "seed")
     max_new = asked_max_new_tokens(pair=pair, options=options)
     if max_new < 1:
-        raise errors.InvalidValue(f"max_tokens must be at least 1; got {max_new}.", param="max_tokens")
+        raise errors.InvalidValue(f"max_tokens must be at least 1; got {_shown(max_new)}.", param="max_tokens")
     if max_new > pair.max_new_tokens_cap:
         raise errors.InvalidValue(
-            f"max_tokens is {max_new}, over this pair's cap of {pair.max_new_tokens_cap}.", param="max_tokens"
+            f"max_tokens is {_shown(max_new)}, over this pair's cap of {pair.max_new_tokens_cap}.", param="max_tokens"
         )
     context = main_context(pair=pair)
     if prompt_tokens >= context:
