@@ -9,6 +9,7 @@ urlpatterns = [
     path("", chat_views.chat, name="chat"),
     path("c/<int:conversation_id>/", chat_views.chat, name="conversation"),
     path("c/new/", chat_views.new_conversation, name="conversation-new"),
+    path("c/search/", chat_views.search, name="conversation-search"),
     path("c/<int:conversation_id>/rename/", chat_views.rename, name="conversation-rename"),
     path("c/<int:conversation_id>/system/", chat_views.system_prompt, name="conversation-system"),
     path("c/<int:conversation_id>/delete/", chat_views.delete, name="conversation-delete"),

@@ -77,6 +77,13 @@ class ConcurrencyLimit(ServiceError):
     code = "concurrency_limit_exceeded"
 
 
+class AnswerInProgress(ServiceError):
+    """A conversation writes one answer at a time."""
+
+    status = 409
+    code = "answer_in_progress"
+
+
 class InternalError(ServiceError):
     status = 500
     code = "internal_error"

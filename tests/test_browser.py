@@ -42,8 +42,9 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     assert "/c/" in page.url  # the conversation is kept, and listed in the sidebar after a reload
     page.click(".options summary")  # the finer settings wait behind "Options"
     page.check("#show-steps")
-    assert answer.locator(".step .main").count() >= 2
-    page.screenshot(path=str(tmp_path / "answer.png"))
+    assert answer.locator(".body.steps .main.step-start").count() >= 2  # coloured and marked by step
+    assert answer.locator(".body.steps .code-block code.hljs").count() == 1  # still rendered, highlighted
+    page.screenshot(path="/tmp/shots-chatux/steps-demo.png")
 
     page.reload()
     assert page.locator("#conversations a").first.inner_text().startswith("def quicksort")

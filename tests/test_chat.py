@@ -168,7 +168,7 @@ async def test_another_users_answer_is_refused(demo_pair, user, other_user):
     bob_client = Client()
     await sync_to_async(bob_client.force_login)(other_user)
     response = await sync_to_async(bob_client.get)(f"/c/{started['conversation']}/")
-    assert response.status_code == 404
+    assert response.status_code == 302 and response["Location"] == "/?gone"  # as a deleted one: a new chat
     assert await Message.objects.filter(conversation_id=started["conversation"]).acount() == 2
     await alice.disconnect()
     await bob.disconnect()
@@ -376,3 +376,39 @@ async def test_a_reload_within_the_grace_period_keeps_the_answer(demo_pair, user
     assert events[-1]["event"]["finish_reason"] in ("length", "stop")  # its own end, not "stopped"
     assert events[-1]["event"]["duration_ms"] > 1000 * settings.CHAT_ABANDON_GRACE_S  # it outlived the grace
     await reloaded.disconnect()
+
+
+async def test_one_answer_at_a_time_in_a_conversation(demo_pair, user):
+    """Two regenerate actions at once (two tabs, a double click) on one answer: exactly one new answer is
+    written and the other is refused in plain words; a message sent meanwhile is refused too."""
+    first_tab, second_tab = await connect(user), await connect(user)
+    started = await send_message(first_tab, max_tokens=8)
+    await events_until_end(first_tab, started["generation"])
+    regenerate = {"action": "regenerate", "message": started["message"], "settings": {"max_tokens": 500,
+                                                                                      "speculative": False}}
+    await asyncio.gather(first_tab.send_json_to(regenerate), second_tab.send_json_to(regenerate))
+    replies = await asyncio.gather(reply_to_request(first_tab), reply_to_request(second_tab))
+    assert sorted(reply["type"] for reply in replies) == ["error", "started"], replies
+    refused = next(reply for reply in replies if reply["type"] == "error")
+    assert refused["code"] == "answer_in_progress", refused
+    assert refused["message"] == ("An answer is still being written in this chat: wait for it to finish, "
+                                  "or stop it.")
+    running = next(reply for reply in replies if reply["type"] == "started")
+    # No answer runs that no message shows: the original and the one regenerated, nothing else.
+    assert await Generation.objects.acount() == 2
+    assert await Generation.objects.filter(status__in=["queued", "running"]).acount() == 1
+    message = await Message.objects.aget(id=started["message"])
+    assert str(message.generation_id) == running["generation"]
+
+    await second_tab.send_json_to({"action": "send", "pair": "demo-code", "text": "class Stack:",
+                                   "conversation": started["conversation"], "settings": {"max_tokens": 8}})
+    assert (await reply_to_request(second_tab))["code"] == "answer_in_progress"
+    assert await Message.objects.filter(conversation_id=started["conversation"]).acount() == 2
+
+    await first_tab.send_json_to({"action": "stop", "generation": running["generation"]})
+    await wait_until_ended(running["generation"])
+    await second_tab.send_json_to({"action": "send", "pair": "demo-code", "text": "class Stack:",
+                                   "conversation": started["conversation"], "settings": {"max_tokens": 8}})
+    assert (await reply_to_request(second_tab))["type"] == "started"  # the conversation takes the next one
+    for communicator in (first_tab, second_tab):
+        await communicator.disconnect()

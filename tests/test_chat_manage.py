@@ -63,7 +63,8 @@ def test_editing_while_the_answer_is_written_is_refused(alice, demo_pair, user):
     Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
     Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
     response = post(alice, f"/c/{conversation.id}/edit/", {"text": "def g():"})
-    assert response.status_code == 400 and "stop it first" in response.json()["error"]["message"]
+    assert response.status_code == 409 and response.json()["error"]["code"] == "answer_in_progress"
+    assert "or stop it" in response.json()["error"]["message"]
     assert conversation.messages.first().content == "def f():"
 
 

@@ -111,7 +111,9 @@ PAGE_STATE = """() => {
 def assert_unharmed(page, *, background: str, leak: Listener) -> None:
     page.wait_for_timeout(500)  # time for any image or style load to be asked for
     state = page.evaluate(PAGE_STATE)
-    assert "end of answer" in state["text"] and state["code"] == 2, state  # the answer itself is shown
+    # The answer itself is shown; the HTML it wrote as text (the forged code block too): one code block.
+    assert "end of answer" in state["text"] and state["code"] == 1, state
+    assert '<img src="http://127.0.0.1:' in state["text"], state
     assert state["chrome"] == state["code"] and state["highlighted"] > 0, state  # one copy button per block
     assert state["forged"] == 0 and "forged copy" in state["text"], state
     assert state["background"] == background, state
@@ -122,10 +124,14 @@ def assert_unharmed(page, *, background: str, leak: Listener) -> None:
     assert all(rel == "noopener noreferrer nofollow" for href, rel in state["links"] if href), state
     assert state["owned"] is None
     assert leak.paths == []
-    # Nothing the answer held tried to load: the sanitiser removed it before the policy had to block it.
-    # (Chromium reports the inline style and handler it meets while DOMPurify parses the answer in an inert
-    # document; nothing of it is applied.)
-    assert not [v for v in state["violations"] if " http" in v], state["violations"]
+    assert_no_policy_violation(page, state["violations"])
+
+
+def assert_no_policy_violation(page, violations: list[str]) -> None:
+    """The answer's HTML met no parser of the page: the policy never had to block anything of it, not
+    even in a document DOMPurify parses (Chromium reports there what the page's policy forbids)."""
+    assert violations == [], violations
+    assert page.csp_console == [], page.csp_console
 
 
 def assert_send_sends_the_users_own_text(page) -> None:
@@ -145,8 +151,12 @@ def assert_send_sends_the_users_own_text(page) -> None:
 
 
 def open_chat(page, live_server_url: str) -> str:
-    """Logs alice in on a fresh chat page; the page's background colour, untouched."""
+    """Logs alice in on a fresh chat page, recording what its policy blocks (page.csp_console: Chromium's
+    console lines about it); the page's background colour, untouched."""
     page.add_init_script(RECORD_CSP_VIOLATIONS)
+    page.csp_console = []
+    page.on("console", lambda message: page.csp_console.append(message.text)
+            if "Content Security Policy" in message.text else None)
     log_in(page, live_server_url, "alice", "alice-password")
     page.wait_for_selector("body[data-connected='1']")
     return page.evaluate("getComputedStyle(document.body).backgroundColor")
@@ -213,7 +223,9 @@ def test_hostile_streamed_answer_changes_nothing(answer_being_written, live_serv
                  "main_steps": 90})
     page.wait_for_selector("article.assistant:not(.streaming)")
     assert_unharmed(page, background=background, leak=leak)
-    assert_send_sends_the_users_own_text(page)
+    assert_send_sends_the_users_own_text(page)  # after a reload: the kept answer rendered anew
+    page.wait_for_selector("article.assistant:not(.streaming) .code-block")
+    assert_no_policy_violation(page, page.evaluate("window.cspViolations"))
 
 
 def test_pages_forbid_inline_script_and_remote_loads(user, live_server_url, page, leak):

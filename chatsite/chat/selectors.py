@@ -2,6 +2,7 @@ import re
 
 import redis
 from django.contrib.auth import get_user_model
+from django.db.models import Exists, OuterRef, Q
 
 from chatsite.chat.models import Conversation, Message
 from inference import selectors as inference_selectors
@@ -16,6 +17,20 @@ def user_is_active(*, user) -> bool:
 
 def conversations_for(*, user):
     return Conversation.objects.filter(user=user).only("id", "title", "updated_at")
+
+
+SEARCH_MAX_WORDS = 8
+
+
+def conversations_matching(*, user, words: list[str]) -> list[int]:
+    """The ids of the user's conversations holding every word (case aside) in the title or in a message,
+    the answers' text included."""
+    conversations = Conversation.objects.filter(user=user)
+    for word in words[:SEARCH_MAX_WORDS]:
+        in_messages = Message.objects.filter(conversation=OuterRef("pk")).filter(
+            Q(content__icontains=word) | Q(generation__text__icontains=word))
+        conversations = conversations.filter(Q(title__icontains=word) | Exists(in_messages))
+    return list(conversations.values_list("id", flat=True))
 
 
 def conversation_for(*, user, conversation_id) -> Conversation | None:

@@ -1,6 +1,9 @@
 """Chat actions: a message sent or an answer regenerated starts a generation on the shared path.
 
-A user has at most CHAT_MAX_CONCURRENT answers in flight. The chat connections following an answer
+A conversation writes one answer at a time, so that each answer's prompt holds the whole conversation
+before it; a user has at most CHAT_MAX_CONCURRENT answers in flight (in different conversations). Both
+are checked under the user's slot lock, in the transaction that records the new answer: two actions at
+once (two tabs, a double click) cannot both pass. The chat connections following an answer
 mark it watched in Redis; once the last one has closed and none came back within a grace period (a
 reload, a network blip), the answer is stopped.
 """
@@ -18,6 +21,7 @@ from chatsite.chat.models import TITLE_MAX_LENGTH, Conversation, Message
 from inference import errors, limits, transport
 from inference.models import Generation, ModelPair
 from inference.serving import web
+from inference.serving.records import fail_if_stalled
 
 
 def answer_slot(*, user):
@@ -37,6 +41,7 @@ def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str
     with answer_slot(user=user), transaction.atomic():
         if conversation_id:
             conversation = _owned(user=user, conversation_id=conversation_id)
+            _refuse_if_answering(conversation=conversation)
             conversation.pair = pair
             if not conversation.messages.exists():  # made first for its system prompt: titled by this message
                 conversation.title = _title_from(text)
@@ -53,17 +58,16 @@ def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str
 
 def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Message:
     """Answer the last user message again, in place of the last answer."""
-    message = Message.objects.select_related("conversation", "generation__pair").filter(
-        id=message_id, conversation__user=user, role=Message.Role.ASSISTANT).first()
-    if message is None:
-        raise errors.NotFound("No such answer.", param="message")
-    conversation = message.conversation
-    if conversation.messages.filter(created_at__gt=message.created_at).exists():
-        raise errors.InvalidValue("Only the last answer can be regenerated.", param="message")
-    if message.generation and not message.generation.is_done:
-        raise errors.InvalidValue("This answer is still being written; stop it first.", param="message")
-    pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
     with answer_slot(user=user), transaction.atomic():
+        message = Message.objects.select_related("conversation").filter(
+            id=message_id, conversation__user=user, role=Message.Role.ASSISTANT).first()
+        if message is None:
+            raise errors.NotFound("No such answer.", param="message")
+        conversation = message.conversation
+        if conversation.messages.filter(created_at__gt=message.created_at).exists():
+            raise errors.InvalidValue("Only the last answer can be regenerated.", param="message")
+        _refuse_if_answering(conversation=conversation)
+        pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
         prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, before=message,
                                        param="message")
         message.generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
@@ -78,20 +82,18 @@ def edit_and_resend(*, user, conversation_id: int, text: str, options: web.Gener
     """The conversation's last user message rewritten and answered anew: the answers after it leave
     the conversation (their generations stay until purge_history, as any unlisted answer's do)."""
     web.check_prompt_text(text, param="text")
-    conversation = _owned(user=user, conversation_id=conversation_id)
-    message = conversation.messages.filter(role=Message.Role.USER).last()
-    if message is None:
-        raise errors.InvalidValue("This conversation has no message to edit.", param="conversation")
-    later = conversation.messages.filter(id__gt=message.id).select_related("generation")
-    if any(m.generation and not m.generation.is_done for m in later):
-        raise errors.InvalidValue("Its answer is still being written; stop it first.", param="conversation")
-    pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
     with answer_slot(user=user), transaction.atomic():
+        conversation = _owned(user=user, conversation_id=conversation_id)
+        message = conversation.messages.filter(role=Message.Role.USER).last()
+        if message is None:
+            raise errors.InvalidValue("This conversation has no message to edit.", param="conversation")
+        _refuse_if_answering(conversation=conversation)
+        pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
         if conversation.title == _title_from(message.content):
             conversation.title = _title_from(text)
         message.content = text
         message.save(update_fields=["content"])
-        later.delete()
+        conversation.messages.filter(id__gt=message.id).delete()
         prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param="text")
         generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
                                           source=Generation.Source.CHAT, add_special_tokens=False)
@@ -144,6 +146,16 @@ def delete_conversation(*, user, conversation_id: int) -> None:
     for generation in Generation.objects.filter(message__conversation=conversation, status__in=web.IN_FLIGHT):
         web.request_stop(generation=generation)
     conversation.delete()
+
+
+def _refuse_if_answering(*, conversation: Conversation) -> None:
+    """Called under the user's slot lock: an answer still being written in this conversation (one that will
+    never end is failed first, so it cannot hold the conversation) refuses a new one."""
+    in_flight = Generation.objects.filter(message__conversation=conversation, status__in=web.IN_FLIGHT)
+    if any(not fail_if_stalled(generation_id=generation_id)
+           for generation_id in in_flight.values_list("id", flat=True)):
+        raise errors.AnswerInProgress("An answer is still being written in this chat: wait for it to finish, "
+                                      "or stop it.", param="conversation")
 
 
 def _owned(*, user, conversation_id: int) -> Conversation:

@@ -3,7 +3,8 @@ from collections.abc import Callable
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
@@ -37,8 +38,8 @@ def chat(request, conversation_id: int | None = None):
     messages = []
     if conversation_id is not None:
         conversation = selectors.conversation_for(user=request.user, conversation_id=conversation_id)
-        if conversation is None:
-            raise Http404("No such conversation")
+        if conversation is None:  # deleted (in another tab, say): a fresh chat, which says so
+            return redirect(f"{reverse('chat')}?gone")
         messages = [answer_json(m) for m in selectors.messages_of(conversation=conversation)]
     pairs = selectors.chat_pairs()
     selected = conversation.pair.slug if conversation and conversation.pair else (pairs[0]["slug"] if pairs else "")
@@ -47,7 +48,8 @@ def chat(request, conversation_id: int | None = None):
         "conversations": selectors.conversations_for(user=request.user),
         "page_data": {"conversation": conversation.id if conversation else None, "messages": messages,
                       "pairs": pairs, "pair": selected,
-                      "system_prompt": conversation.system_prompt if conversation else ""},
+                      "system_prompt": conversation.system_prompt if conversation else "",
+                      "gone": "gone" in request.GET},
     })
 
 
@@ -118,6 +120,13 @@ def edit(body: dict) -> dict:
                                        text=_text(body, "text"), options=_options(body))
     return {"message": message.id, "generation": str(message.generation_id),
             "messages_left_out": message.messages_left_out}
+
+
+@login_required
+def search(request):
+    """The conversations whose title or messages hold every word of `q`: the sidebar's search."""
+    words = request.GET.get("q", "").split()
+    return JsonResponse({"conversations": selectors.conversations_matching(user=request.user, words=words)})
 
 
 @login_required

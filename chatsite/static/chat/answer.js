@@ -2,7 +2,7 @@
 // the page around it comes in as `chat` from chat.js, so that this module imports only the rendering
 // helpers and the page's state keeps one owner.
 
-import { copyButton, decorateCode, escapeHtml, formatMetrics, plural, renderMarkdown, technicalMetrics } from "./render.js";
+import { copyButton, decorateCode, formatMetrics, markSteps, plural, renderMarkdown, technicalMetrics } from "./render.js";
 
 export class Answer {
   constructor(el, messageId, generationId, pair, chat) {
@@ -84,24 +84,16 @@ export class Answer {
   render() {
     const body = this.el.querySelector(".body");
     const prompt = this.prompt();
-    if (this.chat.showSteps() && this.steps.length) {
-      // One span per main step: the draft tokens it accepted, then the main model's own token.
-      body.className = "body steps";
-      body.innerHTML = (prompt == null ? "" : escapeHtml(prompt)) + this.steps
-        .map((s, i) => `<span class="step" title="step ${i + 1}: ${s[0] ? "draft accepted" : "no draft token accepted"}">`
-          + (s[0] ? `<span class="draft">${escapeHtml(s[0])}</span>` : "")
-          + `<span class="main">${escapeHtml(s[1])}</span></span>`)
-        .join("");
-    } else if (prompt != null) {
-      body.className = "body";
+    if (prompt != null) {
       body.innerHTML = "<pre><code></code></pre>";
       body.querySelector("code").textContent = prompt + this.text;
-      decorateCode(body, this.highlights);
     } else {
-      body.className = "body";
       body.innerHTML = renderMarkdown(this.text);
-      decorateCode(body, this.highlights);
     }
+    decorateCode(body, this.highlights);
+    const showSteps = this.chat.showSteps() && this.steps.length > 0;
+    body.className = showSteps ? "body steps" : "body";
+    if (showSteps) markSteps(body, this.shownText(), this.steps, prompt?.length ?? 0);
     this.chat.scrollDown();
   }
 

@@ -8,6 +8,7 @@ import { Answer } from "./answer.js";
 import { initConversations, listConversation, post, setTitle } from "./conversations.js";
 import { currentSettings, initPairs, settingsProblem, showEmptyState } from "./pairs.js";
 import { copyButton, copyText } from "./render.js";
+import { inPlainWords } from "./words.js";
 
 const page = JSON.parse(document.getElementById("page-data").textContent);
 const $ = (id) => document.getElementById(id);
@@ -18,6 +19,7 @@ let conversationId = page.conversation;
 let socket = null;
 let retryMs = 250;
 let refCounter = 0;
+let connectionLost = false; // the status says so
 
 messagesEl.addEventListener("click", (e) => {
   const button = e.target.closest("button");
@@ -51,6 +53,15 @@ function scrollDown() {
   messagesEl.scrollTop = messagesEl.scrollHeight;
 }
 
+// A panel opening (options, system prompt) or a phone's keyboard shrinks the list: one that was read at
+// its end stays at its end, so the last answer's Copy and Regenerate do not slip under the composer.
+// (Judged with the height it had: by the time the observer runs, the browser may have scrolled it a bit.)
+let shownHeight = messagesEl.clientHeight;
+new ResizeObserver(() => {
+  if (messagesEl.scrollHeight - messagesEl.scrollTop - shownHeight < 40) scrollDown();
+  shownHeight = messagesEl.clientHeight;
+}).observe(messagesEl);
+
 function addAnswer(messageId, generationId, pairSlug) {
   return new Answer(addBubble("assistant"), messageId, generationId, pairs.get(pairSlug), chatForAnswers);
 }
@@ -71,28 +82,51 @@ const chatForAnswers = {
   showSteps: () => $("show-steps").checked,
   scrollDown,
   finished: updateButtons,
-  actionsShown: updateActions,
+  actionsShown() {
+    updateActions();
+    scrollDown(); // the answer's buttons, in view
+  },
   regenerate(answer) {
+    if (busy()) {
+      setStatus(ONE_AT_A_TIME, true);
+      answer.addActions();
+      return;
+    }
     const ref = String(++refCounter);
     pendingRegenerate.set(ref, answer);
     send({ action: "regenerate", message: answer.messageId, settings: currentSettings(), ref });
+    updateButtons();
   },
 };
 
 const pendingRegenerate = new Map(); // ref -> the answer being regenerated
 const pendingSends = new Map(); // ref -> the text sent, shown once the server accepted it
+let starting = false; // a send or an edit on its way (a new chat made first, an edit's POST)
+const ONE_AT_A_TIME = "An answer is still being written: wait for it to finish, or stop it (Esc).";
 
 function inFlight() {
   return [...answers.values()].filter((a) => !a.done);
 }
 
+// A conversation writes one answer at a time, so each answer's prompt holds the one before it (the server
+// refuses a second one too, for another tab's sake): while one is written or asked for, Send is Stop.
+function busy() {
+  return starting || inFlight().length > 0 || pendingSends.size > 0 || pendingRegenerate.size > 0;
+}
+
 function updateButtons() {
-  const busy = inFlight().length > 0;
-  $("stop").disabled = !busy;
-  $("send").disabled = busy;
-  $("stop").hidden = !busy; // one button where the other was: Stop while an answer is written
-  $("send").hidden = busy;
+  const answering = busy();
+  const hadFocus = document.activeElement === $("send") || document.activeElement === $("stop");
+  $("stop").disabled = !answering;
+  $("send").disabled = answering;
+  $("stop").hidden = !answering; // one button where the other was
+  $("send").hidden = answering;
+  if (hadFocus) $(answering ? "stop" : "send").focus(); // the button took the other's place: so does focus
   updateActions();
+}
+
+function stopAnswers() {
+  inFlight().forEach((a) => send({ action: "stop", generation: a.generationId }));
 }
 
 // Regenerate only under the last answer, edit only on the last message sent: where they work.
@@ -114,8 +148,9 @@ function updateActions() {
     actions.appendChild(edit);
     lastUser.appendChild(actions);
   }
-  const busy = inFlight().length > 0 || !conversationId;
-  messagesEl.querySelectorAll("article.user button.edit").forEach((b) => { b.disabled = busy; });
+  const editable = conversationId && !busy();
+  messagesEl.querySelectorAll("article.user button.edit").forEach((b) => { b.disabled = !editable; });
+  messagesEl.querySelectorAll("article.assistant button.regenerate").forEach((b) => { b.disabled = busy(); });
 }
 
 function setStatus(text, isError = false) {
@@ -126,6 +161,7 @@ function setStatus(text, isError = false) {
 
 function send(payload) {
   if (!socket || socket.readyState !== WebSocket.OPEN) {
+    connectionLost = true;
     setStatus("Not connected; retrying…", true);
     return false;
   }
@@ -145,6 +181,7 @@ function enterConversation(id, title) {
   $("rename").hidden = $("delete").hidden = $("export").hidden = false;
   $("export-md").href = `/c/${id}/export.md`;
   $("export-json").href = `/c/${id}/export.json`;
+  $("system-state").textContent = ""; // "kept for this chat's first message" is done with
 }
 
 function onMessage(msg) {
@@ -175,7 +212,11 @@ function onMessage(msg) {
     const answer = answers.get(msg.generation);
     if (answer && !answer.done) answer.apply(msg.id, msg.event);
   } else if (msg.type === "error") {
-    setStatus(msg.message, true);
+    if (msg.code === "not_found" && msg.param === "conversation") {
+      chatGone(pendingSends.get(msg.ref)?.text);
+      return;
+    }
+    setStatus(inPlainWords(msg), true);
     if (pendingSends.has(msg.ref)) {
       $("prompt").value = pendingSends.get(msg.ref).text; // nothing was saved: give the text back
       pendingSends.delete(msg.ref);
@@ -194,7 +235,8 @@ function connect() {
   socket = new WebSocket(`${scheme}://${location.host}/ws/chat/`);
   socket.addEventListener("open", () => {
     retryMs = 250;
-    setStatus("");
+    if (connectionLost) setStatus(""); // the other notices stay
+    connectionLost = false;
     document.body.dataset.connected = "1";
     inFlight().forEach(follow); // resume each answer after the last event it rendered
   });
@@ -206,6 +248,7 @@ function connect() {
       return;
     }
     // 4503: the server turned the socket away for now (its database did not answer)
+    connectionLost = true;
     setStatus(e.code === 4503 ? "The server is unavailable for a moment; reconnecting…" : "Connection lost; reconnecting…", true);
     setTimeout(connect, retryMs);
     retryMs = Math.min(retryMs * 2, 5000);
@@ -239,6 +282,11 @@ function initMessages() {
 // ------------------------------------------------------------------ sending, editing
 $("composer").addEventListener("submit", async (e) => {
   e.preventDefault();
+  $("prompt").focus(); // typing goes on where it was, whatever was clicked
+  if (busy()) {
+    setStatus(ONE_AT_A_TIME, true);
+    return;
+  }
   const text = $("prompt").value;
   if (!text.trim()) {
     setStatus("Type a message first.", true);
@@ -251,12 +299,17 @@ $("composer").addEventListener("submit", async (e) => {
   }
   const system = $("system-prompt").value.trim();
   if (!conversationId && system) {
+    starting = true;
+    updateButtons();
     try { // the system prompt is kept before the first message is sent
       const made = await post("/c/new/", { system_prompt: system });
       conversationId = made.conversation;
     } catch (err) {
-      setStatus(err.message, true);
+      setStatus(inPlainWords(err), true);
       return;
+    } finally {
+      starting = false;
+      updateButtons();
     }
   }
   const ref = String(++refCounter);
@@ -265,8 +318,24 @@ $("composer").addEventListener("submit", async (e) => {
   if (send(payload)) {
     pendingSends.set(ref, { text, pair });
     $("prompt").value = "";
+    updateButtons();
   }
 });
+
+// The open chat was deleted (in another tab): the page becomes a new chat, the text sent kept in the box.
+function chatGone(text) {
+  pendingSends.clear();
+  answers.clear();
+  messagesEl.querySelectorAll("article.message").forEach((el) => el.remove());
+  conversationId = null;
+  history.replaceState(null, "", "/");
+  setTitle("New chat");
+  $("rename").hidden = $("delete").hidden = $("export").hidden = true;
+  if (text) $("prompt").value = text;
+  showEmptyState();
+  updateButtons();
+  setStatus("That chat no longer exists (deleted in another tab?): this is a new one.", true);
+}
 
 function startEdit(article) {
   const body = article.querySelector(".body");
@@ -300,15 +369,21 @@ function startEdit(article) {
   cancel.addEventListener("click", close);
   area.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) form.requestSubmit();
+    if (e.key === "Escape") {
+      e.preventDefault(); // the page's Escape (stop an answer) is not this one
+      close();
+      article.querySelector("button.edit")?.focus();
+    }
   });
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
-    const problem = area.value.trim() ? settingsProblem() : "Type a message first.";
+    const problem = busy() ? ONE_AT_A_TIME : area.value.trim() ? settingsProblem() : "Type a message first.";
     if (problem) {
       setStatus(problem, true);
       return;
     }
     save.disabled = true;
+    starting = true;
     try {
       const started = await post(`/c/${conversationId}/edit/`, { text: area.value, settings: currentSettings() });
       while (article.nextElementSibling) { // the answers after the message leave with it
@@ -322,11 +397,13 @@ function startEdit(article) {
       const answer = addAnswer(started.message, started.generation, $("pair").value);
       answers.set(started.generation, answer);
       showLeftOut(answer, started.messages_left_out);
-      updateButtons();
       follow(answer);
     } catch (err) {
       save.disabled = false;
-      setStatus(err.message, true);
+      setStatus(inPlainWords(err), true);
+    } finally {
+      starting = false;
+      updateButtons();
     }
   });
 }
@@ -335,9 +412,7 @@ $("prompt").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("composer").requestSubmit();
 });
 
-$("stop").addEventListener("click", () => {
-  inFlight().forEach((a) => send({ action: "stop", generation: a.generationId }));
-});
+$("stop").addEventListener("click", stopAnswers);
 
 $("show-steps").addEventListener("change", () => {
   $("legend").hidden = !$("show-steps").checked;
@@ -346,8 +421,21 @@ $("show-steps").addEventListener("change", () => {
 
 // ------------------------------------------------------------------ conversation management
 initConversations(() => conversationId, page.system_prompt, setStatus);
+// Escape stops the answer being written; the edit box, the rename box and the phone's sidebar, whose
+// listeners come first (the sidebar's is added just above), take their own Escape (they mark it handled).
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && !e.defaultPrevented && inFlight().length) {
+    e.preventDefault();
+    stopAnswers();
+  }
+});
 
 initPairs(page, pairs, setStatus);
+$("legend").hidden = !$("show-steps").checked; // as kept from the last visit
 initMessages();
 updateButtons();
+if (page.gone) {
+  history.replaceState(null, "", "/");
+  setStatus("That chat no longer exists (it was deleted): this is a new one.");
+}
 connect();

@@ -11,7 +11,7 @@ export async function post(url, body) {
     body: JSON.stringify(body), credentials: "same-origin",
   });
   const data = await response.json().catch(() => ({ error: { message: `The server answered ${response.status}.` } }));
-  if (data.error) throw new Error(data.error.message);
+  if (data.error) throw Object.assign(new Error(data.error.message), { code: data.error.code, param: data.error.param });
   return data;
 }
 
@@ -41,6 +41,7 @@ export function setTitle(title) {
 
 export function initConversations(conversation, systemPrompt, setStatus) {
   initTitleActions(conversation, setStatus);
+  initActionsMenu();
   initSystemPrompt(conversation, systemPrompt, setStatus);
   initSidebar();
 }
@@ -53,6 +54,12 @@ function initTitleActions(conversation, setStatus) {
     $("rename-input").select();
   });
   $("rename-cancel").addEventListener("click", closeRename);
+  $("rename-input").addEventListener("keydown", (e) => {
+    if (e.key === "Escape") {
+      e.preventDefault(); // the page's Escape (stop an answer) is not this one
+      closeRename();
+    }
+  });
   $("rename-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     try {
@@ -76,9 +83,33 @@ function initTitleActions(conversation, setStatus) {
   });
 }
 
+// At a phone's width the chat's actions wait behind a button, so the top bar keeps to one line.
+function initActionsMenu() {
+  const topbar = document.querySelector(".topbar");
+  const setMenu = (open) => {
+    topbar.classList.toggle("menu-open", open);
+    $("actions-toggle").setAttribute("aria-expanded", String(open));
+  };
+  $("actions-toggle").addEventListener("click", () => setMenu(!topbar.classList.contains("menu-open")));
+  $("conversation-actions").addEventListener("click", (e) => {
+    if (e.target.closest("button, a")) setMenu(false);
+  });
+  document.addEventListener("click", (e) => {
+    if (!e.target.closest(".topbar")) setMenu(false);
+  });
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && topbar.classList.contains("menu-open")) {
+      e.preventDefault(); // the page's Escape (stop an answer) waits for the next press
+      setMenu(false);
+      $("actions-toggle").focus();
+    }
+  });
+}
+
 function closeRename() {
   $("rename-form").hidden = true;
   $("conversation-title").hidden = false;
+  $("rename").focus();
 }
 
 function initSystemPrompt(conversation, systemPrompt, setStatus) {
@@ -107,22 +138,39 @@ function initSystemPrompt(conversation, systemPrompt, setStatus) {
   $("system-toggle").classList.toggle("set", Boolean(systemPrompt));
 }
 
+// Titles are filtered at once; the conversations whose messages hold the words are added when the server
+// answers (a moment after the typing pauses).
 function initSidebar() {
-  $("search").addEventListener("input", () => {
+  let searchTimer = null;
+  const filter = (found) => {
     const words = $("search").value.toLowerCase().split(/\s+/).filter(Boolean);
     let shown = 0;
     for (const link of document.querySelectorAll("#conversations a")) {
-      const match = words.every((w) => link.textContent.toLowerCase().includes(w));
+      const match = words.every((w) => link.textContent.toLowerCase().includes(w)) || found.has(Number(link.dataset.id));
       link.parentElement.hidden = !match;
       shown += match;
     }
     $("no-match").hidden = shown > 0;
+  };
+  $("search").addEventListener("input", () => {
+    filter(new Set());
+    clearTimeout(searchTimer);
+    const query = $("search").value.trim();
+    if (!query) return;
+    searchTimer = setTimeout(async () => {
+      const response = await fetch(`/c/search/?q=${encodeURIComponent(query)}`, { credentials: "same-origin" });
+      if (!response.ok || $("search").value.trim() !== query) return; // a newer search is on its way
+      filter(new Set((await response.json()).conversations));
+    }, 250);
   });
 
   $("sidebar-toggle").addEventListener("click", () => setSidebar(!$("app").classList.contains("sidebar-open")));
   $("backdrop").addEventListener("click", () => setSidebar(false));
   document.addEventListener("keydown", (e) => {
-    if (e.key === "Escape") setSidebar(false);
+    if (e.key === "Escape" && $("app").classList.contains("sidebar-open")) {
+      e.preventDefault(); // the page's Escape (stop an answer) waits for the next press
+      setSidebar(false);
+    }
   });
 }
 

@@ -1,24 +1,38 @@
-// The pair picker, the settings sent with each message (checked against the pair's own limits) and the
-// empty state that introduces the pair. Only the page's elements are read here: the page data and the
-// pairs come in from chat.js.
+// The pair picker, the settings sent with each message (checked against the pair's own limits, kept per
+// pair in this browser) and the empty state that introduces the pair. Only the page's elements are read
+// here: the page data and the pairs come in from chat.js.
+
+import { UNSERVED } from "./words.js";
 
 const $ = (id) => document.getElementById(id);
-
-const UNSERVED = "No worker serves this pair now. Start everything with <code>make run</code> (or <code>python manage.py "
-  + "serve</code>), or ask an admin to load it: Admin → Model pairs → select it → “Load on every live worker”.";
+const SETTINGS = ["max-tokens", "k", "threshold", "temperature", "speculative"]; // the inputs kept per pair
+const settingsKey = (slug) => `specchat:settings:${slug}`;
 
 export function initPairs(page, pairs, setStatus) {
   const select = $("pair");
   for (const pair of page.pairs) {
     const option = document.createElement("option");
     option.value = pair.slug;
-    option.textContent = `${pair.name} (${pair.mode})${pair.served === false ? " — not served now" : ""}`;
-    if (pair.description) option.title = pair.description;
+    // A pair nobody serves cannot answer: greyed out, saying why (as of the page's load).
+    option.disabled = pair.served === false;
+    option.textContent = option.disabled ? `${pair.name} — nobody serves it` : `${pair.name} (${pair.mode})`;
+    option.title = option.disabled ? UNSERVED : pair.description;
     select.appendChild(option);
   }
   select.value = page.pair;
-  const show = () => showPair(pairs.get(select.value));
+  if (select.selectedOptions[0]?.disabled) { // another pair that can answer, if there is one
+    select.value = [...select.options].find((o) => !o.disabled)?.value ?? page.pair;
+  }
+  const show = () => {
+    restoreSettings(select.value);
+    showPair(pairs.get(select.value));
+  };
   select.addEventListener("change", show);
+  for (const id of SETTINGS) {
+    for (const type of ["input", "change"]) $(id).addEventListener(type, () => keepSettings(select.value));
+  }
+  $("show-steps").checked = localStorage.getItem("specchat:show-steps") === "1";
+  $("show-steps").addEventListener("change", () => localStorage.setItem("specchat:show-steps", $("show-steps").checked ? "1" : "0"));
   if (!page.pairs.length) setStatus("No pair is registered yet: an admin adds one in Admin → Model pairs.", true);
   show();
 }
@@ -31,13 +45,14 @@ function showPair(pair) {
     $("k").placeholder = pair.num_assistant_tokens ? `auto (${pair.num_assistant_tokens})` : "auto";
   }
   $("pair-description").textContent = pair ? pair.description : "";
+  $("pair-description").title = $("pair-description").textContent; // in full, where one line cuts it
   showEmptyState();
   $("empty-pair").textContent = pair ? pair.name : "No pair yet";
   $("empty-description").textContent = pair
     ? pair.description || "Ask something: answers stream in as the main model checks the draft's guesses."
     : "An admin registers a pair in Admin → Model pairs (or `python manage.py register_demo_pair`).";
   $("empty-unavailable").hidden = !(pair && pair.served === false);
-  $("empty-unavailable").innerHTML = UNSERVED; // the page's own words, no model output
+  $("empty-unavailable").textContent = UNSERVED;
   $("prompt").placeholder = pair && pair.completes_text ? "def quicksort(numbers):" : "Message";
 }
 
@@ -58,8 +73,33 @@ export function currentSettings() {
   return settings;
 }
 
+// What was set for a pair last, in this browser: the inputs' values (max tokens, K, threshold, temperature,
+// speculative), kept as they are typed, whether or not a message is sent with them.
+function keepSettings(slug) {
+  const values = Object.fromEntries(SETTINGS.map((id) => [id, $(id).type === "checkbox" ? $(id).checked : $(id).value]));
+  localStorage.setItem(settingsKey(slug), JSON.stringify(values));
+}
+
+function restoreSettings(slug) {
+  let kept = {};
+  try {
+    kept = JSON.parse(localStorage.getItem(settingsKey(slug)) || "{}") || {};
+  } catch {
+    // an unreadable entry: the inputs' defaults
+  }
+  for (const id of SETTINGS) {
+    const input = $(id);
+    const value = kept[id] ?? (input.type === "checkbox" ? input.defaultChecked : input.defaultValue);
+    if (input.type === "checkbox") input.checked = Boolean(value);
+    else input.value = String(value);
+  }
+}
+
 // Checked here, with the pair's own cap, before anything is sent; the server checks again.
 export function settingsProblem() {
+  if ($("k").value !== "" && $("threshold").value !== "") {
+    return "Options: set K or Threshold, not both (K: tokens the draft proposes each step; Threshold: it proposes while that sure).";
+  }
   for (const input of $("composer").querySelectorAll("input[type=number]")) {
     if (!input.checkValidity()) {
       const name = input.closest("label").textContent.trim();

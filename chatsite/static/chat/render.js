@@ -31,10 +31,22 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
 const AUTO_LANGUAGES = ["python", "javascript", "typescript", "java", "c", "cpp", "csharp", "go", "rust", "bash",
                         "sql", "json", "yaml", "xml", "css", "ruby", "php", "kotlin", "swift", "diff"];
 
-// Each fenced block's language, carried to the sanitised page in the <pre>'s title (an attribute the
-// sanitiser keeps; it is read and removed before the block is shown).
+// HTML the model wrote is shown as the text it is, never parsed: an inline handler or style in it must
+// meet no HTML parser of this page's (a document DOMParser makes shares the page's policy, and Chromium
+// reports what that policy blocks there); the Content-Security-Policy is the second line, DOMPurify the
+// third. A chat shows what a model says about HTML, tags included. An image would load from wherever the
+// model points: it is a link to it instead. A line break (<br>, which models put in table cells) is the
+// one tag kept: the page writes its own. Each fenced block's language is carried to the sanitised page
+// in the <pre>'s title (an attribute the sanitiser keeps; it is read and removed before the block is shown).
 marked.use({
   renderer: {
+    html({ text, block }) {
+      if (/^<br\s*\/?>$/i.test(text.trim())) return "<br>";
+      return block ? `<p>${escapeHtml(text.trim())}</p>\n` : escapeHtml(text);
+    },
+    image({ href, text }) {
+      return `<a href="${escapeHtml(href)}">${escapeHtml(text || href)}</a>`;
+    },
     code({ text, lang }) {
       const language = (lang || "").trim().split(/\s+/)[0];
       return `<pre title="${escapeHtml(language)}"><code>${escapeHtml(text)}</code></pre>\n`;
@@ -46,10 +58,10 @@ export function renderMarkdown(text) {
   return DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: false }), ANSWER_HTML);
 }
 
-export function escapeHtml(text) {
-  const div = document.createElement("div");
-  div.textContent = text;
-  return div.innerHTML.replaceAll('"', "&quot;");
+// Text made safe to place in HTML, without a document: a string in, a string out.
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+function escapeHtml(text) {
+  return String(text).replace(/[&<>"']/g, (c) => ESCAPES[c]);
 }
 
 export const plural = (n, word) => `${n} ${n === 1 ? word : `${word}s`}`;
@@ -83,6 +95,61 @@ export function decorateCode(body, cache) {
     tools.append(label, copyButton("Copy", "copy-code", "Copy this code"));
     pre.replaceWith(block);
     block.append(tools, pre);
+  }
+}
+
+// Show steps: the rendered answer (Markdown, highlighting and all) coloured by the step that wrote each
+// character: the draft tokens the main accepted, then the main model's own token, with a mark where each
+// step begins. Each character shown is found again in the answer's own text, in order (rendering only
+// drops characters, the Markdown syntax, and adds a few line breaks), so only text nodes are wrapped.
+// `text` is what the steps wrote, after `offset` characters of prompt (a completion pair's).
+export function markSteps(body, text, steps, offset = 0) {
+  const writer = new Array(offset).fill(null); // for each character of text: [step, "draft" | "main"]
+  steps.forEach(([draft, main], i) => {
+    writer.push(...Array(draft.length).fill([i, "draft"]), ...Array(main.length).fill([i, "main"]));
+  });
+  const walker = document.createTreeWalker(body, NodeFilter.SHOW_TEXT, {
+    acceptNode: (node) => (node.parentElement.closest(".code-tools") ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT),
+  });
+  const nodes = [];
+  while (walker.nextNode()) nodes.push(walker.currentNode);
+  let position = 0;
+  let lastStep = -1;
+  for (const node of nodes) {
+    const shown = node.data;
+    const runs = []; // [start, end, writer]
+    for (let i = 0; i < shown.length; i++) {
+      let found = null;
+      if (/\s/.test(shown[i])) { // a space the rendering may have added (between blocks, table cells)
+        if (/\s/.test(text[position] ?? "")) found = writer[position++] ?? null;
+      } else {
+        const at = text.indexOf(shown[i], position);
+        if (at !== -1 && at - position < 400) { // not found nearby: a character the rendering added
+          found = writer[at] ?? null;
+          position = at + 1;
+        }
+      }
+      const last = runs.at(-1);
+      if (last && last[2] === found) last[1] = i + 1;
+      else runs.push([i, i + 1, found]);
+    }
+    if (runs.every((run) => run[2] === null)) continue;
+    const pieces = document.createDocumentFragment();
+    for (const [start, end, found] of runs) {
+      const piece = shown.slice(start, end);
+      if (found === null) {
+        pieces.append(piece);
+        continue;
+      }
+      const [step, kind] = found;
+      const span = document.createElement("span");
+      span.className = step !== lastStep ? `${kind} step-start` : kind;
+      span.title = `step ${step + 1}: ${kind === "draft" ? "draft tokens the main accepted" : "the main model's own token"}`;
+      span.textContent = piece;
+      pieces.append(span);
+      lastStep = step;
+    }
+    node.replaceWith(pieces);
   }
 }
 
