@@ -60,9 +60,10 @@ def test_a_get_or_a_body_that_is_not_json_is_refused(alice, demo_pair, user):
 def test_editing_while_the_answer_is_written_is_refused(alice, demo_pair, user):
     generation = running_generation(pair=demo_pair, user=user)
     conversation = Conversation.objects.create(user=user, pair=demo_pair, title="def f():")
-    Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
-    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
-    response = post(alice, f"/c/{conversation.id}/edit/", {"text": "def g():"})
+    asked = Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
+    Message.objects.create(conversation=conversation, parent=asked, role=Message.Role.ASSISTANT,
+                           generation=generation)
+    response = post(alice, f"/m/{asked.id}/edit/", {"text": "def g():"})
     assert response.status_code == 409 and response.json()["error"]["code"] == "answer_in_progress"
     assert "or stop it" in response.json()["error"]["message"]
     assert conversation.messages.first().content == "def f():"

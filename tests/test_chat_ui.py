@@ -25,8 +25,9 @@ def kept_answer(*, pair, user, title: str, question: str, text: str) -> Conversa
         pair=pair, user=user, prompt=question, status=Generation.Status.FINISHED, text=text, steps=[["", text]],
         finish_reason="stop", completion_tokens=1, main_steps=1, tokens_per_s=12.5, ttft_ms=40.0)
     conversation = Conversation.objects.create(user=user, pair=pair, title=title)
-    Message.objects.create(conversation=conversation, role=Message.Role.USER, content=question)
-    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
+    asked = Message.objects.create(conversation=conversation, role=Message.Role.USER, content=question)
+    Message.objects.create(conversation=conversation, parent=asked, role=Message.Role.ASSISTANT,
+                           generation=generation)
     return conversation
 
 
