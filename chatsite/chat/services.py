@@ -138,9 +138,9 @@ def _answer(*, user, pair: ModelPair, conversation: Conversation, after: Message
 def _show(message: Message) -> None:
     """Make `message` its turn's shown version: the path below its parent is unmarked, then marked again
     from `message` down, following at each fork the version shown last."""
-    path = list(selectors.messages_of(conversation=message.conversation).only("id", "parent_id"))
-    fork = next((i for i, m in enumerate(path) if m.parent_id == message.parent_id), len(path))
-    Message.objects.filter(id__in=[m.id for m in path[fork:]]).update(shown=False)
+    path = list(selectors.messages_of(conversation=message.conversation).values_list("id", "parent_id"))
+    fork = next((i for i, (_, parent_id) in enumerate(path) if parent_id == message.parent_id), len(path))
+    Message.objects.filter(id__in=[message_id for message_id, _ in path[fork:]]).update(shown=False)
     now = timezone.now()
     shown: Message | None = message
     while shown is not None:
