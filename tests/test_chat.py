@@ -398,13 +398,13 @@ async def test_one_answer_at_a_time_in_a_conversation(demo_pair, user):
     # No answer runs that no message shows: the original and the one regenerated, nothing else.
     assert await Generation.objects.acount() == 2
     assert await Generation.objects.filter(status__in=["queued", "running"]).acount() == 1
-    message = await Message.objects.aget(id=started["message"])
+    message = await Message.objects.aget(id=running["message"])
     assert str(message.generation_id) == running["generation"]
 
     await second_tab.send_json_to({"action": "send", "pair": "demo-code", "text": "class Stack:",
                                    "conversation": started["conversation"], "settings": {"max_tokens": 8}})
     assert (await reply_to_request(second_tab))["code"] == "answer_in_progress"
-    assert await Message.objects.filter(conversation_id=started["conversation"]).acount() == 2
+    assert await Message.objects.filter(conversation_id=started["conversation"]).acount() == 3  # two versions
 
     await first_tab.send_json_to({"action": "stop", "generation": running["generation"]})
     await wait_until_ended(running["generation"])

@@ -58,7 +58,6 @@ def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Mess
     with answer_slot(user=user), transaction.atomic():
         message = _shown_message(user=user, message_id=message_id, role=Message.Role.ASSISTANT)
         conversation = message.conversation
-        _refuse_if_answering(conversation=conversation)
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
         conversation.save(update_fields=["updated_at"])
         return _answer(user=user, pair=pair, conversation=conversation, after=message.parent, options=options,
@@ -72,7 +71,6 @@ def edit_and_resend(*, user, message_id: int, text: str, options: web.Generation
     with answer_slot(user=user), transaction.atomic():
         message = _shown_message(user=user, message_id=message_id, role=Message.Role.USER)
         conversation = message.conversation
-        _refuse_if_answering(conversation=conversation)
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
         if message.parent is None and conversation.title == _title_from(message.content):
             conversation.title = _title_from(text)
@@ -94,7 +92,6 @@ def continue_answer(*, user, message_id: int, options: web.GenerationOptions) ->
             raise errors.InvalidValue("Only an answer that reached the max tokens can be continued.", param="message")
         if message.replies.filter(shown=True).exists():
             raise errors.InvalidValue("Only the last answer can be continued.", param="message")
-        _refuse_if_answering(conversation=conversation)
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
         prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param="message",
                                        continuing=True)
@@ -150,11 +147,13 @@ def _show(message: Message) -> None:
 
 
 def _shown_message(*, user, message_id: int, role: str) -> Message:
+    """The user's message to write a new answer from, under the user's slot lock."""
     message = Message.objects.select_related("conversation", "conversation__pair", "generation").filter(
         id=message_id, conversation__user=user, role=role).first()
     if message is None:
         raise errors.NotFound("No such answer." if role == Message.Role.ASSISTANT else "No such message.",
                               param="message")
+    _refuse_if_answering(conversation=message.conversation)  # first: the likelier reason, said in its words
     if not message.shown:
         raise errors.InvalidValue("That version is not the one shown: show it first.", param="message")
     return message
