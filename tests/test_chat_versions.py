@@ -72,7 +72,7 @@ async def test_editing_an_earlier_message_branches_and_the_old_branch_stays(demo
     first = await answered(communicator, max_tokens=6)
     conversation = first["conversation"]
     second = await answered(communicator, conversation=conversation, text="class Stack:", max_tokens=6)
-    before = shown(second["messages"])[:-1] + [(await Generation.objects.aget(id=second["generation"])).text]
+    before = [*shown(second["messages"])[:-1], (await Generation.objects.aget(id=second["generation"])).text]
 
     alice = await sync_to_async(logged_in)(user)
     edited = await sync_to_async(post)(alice, f"/m/{first['messages'][0]['id']}/edit/",
