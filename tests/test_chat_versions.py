@@ -4,6 +4,7 @@ answer and an edited message keep the old version reachable, the next prompt rea
 tokens."""
 
 import json
+from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -11,6 +12,7 @@ from django.test import Client
 
 from chatsite.chat.models import Conversation, Message
 from inference.models import Generation
+from tests.conftest import in_thread, log_in
 from tests.test_chat import PROMPT, connect, events_until_end, receive, send_message
 from tests.test_site_security import finished_generation, running_generation
 
@@ -143,3 +145,97 @@ def test_a_version_is_not_switched_while_an_answer_is_written(demo_pair, user):
     assert response.status_code == 409 and response.json()["error"]["code"] == "answer_in_progress"
     old.refresh_from_db()
     assert not old.shown
+
+
+SHOTS = Path("/tmp/shots-versions")
+
+
+def wait_for_answers(page, count: int) -> None:
+    page.wait_for_function(f"""() => document.querySelectorAll('article.assistant').length === {count}
+        && !document.querySelector('article.assistant.streaming')""")
+
+
+def versions_of(article) -> str:
+    return article.locator(".versions span").inner_text()
+
+
+def send(page, text: str, answers: int) -> None:
+    page.fill("#prompt", text)
+    page.click("#send")
+    wait_for_answers(page, answers)
+
+
+def screenshots(page, name: str) -> None:
+    """At 1280 and 390 px, each after a reload (the page as it opens at that width)."""
+    for width, height in ((1280, 900), (390, 844)):
+        page.set_viewport_size({"width": width, "height": height})
+        page.reload()
+        page.wait_for_selector("body[data-connected='1']")
+        page.screenshot(path=str(SHOTS / f"{name}-{width}.png"))
+        assert page.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scroll
+
+
+def test_continue_and_regenerate_keep_every_version_reachable(demo_pair, user, live_server_url, page):
+    SHOTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    page.fill("#max-tokens", "8")
+    send(page, PROMPT, 1)
+    answer = page.locator("article.assistant")
+    meta = answer.locator(".meta").inner_text()  # in plain words, without hovering
+    assert "reached the max tokens" in meta and "first token after" in meta
+    assert "Speculation" in meta and "the main model ran" in meta and "fewer main-model steps" not in meta
+    cut = answer.locator(".body").inner_text()
+
+    answer.locator("button.continue").click()  # written further, as the same answer
+    page.wait_for_function("() => document.querySelector('article.assistant .body').innerText.length > "
+                           f"{len(cut)} && !document.querySelector('article.assistant.streaming')")
+    assert answer.count() == 1 and answer.locator(".body").inner_text().startswith(cut)
+    continued = answer.locator(".body").inner_text()
+    parts = in_thread(lambda: list(Generation.objects.order_by("created_at")))
+    assert parts[0].finish_reason == "length" and parts[1].prompt.endswith(parts[0].text)
+
+    page.fill("#max-tokens", "3")
+    answer.locator("button.regenerate").click()
+    page.wait_for_selector("article.assistant:not(.streaming) .versions")
+    assert versions_of(answer) == "2/2" and answer.locator(".body").inner_text() != continued
+    screenshots(page, "regenerated")
+    answer.get_by_role("button", name="Previous version").click()
+    page.wait_for_function("() => document.querySelector('article.assistant .versions span').textContent === '1/2'")
+    assert answer.locator(".body").inner_text() == continued  # the old answer, kept whole
+    page.reload()  # the version picked is the server's: a reload shows it too
+    wait_for_answers(page, 1)
+    assert versions_of(answer) == "1/2" and answer.locator(".body").inner_text() == continued
+
+    send(page, "class Stack:", 2)
+    prompt = in_thread(lambda: Generation.objects.order_by("created_at").last().prompt)
+    assert in_thread(lambda: Message.objects.get(generation=parts[1]).text) in prompt  # the version shown
+
+
+def test_editing_an_earlier_message_branches_through_the_page(demo_pair, user, live_server_url, page):
+    SHOTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    page.fill("#max-tokens", "6")
+    send(page, PROMPT, 1)
+    send(page, "class Stack:", 2)
+    page.locator("article.user").first.locator("button.edit").click()  # an earlier message: a branch
+    page.fill("#edit-text", "def merge(a, b):")
+    page.click("button.save-edit")
+    wait_for_answers(page, 1)
+    first = page.locator("article.user").first
+    assert first.locator(".body").inner_text() == "def merge(a, b):" and versions_of(first) == "2/2"
+    assert page.locator("article.user").count() == 1
+    markdown = page.request.get(f"{page.url}export.md").text()
+    assert "def merge(a, b):" in markdown and "class Stack:" not in markdown
+    screenshots(page, "branch")
+
+    first.get_by_role("button", name="Previous version").click()  # the old branch, as it was left
+    page.wait_for_function("() => document.querySelectorAll('article.user').length === 2")
+    assert page.locator("article.user .body").all_inner_texts() == [PROMPT, "class Stack:"]
+    exported = json.loads(page.request.get(f"{page.url}export.json").text())
+    assert [m["content"] for m in exported["messages"]][::2] == [PROMPT, "class Stack:"]
+    screenshots(page, "old-branch")
+    assert page.locator("article.user").count() == 2 and versions_of(page.locator("article.user").first) == "1/2"
