@@ -72,9 +72,7 @@ def edit_and_resend(*, user, message_id: int, text: str, options: web.Generation
         message = _shown_message(user=user, message_id=message_id, role=Message.Role.USER)
         conversation = message.conversation
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
-        if message.parent is None and conversation.title == _title_from(message.content):
-            conversation.title = _title_from(text)
-        conversation.save(update_fields=["title", "updated_at"])
+        conversation.save(update_fields=["updated_at"])  # the title stays: the old branch is still there
         edited = Message.objects.create(conversation=conversation, parent=message.parent, role=Message.Role.USER,
                                         content=text)
         _show(edited)
