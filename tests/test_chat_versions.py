@@ -159,6 +159,14 @@ def versions_of(article) -> str:
     return article.locator(".versions span").inner_text()
 
 
+def open_chat(page, live_server_url: str, *, max_tokens: int) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    page.fill("#max-tokens", str(max_tokens))
+
+
 def send(page, text: str, answers: int) -> None:
     page.fill("#prompt", text)
     page.click("#send")
@@ -176,11 +184,7 @@ def screenshots(page, name: str) -> None:
 
 
 def test_continue_and_regenerate_keep_every_version_reachable(demo_pair, user, live_server_url, page):
-    SHOTS.mkdir(exist_ok=True)
-    page.set_viewport_size({"width": 1280, "height": 900})
-    log_in(page, live_server_url, "alice", "alice-password")
-    page.wait_for_selector("body[data-connected='1']")
-    page.fill("#max-tokens", "8")
+    open_chat(page, live_server_url, max_tokens=8)
     send(page, PROMPT, 1)
     answer = page.locator("article.assistant")
     meta = answer.locator(".meta").inner_text()  # in plain words, without hovering
@@ -214,11 +218,7 @@ def test_continue_and_regenerate_keep_every_version_reachable(demo_pair, user, l
 
 
 def test_editing_an_earlier_message_branches_through_the_page(demo_pair, user, live_server_url, page):
-    SHOTS.mkdir(exist_ok=True)
-    page.set_viewport_size({"width": 1280, "height": 900})
-    log_in(page, live_server_url, "alice", "alice-password")
-    page.wait_for_selector("body[data-connected='1']")
-    page.fill("#max-tokens", "6")
+    open_chat(page, live_server_url, max_tokens=6)
     send(page, PROMPT, 1)
     send(page, "class Stack:", 2)
     page.locator("article.user").first.locator("button.edit").click()  # an earlier message: a branch
