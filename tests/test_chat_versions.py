@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
+from chatsite.chat import selectors
 from chatsite.chat.models import Conversation, Message
 from inference.models import Generation
 from tests.conftest import in_thread, log_in
@@ -239,3 +242,23 @@ def test_editing_an_earlier_message_branches_through_the_page(demo_pair, user, l
     assert [m["content"] for m in exported["messages"]][::2] == [PROMPT, "class Stack:"]
     screenshots(page, "old-branch")
     assert page.locator("article.user").count() == 2 and versions_of(page.locator("article.user").first) == "1/2"
+
+
+def test_conversations_kept_before_versions_become_one_shown_path(demo_pair, user):
+    """Migration 0004 on messages as 0003 kept them: each follows the one before it, all shown."""
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("chat")
+    executor.migrate([("chat", "0003_message_left_out")])
+    try:
+        old = executor.loader.project_state([("chat", "0003_message_left_out")]).apps
+        conversation = old.get_model("chat", "Conversation").objects.create(user_id=user.id, title="kept")
+        kept = [old.get_model("chat", "Message").objects.create(conversation_id=conversation.id, role=role,
+                                                                 content=role)
+                for role in ("user", "assistant", "user", "assistant")]
+    finally:  # the later tests need the schema as it is
+        MigrationExecutor(connection).migrate(latest)
+    messages = list(Message.objects.filter(conversation_id=conversation.id))
+    assert [m.parent_id for m in messages] == [None, *(m.id for m in kept[:-1])]
+    assert all(m.shown for m in messages)
+    assert [m["versions"] for m in selectors.shown_path_json(conversation=Conversation.objects.get())] == [
+        [m.id] for m in kept]
