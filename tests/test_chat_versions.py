@@ -211,6 +211,7 @@ def test_continue_and_regenerate_keep_every_version_reachable(demo_pair, user, l
     answer.get_by_role("button", name="Previous version").click()
     page.wait_for_function("() => document.querySelector('article.assistant .versions span').textContent === '1/2'")
     assert answer.locator(".body").inner_text() == continued  # the old answer, kept whole
+    assert page.evaluate("document.activeElement.getAttribute('aria-label')") == "Next version"  # focus kept
     page.reload()  # the version picked is the server's: a reload shows it too
     wait_for_answers(page, 1)
     assert versions_of(answer) == "1/2" and answer.locator(".body").inner_text() == continued

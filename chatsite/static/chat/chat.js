@@ -63,7 +63,7 @@ function addVersions(el, messageId, versions) {
     button.setAttribute("aria-label", label);
     button.disabled = target == null;
     if (target == null) button.dataset.end = "1"; // stays disabled whatever else happens
-    button.addEventListener("click", () => showVersion(target));
+    button.addEventListener("click", () => showVersion(target, label));
     return button;
   };
   const count = document.createElement("span");
@@ -73,7 +73,7 @@ function addVersions(el, messageId, versions) {
   el.insertBefore(nav, el.querySelector(".meta"));
 }
 
-async function showVersion(messageId) {
+async function showVersion(messageId, arrowLabel) {
   if (busy()) {
     setStatus(ONE_AT_A_TIME, true);
     return;
@@ -81,6 +81,9 @@ async function showVersion(messageId) {
   try {
     showPath((await post(`/m/${messageId}/show/`, {})).messages);
     setStatus("");
+    // The clicked arrow was listed anew: focus goes to its like on the version shown (the other at the end).
+    const arrows = [...document.querySelectorAll(`article[data-message="${messageId}"] nav.versions button`)];
+    (arrows.find((b) => b.getAttribute("aria-label") === arrowLabel && !b.disabled) ?? arrows.find((b) => !b.disabled))?.focus();
   } catch (err) {
     setStatus(inPlainWords(err), true);
   }
