@@ -70,7 +70,8 @@ export class Answer {
     this.el.classList.remove("streaming");
     this.render();
     const meta = this.el.querySelector(".meta");
-    meta.textContent = metrics ? formatMetrics(metrics) : "";
+    // A continued answer's figures are its last part's (each part is a generation of its own).
+    meta.textContent = metrics ? (this.earlier ? "Continued; this part: " : "") + formatMetrics(metrics) : "";
     meta.title = metrics ? technicalMetrics(metrics) : "";
     this.addActions();
     this.chat.finished();
