@@ -1,4 +1,6 @@
-"""Chat actions: a message sent or an answer regenerated starts a generation on the shared path.
+"""Chat actions: a message sent, an answer regenerated or continued, a message edited starts a generation on
+the shared path. None deletes anything: a regenerated answer or an edited message is a new version of its
+turn (see models.Message), and the conversation shows, and prompts with, one path through them.
 
 A conversation writes one answer at a time, so that each answer's prompt holds the whole conversation
 before it; a user has at most CHAT_MAX_CONCURRENT answers in flight (in different conversations). Both
