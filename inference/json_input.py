@@ -1,9 +1,10 @@
 """JSON that users (or a model) wrote, parsed within bounds and refused in plain words.
 
 Python's own parser is not bounded that way: it raises RecursionError on deep nesting (a 500 wherever it
-was not caught), names sys.set_int_max_str_digits for a 5,000-digit integer, and accepts NaN and
-Infinity, which JSON has not. Every place that parses a request body, a chat frame or a tool call's
-arguments goes through `parse`.
+was not caught), names sys.set_int_max_str_digits for a 5,000-digit integer, accepts NaN and Infinity,
+which JSON has not, and a lone surrogate escape ("\\ud800"), which is no text: the database and the
+model's tokenizer fail on it far from here. Every place that parses a request body, a chat frame or a
+tool call's arguments goes through `parse`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def parse(text: str | bytes, *, max_depth: int = limits.MAX_JSON_DEPTH) -> Any:
         raise JsonInputError(str(exc)) from None
     if depth_over(value, max_depth):
         raise JsonInputError(too_deep)
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise JsonInputError("it holds invalid Unicode (a lone surrogate escape)") from None
     return value
 
 

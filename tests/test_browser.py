@@ -34,8 +34,8 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     assert len(lengths) >= 2, "the text should grow while the answer streams"
     assert answer.locator(".body").inner_text().strip()
     meta = answer.locator(".meta")  # in words, the figures in full on hover
-    assert "tokens at" in meta.inner_text() and "% of draft tokens accepted" in meta.inner_text()
-    assert "fewer main-model steps" in meta.inner_text() and "K=" in meta.inner_text()
+    assert "tokens at" in meta.inner_text() and "first token after" in meta.inner_text()
+    assert "the draft's guesses were kept" in meta.inner_text() and "K=" in meta.inner_text()
     details = meta.get_attribute("title")
     assert "tok/s" in details and "first token after" in details and "tokens/step" in details
     assert "speculation: draft" in details

@@ -240,19 +240,20 @@ async def test_pair_that_fails_to_load_shows_an_error(demo_pair, user):
     await communicator.disconnect()
 
 
-async def test_regenerate_replaces_the_last_answer(demo_pair, user):
+async def test_regenerate_writes_a_new_version_of_the_last_answer(demo_pair, user):
     communicator = await connect(user)
     started = await send_message(communicator, max_tokens=16)
     first = await events_until_end(communicator, started["generation"])
     await communicator.send_json_to({"action": "regenerate", "message": started["message"],
                                      "settings": {"max_tokens": 16, "speculative": False}})
     again = await receive(communicator)
-    assert again["type"] == "started" and again["message"] == started["message"]
+    assert again["type"] == "started" and again["message"] != started["message"]
     second = await events_until_end(communicator, again["generation"])
     assert second[-1]["event"]["text"] == first[-1]["event"]["text"]  # greedy: same answer without the draft
     assert second[-1]["event"]["acceptance_rate"] is None  # and no speculation was used
-    message = await Message.objects.select_related("generation").aget(id=started["message"])
-    assert str(message.generation_id) == again["generation"]
+    message = await Message.objects.select_related("generation").aget(id=again["message"])
+    assert str(message.generation_id) == again["generation"] and message.shown
+    assert not (await Message.objects.aget(id=started["message"])).shown  # kept, another version
     await communicator.disconnect()
 
 
@@ -397,13 +398,13 @@ async def test_one_answer_at_a_time_in_a_conversation(demo_pair, user):
     # No answer runs that no message shows: the original and the one regenerated, nothing else.
     assert await Generation.objects.acount() == 2
     assert await Generation.objects.filter(status__in=["queued", "running"]).acount() == 1
-    message = await Message.objects.aget(id=started["message"])
+    message = await Message.objects.aget(id=running["message"])
     assert str(message.generation_id) == running["generation"]
 
     await second_tab.send_json_to({"action": "send", "pair": "demo-code", "text": "class Stack:",
                                    "conversation": started["conversation"], "settings": {"max_tokens": 8}})
     assert (await reply_to_request(second_tab))["code"] == "answer_in_progress"
-    assert await Message.objects.filter(conversation_id=started["conversation"]).acount() == 2
+    assert await Message.objects.filter(conversation_id=started["conversation"]).acount() == 3  # two versions
 
     await first_tab.send_json_to({"action": "stop", "generation": running["generation"]})
     await wait_until_ended(running["generation"])

@@ -22,11 +22,14 @@ SYSTEM_PROMPT = "Python only."
 def long_conversation(*, pair, user, turns: int, system_prompt: str = SYSTEM_PROMPT) -> Conversation:
     """`turns` questions of about 150 tokens each, with their answers, as earlier sends left them."""
     conversation = Conversation.objects.create(user=user, pair=pair, title="Long", system_prompt=system_prompt)
+    answered = None
     for turn in range(turns):
-        Message.objects.create(conversation=conversation, role=Message.Role.USER, content=f"turn_{turn} = 1\n" * 25)
+        question = Message.objects.create(conversation=conversation, role=Message.Role.USER, parent=answered,
+                                          content=f"turn_{turn} = 1\n" * 25)
         answer = Generation.objects.create(pair=pair, user=user, prompt="", status=Generation.Status.FINISHED,
                                            text=f"    return {turn}\n", finish_reason="stop")
-        Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=answer)
+        answered = Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, parent=question,
+                                          generation=answer)
     return conversation
 
 

@@ -25,7 +25,7 @@ EXAMPLES = 150
 OPTIONS = ("max_tokens", "num_assistant_tokens", "assistant_confidence_threshold", "speculative", "temperature",
            "top_p", "top_k", "seed", "stop", "ignore_eos")
 FIELDS = {"send": ("pair", "text", "conversation", "settings"), "regenerate": ("message", "settings"),
-          "follow": ("generation", "after", "steps"), "stop": ("generation",)}
+          "continue": ("message", "settings"), "follow": ("generation", "after", "steps"), "stop": ("generation",)}
 assert set(FIELDS) == set(ACTIONS)
 
 json_values = st.recursive(

@@ -27,10 +27,12 @@ def test_another_users_conversation_is_not_found(demo_pair, user, other_user):
     conversation = finished_generation(pair=demo_pair, user=user).message.conversation
     bob = Client()
     bob.force_login(other_user)
-    for action, body in (("rename", {"title": "mine"}), ("system", {"system_prompt": "x"}), ("delete", {}),
-                         ("edit", {"text": "def g():"})):
-        response = post(bob, f"/c/{conversation.id}/{action}/", body)
-        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", action
+    question = conversation.messages.first()
+    for url, body in ((f"/c/{conversation.id}/rename/", {"title": "mine"}),
+                      (f"/c/{conversation.id}/system/", {"system_prompt": "x"}), (f"/c/{conversation.id}/delete/", {}),
+                      (f"/m/{question.id}/edit/", {"text": "def g():"}), (f"/m/{question.id}/show/", {})):
+        response = post(bob, url, body)
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", url
     for fmt in ("md", "json"):
         assert bob.get(f"/c/{conversation.id}/export.{fmt}").status_code == 404
     conversation.refresh_from_db()
@@ -60,12 +62,13 @@ def test_a_get_or_a_body_that_is_not_json_is_refused(alice, demo_pair, user):
 def test_editing_while_the_answer_is_written_is_refused(alice, demo_pair, user):
     generation = running_generation(pair=demo_pair, user=user)
     conversation = Conversation.objects.create(user=user, pair=demo_pair, title="def f():")
-    Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
-    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
-    response = post(alice, f"/c/{conversation.id}/edit/", {"text": "def g():"})
+    asked = Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
+    Message.objects.create(conversation=conversation, parent=asked, role=Message.Role.ASSISTANT,
+                           generation=generation)
+    response = post(alice, f"/m/{asked.id}/edit/", {"text": "def g():"})
     assert response.status_code == 409 and response.json()["error"]["code"] == "answer_in_progress"
     assert "or stop it" in response.json()["error"]["message"]
-    assert conversation.messages.first().content == "def f():"
+    assert conversation.messages.first().content == "def f():" and conversation.messages.count() == 2
 
 
 def test_the_system_prompt_comes_first_in_the_history(alice, demo_pair, user):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from chatsite.chat import selectors
 from chatsite.chat.models import Conversation, Message
 from inference.models import Generation, ModelPair
 from tests.conftest import in_thread, log_in
@@ -25,8 +26,9 @@ def kept_answer(*, pair, user, title: str, question: str, text: str) -> Conversa
         pair=pair, user=user, prompt=question, status=Generation.Status.FINISHED, text=text, steps=[["", text]],
         finish_reason="stop", completion_tokens=1, main_steps=1, tokens_per_s=12.5, ttft_ms=40.0)
     conversation = Conversation.objects.create(user=user, pair=pair, title=title)
-    Message.objects.create(conversation=conversation, role=Message.Role.USER, content=question)
-    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
+    asked = Message.objects.create(conversation=conversation, role=Message.Role.USER, content=question)
+    Message.objects.create(conversation=conversation, parent=asked, role=Message.Role.ASSISTANT,
+                           generation=generation)
     return conversation
 
 
@@ -192,10 +194,10 @@ def test_system_prompt_edit_and_resend_and_the_last_answers_controls(demo_pair, 
     page.click("#send")
     page.wait_for_function("() => document.querySelectorAll('article.assistant:not(.streaming) .actions').length == 2")
     assert page.locator("button.regenerate:visible").count() == 1  # only under the last answer
-    assert page.locator("button.edit:visible").count() == 1  # only on the last message sent
+    assert page.locator("button.edit:visible").count() == 2  # on every message sent
     page.screenshot(path=str(SHOTS / "completion-390.png"))
 
-    page.click("button.edit")
+    page.locator("button.edit").last.click()
     page.fill("#edit-text", "def mul(a, b):")
     page.click("button.save-edit")
     page.wait_for_function("""() => [...document.querySelectorAll('article.assistant:not(.streaming) code.hljs')]
@@ -204,7 +206,7 @@ def test_system_prompt_edit_and_resend_and_the_last_answers_controls(demo_pair, 
     last = page.locator("article.assistant").last
     assert last.locator("code.hljs").inner_text().startswith("def mul(a, b):")
     assert page.locator("article.user").all_inner_texts()[-1].startswith("def mul(a, b):")
-    messages = in_thread(lambda: list(conversation.messages.select_related("generation")))
+    messages = in_thread(lambda: list(selectors.messages_of(conversation=conversation)))  # the path shown
     assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
     assert messages[2].content == "def mul(a, b):" and messages[3].generation.status == "finished"
     assert messages[3].generation.prompt.startswith("# Small helpers\n")
@@ -214,6 +216,7 @@ def test_system_prompt_edit_and_resend_and_the_last_answers_controls(demo_pair, 
     page.wait_for_selector("article.assistant:not(.streaming) .actions")
     assert page.locator("article.user").count() == 2
     assert page.locator("button.regenerate:visible").count() == 1
+    assert page.locator("article.user").last.locator(".versions").inner_text().split() == ["‹", "2/2", "›"]
 
 
 def test_default_pair_description_favicon_and_unserved_hint(demo_pair, user, client):

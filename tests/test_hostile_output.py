@@ -184,8 +184,9 @@ def answer_being_written(chat_pair, user) -> Generation:
 
     generation = running_generation(pair=chat_pair, user=user)
     conversation = Conversation.objects.create(user=user, pair=chat_pair, title="def f():")
-    Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
-    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
+    asked = Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
+    Message.objects.create(conversation=conversation, parent=asked, role=Message.Role.ASSISTANT,
+                           generation=generation)
     return generation
 
 

@@ -43,8 +43,9 @@ def finished_generation(*, pair, user, text="def f():\n    return 1\n") -> Gener
     generation = Generation.objects.create(pair=pair, user=user, prompt="def f():", status=Generation.Status.FINISHED,
                                            text=text, steps=[["", text]], finish_reason="stop")
     conversation = Conversation.objects.create(user=user, pair=pair, title="def f():")
-    Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
-    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation)
+    asked = Message.objects.create(conversation=conversation, role=Message.Role.USER, content="def f():")
+    Message.objects.create(conversation=conversation, parent=asked, role=Message.Role.ASSISTANT,
+                           generation=generation)
     return generation
 
 

@@ -1,4 +1,4 @@
-"""The chat websocket: send, follow (resume after an event id), stop, regenerate.
+"""The chat websocket: send, follow (resume after an event id), stop, regenerate, continue.
 
 Each answer's events are read from its Redis stream, so a browser that reconnects asks to follow
 from the last event id it rendered and gets exactly the rest. A malformed message is answered with
@@ -26,7 +26,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from chatsite.chat import access, services
+from chatsite.chat import access, selectors, services
 from chatsite.chat.handshake import DATABASE_UNAVAILABLE_CLOSE
 from inference import errors, json_input, transport
 from inference.selectors import generation_for_user
@@ -35,7 +35,7 @@ from inference.serving.records import reconnecting
 from inference.transport import valid_entry_id
 
 log = logging.getLogger(__name__)
-ACTIONS = ("send", "follow", "stop", "regenerate")
+ACTIONS = ("send", "follow", "stop", "regenerate", "continue")
 _abandoned: set[asyncio.Task] = set()  # stop checks that outlive their connection
 MAX_JSON_DEPTH = 16  # the deepest a chat message nests (the real ones nest 2 levels)
 
@@ -135,11 +135,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             user=self.scope["user"], message_id=_integer(content, "message", required=True), options=options)
         await self.started(message, content)
 
+    async def do_continue(self, content):
+        options = _options(content)
+        message = await database_sync_to_async(services.continue_answer)(
+            user=self.scope["user"], message_id=_integer(content, "message", required=True), options=options)
+        await self.started(message, content)
+
     async def started(self, message, content):
+        """Said with the conversation's shown path, which the answer changed (a new message, a new version)."""
         generation_id = str(message.generation_id)
+        shown = await _pooled(selectors.shown_path_json)(conversation=message.conversation)
         await self.send_json({"type": "started", "conversation": message.conversation_id, "message": message.id,
                               "generation": generation_id, "messages_left_out": message.messages_left_out,
-                              "ref": content.get("ref")})
+                              "messages": shown, "ref": content.get("ref")})
         await self.start_following(generation_id, "0-0")
 
     async def owned_generation(self, content):

@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from inference.models import Generation, ModelPair
 
@@ -22,6 +23,11 @@ class Conversation(models.Model):
 
 
 class Message(models.Model):
+    """One version of a turn. A conversation is a tree: a message follows its `parent`, and the messages with
+    the same parent are the versions of one turn (an answer regenerated, a user message edited: a branch).
+    The conversation shows one path through it, the messages marked `shown`; at a fork it follows the version
+    shown last (`shown_at`), so a branch left and come back to looks as the user left it."""
+
     class Role(models.TextChoices):
         USER = "user"
         ASSISTANT = "assistant"
@@ -31,6 +37,12 @@ class Message(models.Model):
     content = models.TextField(blank=True, help_text="The user's text; an answer's text lives in its generation.")
     generation = models.OneToOneField(Generation, null=True, blank=True, on_delete=models.SET_NULL,
                                       related_name="message")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="replies",
+                               help_text="The message this one follows; none for the conversation's first turn.")
+    shown = models.BooleanField(default=True, help_text="On the path the conversation shows (and prompts with).")
+    shown_at = models.DateTimeField(default=timezone.now, help_text="When this version was last shown.")
+    earlier_text = models.TextField(blank=True, help_text="An answer continued after it reached the max tokens: its "
+                                                          "text before the current generation's.")
     messages_left_out = models.PositiveIntegerField(
         default=0, help_text="An answer's: how many of the conversation's oldest messages its prompt left out, "
                              "the conversation being longer than the model's context.")
@@ -45,5 +57,5 @@ class Message(models.Model):
     @property
     def text(self) -> str:
         if self.role == self.Role.ASSISTANT:
-            return self.generation.text if self.generation else ""
+            return self.earlier_text + (self.generation.text if self.generation else "")
         return self.content

@@ -7,6 +7,7 @@ from django.db.models import Exists, OuterRef, Q
 from chatsite.chat.models import Conversation, Message
 from inference import selectors as inference_selectors
 from inference import transport
+from inference.engines.base import FIGURES
 from inference.models import ModelPair
 
 
@@ -23,12 +24,12 @@ SEARCH_MAX_WORDS = 8
 
 
 def conversations_matching(*, user, words: list[str]) -> list[int]:
-    """The ids of the user's conversations holding every word (case aside) in the title or in a message,
-    the answers' text included."""
+    """The ids of the user's conversations holding every word (case aside) in the title or in a message
+    of the path each shows, the answers' text included."""
     conversations = Conversation.objects.filter(user=user)
     for word in words[:SEARCH_MAX_WORDS]:
-        in_messages = Message.objects.filter(conversation=OuterRef("pk")).filter(
-            Q(content__icontains=word) | Q(generation__text__icontains=word))
+        in_messages = Message.objects.filter(conversation=OuterRef("pk"), shown=True).filter(
+            Q(content__icontains=word) | Q(earlier_text__icontains=word) | Q(generation__text__icontains=word))
         conversations = conversations.filter(Q(title__icontains=word) | Exists(in_messages))
     return list(conversations.values_list("id", flat=True))
 
@@ -38,17 +39,44 @@ def conversation_for(*, user, conversation_id) -> Conversation | None:
 
 
 def messages_of(*, conversation: Conversation):
-    return conversation.messages.select_related("generation", "generation__pair")
+    """The path the conversation shows (one version of each turn), in order: what the page lists, the next
+    prompt reads and the exports keep."""
+    return conversation.messages.filter(shown=True).select_related("generation", "generation__pair")
 
 
-def history(*, conversation: Conversation, before: Message | None = None) -> list[dict]:
-    """The conversation as chat-template messages (failed or empty answers left out), after its
-    system prompt if it has one."""
+def history(*, conversation: Conversation) -> list[dict]:
+    """The shown path as chat-template messages (failed or empty answers left out, as an answer not yet
+    written is), after the conversation's system prompt if it has one."""
     messages = messages_of(conversation=conversation)
-    if before is not None:
-        messages = messages.filter(id__lt=before.id)
     system = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt.strip() else []
     return system + [{"role": m.role, "content": m.text} for m in messages if m.text]
+
+
+def shown_path_json(*, conversation: Conversation) -> list[dict]:
+    """The shown path as the page's script renders it, each message with the ids of its turn's versions
+    (oldest first), for its arrows (1/2)."""
+    versions: dict[int | None, list[int]] = {}
+    for message_id, parent_id in conversation.messages.order_by("created_at", "id").values_list("id", "parent_id"):
+        versions.setdefault(parent_id, []).append(message_id)
+    return [{**message_json(m), "versions": versions[m.parent_id]} for m in messages_of(conversation=conversation)]
+
+
+def message_json(message: Message) -> dict:
+    """What the page's script needs to show a kept message (and resume its answer if still running)."""
+    data = {"id": message.id, "role": message.role, "text": message.text, "earlier_text": message.earlier_text,
+            "messages_left_out": message.messages_left_out}
+    generation = message.generation
+    if generation is not None:
+        data["generation"] = {
+            "id": str(generation.id), "status": generation.status, "done": generation.is_done,
+            "finish_reason": generation.finish_reason, "error": generation.error, "steps": generation.steps,
+            **{name: getattr(generation, name) for name in FIGURES},
+            "pair": generation.pair.slug, "speculative_mode": generation.speculative_mode,
+            "speculative_reason": generation.speculative_reason, "speculative_k": generation.speculative_k,
+            "speculative_route": generation.speculative_route,
+            "speculative_reason_codes": generation.speculative_reason_codes,
+        }
+    return data
 
 
 def chat_pairs() -> list[dict]:

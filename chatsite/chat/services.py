@@ -1,4 +1,6 @@
-"""Chat actions: a message sent or an answer regenerated starts a generation on the shared path.
+"""Chat actions: a message sent, an answer regenerated or continued, a message edited starts a generation on
+the shared path. None deletes anything: a regenerated answer or an edited message is a new version of its
+turn (see models.Message), and the conversation shows, and prompts with, one path through them.
 
 A conversation writes one answer at a time, so that each answer's prompt holds the whole conversation
 before it; a user has at most CHAT_MAX_CONCURRENT answers in flight (in different conversations). Both
@@ -35,7 +37,7 @@ def answer_slot(*, user):
 
 def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str,
                  options: web.GenerationOptions) -> Message:
-    """Add the user's message and a streaming answer; on any error nothing is saved."""
+    """Add the user's message after the shown path, and a streaming answer; on any error nothing is saved."""
     web.check_prompt_text(text, param="prompt")
     pair = web.find_pair(slug=pair_slug)
     with answer_slot(user=user), transaction.atomic():
@@ -48,58 +50,113 @@ def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str
             conversation.save(update_fields=["pair", "title", "updated_at"])
         else:
             conversation = Conversation.objects.create(user=user, pair=pair, title=_title_from(text))
-        Message.objects.create(conversation=conversation, role=Message.Role.USER, content=text)
-        prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param="prompt")
-        generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
-                                                source=Generation.Source.CHAT, add_special_tokens=False)
-        return Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation,
-                                      messages_left_out=prompt.left_out)
+        last = selectors.messages_of(conversation=conversation).last()
+        message = Message.objects.create(conversation=conversation, parent=last, role=Message.Role.USER, content=text)
+        return _answer(user=user, pair=pair, conversation=conversation, after=message, options=options, param="prompt")
 
 
 def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Message:
-    """Answer the last user message again, in place of the last answer."""
+    """A new version of a shown answer, written after the same message; the old one stays a version of it."""
     with answer_slot(user=user), transaction.atomic():
-        message = Message.objects.select_related("conversation").filter(
-            id=message_id, conversation__user=user, role=Message.Role.ASSISTANT).first()
-        if message is None:
-            raise errors.NotFound("No such answer.", param="message")
+        message = _shown_message(user=user, message_id=message_id, role=Message.Role.ASSISTANT)
         conversation = message.conversation
-        if conversation.messages.filter(created_at__gt=message.created_at).exists():
-            raise errors.InvalidValue("Only the last answer can be regenerated.", param="message")
-        _refuse_if_answering(conversation=conversation)
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
-        prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, before=message,
-                                       param="message")
-        message.generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
-                                                        source=Generation.Source.CHAT, add_special_tokens=False)
-        message.messages_left_out = prompt.left_out
-        message.save(update_fields=["generation", "messages_left_out"])
         conversation.save(update_fields=["updated_at"])
-    return message
+        return _answer(user=user, pair=pair, conversation=conversation, after=message.parent, options=options,
+                       param="message")
 
 
-def edit_and_resend(*, user, conversation_id: int, text: str, options: web.GenerationOptions) -> Message:
-    """The conversation's last user message rewritten and answered anew: the answers after it leave
-    the conversation (their generations stay until purge_history, as any unlisted answer's do)."""
+def edit_and_resend(*, user, message_id: int, text: str, options: web.GenerationOptions) -> Message:
+    """A shown user message rewritten and answered anew: a branch. The new text becomes a version of that
+    turn, shown with its answer; the old message and everything after it stay reachable as the other version."""
     web.check_prompt_text(text, param="text")
     with answer_slot(user=user), transaction.atomic():
-        conversation = _owned(user=user, conversation_id=conversation_id)
-        message = conversation.messages.filter(role=Message.Role.USER).last()
-        if message is None:
-            raise errors.InvalidValue("This conversation has no message to edit.", param="conversation")
-        _refuse_if_answering(conversation=conversation)
+        message = _shown_message(user=user, message_id=message_id, role=Message.Role.USER)
+        conversation = message.conversation
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
-        if conversation.title == _title_from(message.content):
-            conversation.title = _title_from(text)
-        message.content = text
-        message.save(update_fields=["content"])
-        conversation.messages.filter(id__gt=message.id).delete()
-        prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param="text")
-        generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
-                                          source=Generation.Source.CHAT, add_special_tokens=False)
-        conversation.save(update_fields=["title", "updated_at"])
-        return Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, generation=generation,
-                                      messages_left_out=prompt.left_out)
+        conversation.save(update_fields=["updated_at"])  # the title stays: the old branch is still there
+        edited = Message.objects.create(conversation=conversation, parent=message.parent, role=Message.Role.USER,
+                                        content=text)
+        _show(edited)
+        return _answer(user=user, pair=pair, conversation=conversation, after=edited, options=options, param="text")
+
+
+def continue_answer(*, user, message_id: int, options: web.GenerationOptions) -> Message:
+    """The last answer, cut at its max tokens, written further: a new generation whose prompt is the
+    conversation with that answer as the assistant's unfinished turn; its text is appended to the same
+    message (the cut text moves to `earlier_text`, the message's generation is the newest part)."""
+    with answer_slot(user=user), transaction.atomic():
+        message = _shown_message(user=user, message_id=message_id, role=Message.Role.ASSISTANT)
+        conversation = message.conversation
+        if message.generation is None or message.generation.finish_reason != "length":
+            raise errors.InvalidValue("Only an answer that reached the max tokens can be continued.", param="message")
+        if message.replies.filter(shown=True).exists():
+            raise errors.InvalidValue("Only the last answer can be continued.", param="message")
+        pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
+        prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param="message",
+                                       continuing=True)
+        message.earlier_text = message.text
+        message.generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
+                                                  source=Generation.Source.CHAT, add_special_tokens=False)
+        message.messages_left_out = prompt.left_out
+        message.save(update_fields=["earlier_text", "generation", "messages_left_out"])
+        conversation.save(update_fields=["updated_at"])
+        return message
+
+
+def show_version(*, user, message_id: int) -> Conversation:
+    """Show this version of its turn (and, below it, the versions shown last there): the page, the next
+    prompt and the exports follow it. Not while an answer is being written: its prompt is the shown path."""
+    with answer_slot(user=user), transaction.atomic():
+        message = Message.objects.select_related("conversation").filter(id=message_id, conversation__user=user).first()
+        if message is None:
+            raise errors.NotFound("No such message.", param="message")
+        if message.parent is not None and not message.parent.shown:
+            raise errors.InvalidValue("That version is not in the conversation shown.", param="message")
+        _refuse_if_answering(conversation=message.conversation)
+        _show(message)
+        return message.conversation
+
+
+def _answer(*, user, pair: ModelPair, conversation: Conversation, after: Message | None,
+            options: web.GenerationOptions, param: str) -> Message:
+    """A new answer after `after`, shown, its generation started with the shown path as the prompt (the new
+    answer, without text yet, is not part of it)."""
+    answer = Message.objects.create(conversation=conversation, parent=after, role=Message.Role.ASSISTANT)
+    _show(answer)
+    prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param=param)
+    answer.generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
+                                             source=Generation.Source.CHAT, add_special_tokens=False)
+    answer.messages_left_out = prompt.left_out
+    answer.save(update_fields=["generation", "messages_left_out"])
+    return answer
+
+
+def _show(message: Message) -> None:
+    """Make `message` its turn's shown version: the path below its parent is unmarked, then marked again
+    from `message` down, following at each fork the version shown last."""
+    path = list(selectors.messages_of(conversation=message.conversation).values_list("id", "parent_id"))
+    fork = next((i for i, (_, parent_id) in enumerate(path) if parent_id == message.parent_id), len(path))
+    Message.objects.filter(id__in=[message_id for message_id, _ in path[fork:]]).update(shown=False)
+    now = timezone.now()
+    shown: Message | None = message
+    while shown is not None:
+        Message.objects.filter(id=shown.id).update(shown=True, shown_at=now)
+        shown = shown.replies.order_by("-shown_at", "-id").first()
+    message.shown, message.shown_at = True, now
+
+
+def _shown_message(*, user, message_id: int, role: str) -> Message:
+    """The user's message to write a new answer from, under the user's slot lock."""
+    message = Message.objects.select_related("conversation", "conversation__pair", "generation").filter(
+        id=message_id, conversation__user=user, role=role).first()
+    if message is None:
+        raise errors.NotFound("No such answer." if role == Message.Role.ASSISTANT else "No such message.",
+                              param="message")
+    _refuse_if_answering(conversation=message.conversation)  # first: the likelier reason, said in its words
+    if not message.shown:
+        raise errors.InvalidValue("That version is not the one shown: show it first.", param="message")
+    return message
 
 
 def new_conversation(*, user, system_prompt: str) -> Conversation:
@@ -176,13 +233,14 @@ class ChatPrompt:
 
 
 def prompt_within_context(*, pair: ModelPair, conversation: Conversation, options: web.GenerationOptions, param: str,
-                          before: Message | None = None) -> ChatPrompt:
+                          continuing: bool = False) -> ChatPrompt:
     """The conversation as the model reads it. One longer than the model's context leaves out its oldest
     turns (a user message and the answers after it), keeping the system prompt and the newest message, until
     the answer has room for its max tokens (up to half the context): a long conversation goes on rather than
     being refused for good. The newest message alone is still sent when it leaves MIN_ANSWER_TOKENS; one
-    that does not is refused (errors.ContextLengthExceeded naming `param`)."""
-    messages = selectors.history(conversation=conversation, before=before)
+    that does not is refused (errors.ContextLengthExceeded naming `param`). `continuing`: the shown path ends
+    with an answer cut at its max tokens, which the model writes on from its last character."""
+    messages = selectors.history(conversation=conversation)
     system = messages[:1] if messages and messages[0]["role"] == "system" else []
     turns = messages[len(system):]
     starts = [i for i, m in enumerate(turns) if m["role"] == Message.Role.USER] or [0]  # where a turn begins
@@ -192,6 +250,8 @@ def prompt_within_context(*, pair: ModelPair, conversation: Conversation, option
 
     def from_turn(start: int) -> tuple[ChatPrompt, int]:
         text = web.chat_prompt(pair=pair, messages=system + turns[start:])
+        if continuing:
+            text = _unfinished(text, answer=turns[-1]["content"])
         return ChatPrompt(text=text, left_out=start), len(web.encode_prompt(pair=pair, prompt=text,
                                                                           add_special_tokens=False))
 
@@ -216,6 +276,17 @@ def prompt_within_context(*, pair: ModelPair, conversation: Conversation, option
         else:
             low = middle + 1
     return kept
+
+
+def _unfinished(prompt: str, *, answer: str) -> str:
+    """The rendered conversation cut right after the last answer's text, so that the model goes on writing
+    that answer rather than a new one: what transformers' continue_final_message does, for the OpenVINO
+    tokenizer's apply_chat_template, which has no such option (the template's end of turn and the next
+    generation prompt, if any, are dropped)."""
+    at = prompt.rfind(answer)
+    if not answer or at == -1:
+        raise errors.InvalidValue("This pair's chat template cannot continue an answer.", param="message")
+    return prompt[:at + len(answer)]
 
 
 def stop_all_answers(*, user) -> None:

@@ -10,26 +10,7 @@ from django.views.decorators.http import require_POST
 
 from chatsite.chat import selectors, services
 from inference import errors, json_input
-from inference.engines.base import FIGURES
 from inference.serving import web
-
-
-def answer_json(message) -> dict:
-    """What the page's script needs to show a kept message (and resume it if still running)."""
-    data = {"id": message.id, "role": message.role, "text": message.text,
-            "messages_left_out": message.messages_left_out}
-    generation = message.generation
-    if generation is not None:
-        data["generation"] = {
-            "id": str(generation.id), "status": generation.status, "done": generation.is_done,
-            "finish_reason": generation.finish_reason, "error": generation.error, "steps": generation.steps,
-            **{name: getattr(generation, name) for name in FIGURES},
-            "pair": generation.pair.slug, "speculative_mode": generation.speculative_mode,
-            "speculative_reason": generation.speculative_reason, "speculative_k": generation.speculative_k,
-            "speculative_route": generation.speculative_route,
-            "speculative_reason_codes": generation.speculative_reason_codes,
-        }
-    return data
 
 
 @login_required
@@ -40,7 +21,7 @@ def chat(request, conversation_id: int | None = None):
         conversation = selectors.conversation_for(user=request.user, conversation_id=conversation_id)
         if conversation is None:  # deleted (in another tab, say): a fresh chat, which says so
             return redirect(f"{reverse('chat')}?gone")
-        messages = [answer_json(m) for m in selectors.messages_of(conversation=conversation)]
+        messages = selectors.shown_path_json(conversation=conversation)
     pairs = selectors.chat_pairs()
     selected = conversation.pair.slug if conversation and conversation.pair else (pairs[0]["slug"] if pairs else "")
     return render(request, "chat/chat.html", {
@@ -116,10 +97,17 @@ def delete(body: dict) -> dict:
 @_json_action
 def edit(body: dict) -> dict:
     """The answer is started here; the page follows its events on its websocket as any other's."""
-    message = services.edit_and_resend(user=body["user"], conversation_id=body["conversation_id"],
-                                       text=_text(body, "text"), options=_options(body))
+    message = services.edit_and_resend(user=body["user"], message_id=body["message_id"], text=_text(body, "text"),
+                                       options=_options(body))
     return {"message": message.id, "generation": str(message.generation_id),
-            "messages_left_out": message.messages_left_out}
+            "messages": selectors.shown_path_json(conversation=message.conversation)}
+
+
+@_json_action
+def show_version(body: dict) -> dict:
+    """Another version of a turn shown: answered with the conversation's shown path, which the page lists."""
+    conversation = services.show_version(user=body["user"], message_id=body["message_id"])
+    return {"messages": selectors.shown_path_json(conversation=conversation)}
 
 
 @login_required

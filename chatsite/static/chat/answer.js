@@ -5,8 +5,10 @@
 import { copyButton, decorateCode, formatMetrics, markSteps, plural, renderMarkdown, technicalMetrics } from "./render.js";
 
 export class Answer {
-  constructor(el, messageId, generationId, pair, chat) {
+  // `earlier`: the text of an answer continued after it reached the max tokens, before this generation's.
+  constructor(el, messageId, generationId, pair, chat, earlier = "") {
     this.el = el;
+    this.earlier = earlier;
     this.chat = chat;
     this.messageId = messageId;
     this.generationId = generationId;
@@ -19,7 +21,8 @@ export class Answer {
   reset() {
     this.lastId = "0-0";
     this.steps = [];
-    this.text = "";
+    this.text = this.earlier;
+    this.finishReason = null;
     this.done = false;
     this.renderQueued = false;
     this.el.classList.add("streaming");
@@ -50,7 +53,7 @@ export class Answer {
       }
       this.queueRender();
     } else if (event.type === "done") {
-      this.text = event.text;
+      this.text = this.earlier + event.text;
       this.finish(event);
     } else if (event.type === "error") {
       this.finish(null);
@@ -63,10 +66,12 @@ export class Answer {
 
   finish(metrics) {
     this.done = true;
+    this.finishReason = metrics?.finish_reason ?? null;
     this.el.classList.remove("streaming");
     this.render();
     const meta = this.el.querySelector(".meta");
-    meta.textContent = metrics ? formatMetrics(metrics) : "";
+    // A continued answer's figures are its last part's (each part is a generation of its own).
+    meta.textContent = metrics ? (this.earlier ? "Continued; this part: " : "") + formatMetrics(metrics) : "";
     meta.title = metrics ? technicalMetrics(metrics) : "";
     this.addActions();
     this.chat.finished();
@@ -93,7 +98,7 @@ export class Answer {
     decorateCode(body, this.highlights);
     const showSteps = this.chat.showSteps() && this.steps.length > 0;
     body.className = showSteps ? "body steps" : "body";
-    if (showSteps) markSteps(body, this.shownText(), this.steps, prompt?.length ?? 0);
+    if (showSteps) markSteps(body, this.shownText(), this.steps, (prompt?.length ?? 0) + this.earlier.length);
     this.chat.scrollDown();
   }
 
@@ -107,6 +112,14 @@ export class Answer {
       this.chat.regenerate(this);
     });
     actions.append(copyButton("Copy", "copy-answer", "Copy the whole answer"), regen);
+    if (this.finishReason === "length") { // cut at the max tokens: written further on demand, as one answer
+      const more = copyButton("Continue", "continue", "Write this answer further (it stopped at the max tokens)");
+      more.addEventListener("click", () => {
+        actions.remove();
+        this.chat.continueAnswer(this);
+      });
+      actions.append(more);
+    }
     this.el.appendChild(actions);
     this.chat.actionsShown();
   }

@@ -1,6 +1,8 @@
 // The chat page: one websocket, answers streamed from their Redis streams, resumed after a reconnect
 // from the last event id each answer rendered (so no token is lost or shown twice). Conversation
-// management (rename, delete, system prompt, edit and resend) goes over small JSON POSTs.
+// management (rename, delete, system prompt, edit and resend, versions) goes over small JSON POSTs.
+// A conversation is a tree of versions (an answer regenerated, a message edited); the server keeps which
+// path it shows, and every action that changes it answers with that path, which the page lists anew.
 // This module keeps the page's state (the socket, the answers, the current conversation); the modules it
 // imports hold no state of it and are handed what they need, so none of them imports this one.
 
@@ -33,20 +35,58 @@ messagesEl.addEventListener("click", (e) => {
 });
 
 // ------------------------------------------------------------------ messages
-function addBubble(role) {
+function addBubble(role, messageId) {
   const el = document.createElement("article");
   el.className = `message ${role}`;
+  el.dataset.message = messageId;
   el.innerHTML = `<div class="body"></div><div class="meta"></div>`;
   messagesEl.appendChild(el);
   showEmptyState();
   return el;
 }
 
-function addUserMessage(text) {
-  const el = addBubble("user");
+function addUserMessage(messageId, text) {
+  const el = addBubble("user", messageId);
   el.querySelector(".body").textContent = text;
-  updateActions();
-  scrollDown();
+  return el;
+}
+
+// ‹ 1/2 ›: which version of its turn a message is, and the way to the others (one at a time is shown).
+function addVersions(el, messageId, versions) {
+  if (!versions || versions.length < 2) return;
+  const at = versions.indexOf(messageId);
+  const nav = document.createElement("nav");
+  nav.className = "versions";
+  nav.setAttribute("aria-label", "Versions");
+  const arrow = (text, label, target) => {
+    const button = copyButton(text, "version", label);
+    button.setAttribute("aria-label", label);
+    button.disabled = target == null;
+    if (target == null) button.dataset.end = "1"; // stays disabled whatever else happens
+    button.addEventListener("click", () => showVersion(target, label));
+    return button;
+  };
+  const count = document.createElement("span");
+  count.textContent = `${at + 1}/${versions.length}`;
+  count.setAttribute("aria-label", `version ${at + 1} of ${versions.length}`);
+  nav.append(arrow("‹", "Previous version", versions[at - 1]), count, arrow("›", "Next version", versions[at + 1]));
+  el.insertBefore(nav, el.querySelector(".meta"));
+}
+
+async function showVersion(messageId, arrowLabel) {
+  if (busy()) {
+    setStatus(ONE_AT_A_TIME, true);
+    return;
+  }
+  try {
+    showPath((await post(`/m/${messageId}/show/`, {})).messages);
+    setStatus("");
+    // The clicked arrow was listed anew: focus goes to its like on the version shown (the other at the end).
+    const arrows = [...document.querySelectorAll(`article[data-message="${messageId}"] nav.versions button`)];
+    (arrows.find((b) => b.getAttribute("aria-label") === arrowLabel && !b.disabled) ?? arrows.find((b) => !b.disabled))?.focus();
+  } catch (err) {
+    setStatus(inPlainWords(err), true);
+  }
 }
 
 function scrollDown() {
@@ -62,8 +102,9 @@ new ResizeObserver(() => {
   shownHeight = messagesEl.clientHeight;
 }).observe(messagesEl);
 
-function addAnswer(messageId, generationId, pairSlug) {
-  return new Answer(addBubble("assistant"), messageId, generationId, pairs.get(pairSlug), chatForAnswers);
+function addAnswer(messageId, generationId, pairSlug, earlier) {
+  return new Answer(addBubble("assistant", messageId), messageId, generationId, pairs.get(pairSlug), chatForAnswers,
+    earlier);
 }
 
 // An answer whose prompt left out the conversation's oldest messages says so above its text.
@@ -86,20 +127,28 @@ const chatForAnswers = {
     updateActions();
     scrollDown(); // the answer's buttons, in view
   },
-  regenerate(answer) {
-    if (busy()) {
-      setStatus(ONE_AT_A_TIME, true);
-      answer.addActions();
-      return;
-    }
-    const ref = String(++refCounter);
-    pendingRegenerate.set(ref, answer);
-    send({ action: "regenerate", message: answer.messageId, settings: currentSettings(), ref });
-    updateButtons();
-  },
+  regenerate: (answer) => askAgain("regenerate", answer),
+  continueAnswer: (answer) => askAgain("continue", answer),
 };
 
-const pendingRegenerate = new Map(); // ref -> the answer being regenerated
+// Regenerate (a new version of the answer) or Continue (the same answer written further): over the socket,
+// the answer's buttons given back if the server refuses.
+function askAgain(action, answer) {
+  if (busy()) {
+    setStatus(ONE_AT_A_TIME, true);
+    answer.addActions();
+    return;
+  }
+  const ref = String(++refCounter);
+  pendingRegenerate.set(ref, answer);
+  if (!send({ action, message: answer.messageId, settings: currentSettings(), ref })) {
+    pendingRegenerate.delete(ref);
+    answer.addActions();
+  }
+  updateButtons();
+}
+
+const pendingRegenerate = new Map(); // ref -> the answer being regenerated or continued
 const pendingSends = new Map(); // ref -> the text sent, shown once the server accepted it
 let starting = false; // a send or an edit on its way (a new chat made first, an edit's POST)
 const ONE_AT_A_TIME = "An answer is still being written: wait for it to finish, or stop it (Esc).";
@@ -129,28 +178,27 @@ function stopAnswers() {
   inFlight().forEach((a) => send({ action: "stop", generation: a.generationId }));
 }
 
-// Regenerate only under the last answer, edit only on the last message sent: where they work.
+// Regenerate and Continue under the last answer only (the server takes any shown answer's regeneration, but one
+// pair of buttons reads clearer); Edit on every message sent: editing an earlier one starts a branch.
 function updateActions() {
   const articles = [...messagesEl.querySelectorAll("article.message")];
-  const lastAnswer = articles.findLast((a) => a.classList.contains("assistant"));
-  for (const button of messagesEl.querySelectorAll("button.regenerate")) {
-    button.hidden = button.closest("article") !== lastAnswer || articles.at(-1) !== lastAnswer;
+  const last = articles.at(-1);
+  for (const button of messagesEl.querySelectorAll("button.regenerate, button.continue")) {
+    button.hidden = button.closest("article") !== last;
   }
-  const lastUser = articles.findLast((a) => a.classList.contains("user"));
-  messagesEl.querySelectorAll("article.user .actions").forEach((el) => {
-    if (el.closest("article") !== lastUser) el.remove();
-  });
-  if (lastUser && !lastUser.querySelector(".actions") && !lastUser.classList.contains("editing")) {
+  for (const article of articles) {
+    if (!article.classList.contains("user") || article.querySelector(".actions") || article.classList.contains("editing")) continue;
     const actions = document.createElement("div");
     actions.className = "actions";
-    const edit = copyButton("Edit", "edit", "Edit this message and send it again");
-    edit.addEventListener("click", () => startEdit(lastUser));
+    const edit = copyButton("Edit", "edit", "Edit this message and send it again (the answers after it stay, as a version)");
+    edit.addEventListener("click", () => startEdit(article));
     actions.appendChild(edit);
-    lastUser.appendChild(actions);
+    article.appendChild(actions);
   }
   const editable = conversationId && !busy();
   messagesEl.querySelectorAll("article.user button.edit").forEach((b) => { b.disabled = !editable; });
-  messagesEl.querySelectorAll("article.assistant button.regenerate").forEach((b) => { b.disabled = busy(); });
+  messagesEl.querySelectorAll("article.assistant :is(button.regenerate, button.continue), nav.versions button")
+    .forEach((b) => { if (b.dataset.end !== "1") b.disabled = busy(); });
 }
 
 function setStatus(text, isError = false) {
@@ -191,23 +239,10 @@ function onMessage(msg) {
     if (conversationId !== msg.conversation || !document.querySelector(`#conversations a[data-id="${msg.conversation}"]`)) {
       enterConversation(msg.conversation, sent ? sent.text.split(/\s+/).join(" ").trim().slice(0, 80) : "New chat");
     }
-    if (sent) {
-      addUserMessage(sent.text);
-      pendingSends.delete(msg.ref);
-    }
-    let answer = pendingRegenerate.get(msg.ref);
+    pendingSends.delete(msg.ref);
     pendingRegenerate.delete(msg.ref);
-    if (answer) {
-      answers.delete(answer.generationId);
-      answer.generationId = msg.generation;
-      answer.el.dataset.generation = msg.generation;
-      answer.reset();
-    } else {
-      answer = addAnswer(msg.message, msg.generation, sent ? sent.pair : $("pair").value);
-    }
-    answers.set(msg.generation, answer);
-    showLeftOut(answer, msg.messages_left_out);
-    updateButtons();
+    showPath(msg.messages); // the new answer among them, followed by this socket from its first event
+    scrollDown();
   } else if (msg.type === "event") {
     const answer = answers.get(msg.generation);
     if (answer && !answer.done) answer.apply(msg.id, msg.event);
@@ -255,15 +290,20 @@ function connect() {
   });
 }
 
-function initMessages() {
+// The conversation's shown path, listed anew: on opening it and after each action that changed it. (Answers
+// still being written are only ever the last, new one: versions are not switched meanwhile.)
+function showPath(messages) {
+  answers.clear();
+  messagesEl.querySelectorAll("article.message").forEach((el) => el.remove());
   let previousPair = page.pair;
-  for (const m of page.messages) {
+  for (const m of messages) {
     if (m.role === "user") {
-      addUserMessage(m.text);
+      addVersions(addUserMessage(m.id, m.text), m.id, m.versions);
       continue;
     }
     const g = m.generation;
-    const answer = addAnswer(m.id, g ? g.id : "", g ? g.pair : previousPair);
+    const answer = addAnswer(m.id, g ? g.id : "", g ? g.pair : previousPair, m.earlier_text);
+    addVersions(answer.el, m.id, m.versions);
     showLeftOut(answer, m.messages_left_out);
     if (!g) continue;
     previousPair = g.pair;
@@ -276,7 +316,7 @@ function initMessages() {
     }
   }
   showEmptyState();
-  updateActions();
+  updateButtons();
 }
 
 // ------------------------------------------------------------------ sending, editing
@@ -385,19 +425,11 @@ function startEdit(article) {
     save.disabled = true;
     starting = true;
     try {
-      const started = await post(`/c/${conversationId}/edit/`, { text: area.value, settings: currentSettings() });
-      while (article.nextElementSibling) { // the answers after the message leave with it
-        const next = article.nextElementSibling;
-        for (const [id, a] of answers) if (a.el === next) answers.delete(id);
-        next.remove();
-      }
-      body.textContent = area.value;
-      close();
+      const started = await post(`/m/${article.dataset.message}/edit/`, { text: area.value, settings: currentSettings() });
+      showPath(started.messages); // the edited message as a new version, the old one and its answers a click away
       setStatus("");
-      const answer = addAnswer(started.message, started.generation, $("pair").value);
-      answers.set(started.generation, answer);
-      showLeftOut(answer, started.messages_left_out);
-      follow(answer);
+      follow(answers.get(started.generation));
+      scrollDown();
     } catch (err) {
       save.disabled = false;
       setStatus(inPlainWords(err), true);
@@ -432,8 +464,7 @@ document.addEventListener("keydown", (e) => {
 
 initPairs(page, pairs, setStatus);
 $("legend").hidden = !$("show-steps").checked; // as kept from the last visit
-initMessages();
-updateButtons();
+showPath(page.messages);
 if (page.gone) {
   history.replaceState(null, "", "/");
   setStatus("That chat no longer exists (it was deleted): this is a new one.");

@@ -209,20 +209,30 @@ function speculationWords(m) {
   return `K=${m.speculative_k}`;
 }
 
+// An ended answer's figures in words a newcomer reads without hovering (touch has none): what it cost, then
+// what speculation did. How much faster than the main model alone is not said: no figure for the main alone
+// at that load reaches the page (the worker's live rates stay in the worker), and a guess would mislead.
 export function formatMetrics(m) {
-  const parts = [];
+  const figures = [];
   if (m.completion_tokens != null) {
-    parts.push(plural(m.completion_tokens, "token") + (m.tokens_per_s != null ? ` at ${m.tokens_per_s.toFixed(1)} tokens/s` : ""));
+    figures.push(plural(m.completion_tokens, "token") + (m.tokens_per_s != null ? ` at ${m.tokens_per_s.toFixed(1)} tokens/s` : ""));
   }
-  if (m.main_steps && m.completion_tokens && m.acceptance_rate != null) {
-    parts.push(`${(m.completion_tokens / m.main_steps).toFixed(1)}x fewer main-model steps`);
-  }
-  if (m.acceptance_rate != null) parts.push(`${Math.round(m.acceptance_rate * 100)}% of draft tokens accepted`);
+  if (m.ttft_ms != null) figures.push(`first token after ${formatMs(m.ttft_ms)}`);
+  if (m.finish_reason === "stopped") figures.push("stopped");
+  else if (m.finish_reason === "length") figures.push("reached the max tokens");
+  const lines = [figures.join(" · ")];
   const speculation = speculationWords(m);
-  if (speculation) parts.push(speculation);
-  if (m.finish_reason === "stopped") parts.push("stopped");
-  else if (m.finish_reason === "length") parts.push("reached the max tokens");
-  return parts.join(" · ");
+  if (m.acceptance_rate != null && m.main_steps && m.completion_tokens) {
+    lines.push(`Speculation (${speculation}): the draft's guesses were kept ${Math.round(m.acceptance_rate * 100)}% `
+      + `of the time, so the main model ran ${plural(m.main_steps, "step")} instead of ${m.completion_tokens}.`);
+  } else if (speculation) {
+    lines.push(`Speculation: ${speculation}.`);
+  }
+  return lines.filter(Boolean).join("\n");
+}
+
+function formatMs(ms) {
+  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
 }
 
 export function technicalMetrics(m) {

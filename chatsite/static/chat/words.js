@@ -16,7 +16,7 @@ export function inPlainWords({ code, param, message }) {
   if (code === "model_not_found") return "This pair is no longer offered: pick another one.";
   if (code === "empty_prompt") return "Type a message first.";
   if (code === "internal_error") return "Something went wrong on the server (it has been logged): try again.";
-  if (code === "not_found" && param === "message") return "This answer no longer exists (deleted in another tab?): reload the page.";
+  if (code === "not_found" && param === "message") return "This message no longer exists (deleted in another tab?): reload the page.";
   if (param in CONTROLS && (code === "invalid_value" || code === "invalid_type")) return CONTROLS[param];
   return message; // the rest are worded for people already (limits, an answer being written, the database)
 }
