@@ -131,6 +131,35 @@ def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, liv
     assert not ApiKey.objects.filter(name="benchmark").exists()
 
 
+def test_another_openai_compatible_server_side_by_side(demo_pair, celery_worker, live_server_url, api_key, tmp_path):
+    """The peer here is this same stack through its OpenAI API (the only such server on this machine): asked
+    with the benchmark's settings it serves the main alone, so its texts must equal the main alone's."""
+    peer = ["--compare-url", live_server_url, "--compare-model", "demo-code", "--compare-key", api_key.secret]
+    with pytest.raises(CommandError, match="--compare-model"):
+        run_command(*TINY, "--no-stack", "--compare-url", live_server_url)
+    with pytest.raises(CommandError, match="drop --no-stack"):
+        run_command(*TINY, "--no-stack", *peer)
+
+    printed = run_command(*TINY, "--url", live_server_url, "--clients", "sse", "--stack-ks", "2", "--concurrency", "1,2",
+                          "--steady-rounds", "0", *peer, "--out", str(tmp_path))
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    [one_stream] = [r for r in results["rows"] if r["path"] == "peer" and not r["set"]]
+    assert one_stream["identical_to_plain"] is True  # the same requests, greedy: the main alone's texts
+    assert all(s["tokens"] == 16 for s in results["samples"]["peer"]["peer"])
+    concurrency = {(r["variant"], r["concurrency"]): r for r in results["concurrency"]}
+    rows = {r["concurrency"]: r for r in results["peer"]["side_by_side"]}
+    assert set(rows) == {1, 2} and results["peer"]["model"] == "demo-code"
+    for level, row in rows.items():
+        assert row["shipped"] == concurrency[("adaptive", level)]["throughput"]
+        assert row["peer"] == concurrency[("peer", level)]["throughput"] and row["peer_lost_or_failed"] == 0
+        assert row["ratio"] == pytest.approx(row["shipped"] / row["peer"])
+    [bar] = [b for b in results["bars"] if b["bar"].startswith("as it ships vs demo-code")]
+    assert bar["bar"].endswith("at 1 stream(s)") and bar["measured"] == pytest.approx(rows[1]["ratio"])
+    assert f"Beside demo-code at {live_server_url}" in printed
+    assert f"### Beside demo-code at {live_server_url}" in (tmp_path / "results.md").read_text()
+
+
 def test_admin_starts_a_benchmark_on_the_worker_and_shows_it(demo_pair, celery_worker, django_user_model):
     admin_user = django_user_model.objects.create_superuser("root", "root@example.com", "root-password")
     client = Client()

@@ -61,6 +61,7 @@ class Variant:
 
 PLAIN = Variant("plain", False)
 ADAPTIVE = "adaptive"  # through the stack: a request that names no K, planned by the worker for its load
+PEER = Variant("peer", False)  # another server's answers, asked beside SpecChat's (benchmark --compare-url)
 
 
 def k_variant(k: int) -> Variant:

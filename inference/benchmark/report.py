@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inference.benchmark.inprocess import INPROCESS
+from inference.benchmark.inprocess import ADAPTIVE, INPROCESS, PEER, PLAIN
 from inference.benchmark.summary import TABLE_COLUMNS, Column, print_table, table
 
 RESULTS_JSON = "results.json"
@@ -25,6 +25,8 @@ DEMO_ACCEPTANCE = 0.60  # the demo pair: draft acceptance at the best K on held-
 DEMO_SPEEDUP = 1.5  # the demo pair: speculative over the main alone at concurrency 1
 TTFT_UNDER_LOAD = 2.0  # TTFT p50 at steady load over TTFT p50 at one stream ...
 TTFT_UNDER_LOAD_AT = (4, 8)  # ... at these numbers of streams
+PEER_SPEEDUP = 1.2  # the pair as it ships over another server's line (issue 35) ...
+PEER_BAR_AT = (1, 4)  # ... at these numbers of streams
 
 CONCURRENCY_COLUMNS: tuple[Column, ...] = (
     ("variant", "variant", ""), ("streams at once", "concurrency", ""), ("tok/s total (spread)", "throughput", ".1f"),
@@ -52,6 +54,11 @@ SAMPLED_COLUMNS: tuple[Column, ...] = (
     ("tokens/step", "mean_accepted_length", ".2f"),
     ("TTFT p50", "ttft_ms_p50", ".1f"), ("chosen", "chosen", ""),
 )
+PEER_COLUMNS: tuple[Column, ...] = (
+    ("streams at once", "concurrency", ""), ("SpecChat as it ships, tok/s", "shipped", ".1f"),
+    ("SpecChat main alone, tok/s", "main_alone", ".1f"), ("peer, tok/s", "peer", ".1f"),
+    ("as it ships / peer", "ratio", ".2f"), ("peer lost or failed", "peer_lost_or_failed", ""),
+)
 STACK_COLUMNS: tuple[Column, ...] = (
     ("path", "path", ""), ("variant", "variant", ""), ("tok/s vs in-process", "tokens_per_s_vs_inprocess", ".2f"),
     ("TTFT added p50 (ms)", "ttft_added_ms_p50", ".1f"), ("speedup vs in-process", "speedup_vs_inprocess", ".2f"),
@@ -68,10 +75,32 @@ def _bar(name: str, measured: float | None, op: str, target: float, unit: str) -
             "margin": margin}
 
 
+def side_by_side(concurrency: list[dict]) -> list[dict]:
+    """Per number of streams: the pair as it ships (requests naming no K; the main alone for a pair without
+    a draft), SpecChat's main alone and the peer, aggregate tokens/s from the same interleaved bursts."""
+    by = {(r["variant"], r["concurrency"]): r for r in concurrency}
+    rows = []
+    for level in sorted({r["concurrency"] for r in concurrency}):
+        peer, plain = by.get((PEER.name, level)), by.get((PLAIN.name, level))
+        shipped = by.get((ADAPTIVE, level)) or plain
+        if peer is None or shipped is None:
+            continue
+        rows.append({"concurrency": level, "shipped": shipped["throughput"],
+                     "main_alone": plain["throughput"] if plain else None, "peer": peer["throughput"],
+                     "ratio": shipped["throughput"] / peer["throughput"] if peer["throughput"] else None,
+                     "peer_lost_or_failed": peer["lost"] + peer["failed"]})
+    return rows
+
+
+def _peer_title(results: dict) -> str:
+    peer = results["peer"]
+    return f"Beside {peer['model']} at {peer['url']} (same prompts, settings and bursts, interleaved)"
+
+
 def evaluate_bars(results: dict) -> list[dict]:
     rows = [r for r in results["rows"] if not r["set"]]
     bars = []
-    for row in (r for r in rows if r["path"] != INPROCESS):
+    for row in (r for r in rows if r["path"] not in (INPROCESS, PEER.name)):
         label = f"{row['path']} {row['variant']}"
         bars.append(_bar(f"{label}: tokens/s vs in-process", row.get("tokens_per_s_vs_inprocess"), ">=",
                          STACK_TOKENS_PER_S, "x"))
@@ -93,6 +122,10 @@ def evaluate_bars(results: dict) -> list[dict]:
         bars.append(_bar("lost or failed streams in the concurrency sweep",
                          sum(r["lost"] + r["failed"] for r in concurrency)
                          + sum(r["failed"] for r in results.get("steady") or []), "<=", 0, ""))
+    for row in (results.get("peer") or {}).get("side_by_side", []):
+        if row["concurrency"] in PEER_BAR_AT:
+            bars.append(_bar(f"as it ships vs {results['peer']['model']} at {row['concurrency']} stream(s)",
+                             row["ratio"], ">=", PEER_SPEEDUP, "x"))
     ks = [r for r in rows if r["path"] == INPROCESS and r["k"] and r.get("speedup") is not None]
     if ks:
         best = max(ks, key=lambda r: r["speedup"])
@@ -153,6 +186,9 @@ def print_report(results: dict, out=print) -> None:
     if results.get("steady"):
         out(f"\n{STEADY_TITLE} ({o['concurrency_client']}, {o['steady_rounds']} answers per client):")
         print_table(results["steady"], out=out, columns=STEADY_COLUMNS)
+    if results.get("peer"):
+        out(f"\n{_peer_title(results)}:")
+        print_table(results["peer"]["side_by_side"], out=out, columns=PEER_COLUMNS)
     out("\nBars:")
     for bar in results["bars"]:
         out("  " + bar_line(bar))
@@ -219,6 +255,8 @@ def render_markdown(results: dict, *, plots: list[str]) -> str:
                    "answer's time; answers are 0.5-1.5x the set length (the same lengths for every variant); counted "
                    "are the requests sent while every client was asking."),
                   markdown_table(results["steady"], STEADY_COLUMNS)]
+    if results.get("peer"):
+        parts += [f"### {_peer_title(results)}", markdown_table(results["peer"]["side_by_side"], PEER_COLUMNS)]
     parts += ["### Bars", "\n".join(f"- {bar_line(b)}" for b in results["bars"]) or "- none measured"]
     parts += [f"![{name}]({name})" for name in plots]
     if results.get("notes"):

@@ -29,6 +29,7 @@ from inference.benchmark import report
 from inference.benchmark.inprocess import (
     ADAPTIVE,
     INPROCESS,
+    PEER,
     PLAIN,
     Engines,
     InProcessPath,
@@ -48,7 +49,7 @@ from inference.models import BenchmarkRun, ModelPair
 from inference.serving import speculation
 
 if TYPE_CHECKING:
-    from inference.benchmark.stack import StackTarget
+    from inference.benchmark.stack import PeerServer, StackTarget
 
 log = logging.getLogger(__name__)
 CLIENTS = ("websocket", "sse")  # inference.benchmark.stack's, imported only with a stack (it needs aiohttp)
@@ -148,30 +149,33 @@ def concurrency_lines(through_stack: list[Variant]) -> list[Variant]:
 
 def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, stack: StackTarget | None = None,
                   progress: Progress | None = None, notes: tuple[str, ...] = (),
-                  prompts: list[Prompt] | None = None) -> dict:
-    """`prompts`: a user's own (a file, the pair's history) instead of the repository's held-out sets."""
+                  prompts: list[Prompt] | None = None, peer: PeerServer | None = None) -> dict:
+    """`prompts`: a user's own (a file, the pair's history) instead of the repository's held-out sets;
+    `peer`: another server asked the same (one stream and the sweep; needs the stack)."""
     started_at = timestamp()
     prompts = prompts or heldout_prompts(sets=options.prompt_sets, per_set=options.prompts_per_set)
     variants = inprocess_variants(pair=pair, options=options)
     through_stack = stack_variants(pair=pair, options=options) if stack and options.clients else []
     variants = sorted(set(variants) | set(through_stack), key=variant_order)  # each stack variant has its twin
-    paths = []
+    plan: list = [(InProcessPath(engines), variants)]
+    sweep_variants = concurrency_lines(through_stack)
     if stack and through_stack:
         from inference.benchmark.stack import StackPath
 
-        paths = [StackPath(name, stack.client(name)) for name in options.clients]
+        plan += [(StackPath(name, stack.client(name)), through_stack) for name in options.clients]
+        if peer:
+            plan.append((StackPath(PEER.name, peer.client()), [PEER]))
+    burst_variants = sweep_variants + ([PEER] if peer and stack and through_stack else [])
     levels = sorted(set(options.concurrency)) if through_stack else []
-    sweep_variants = concurrency_lines(through_stack)
-    measure_total = (len(variants) + len(paths) * len(through_stack)) * (1 + options.repeats * len(prompts))
+    measure_total = sum(len(lines) for _, lines in plan) * (1 + options.repeats * len(prompts))
     sweep_offset = measure_total + bool(pair.draft_dir)
-    steady_offset = sweep_offset + options.repeats * len(levels) * len(sweep_variants)
+    steady_offset = sweep_offset + options.repeats * len(levels) * len(burst_variants)
     total = steady_offset + (len(levels) * len(sweep_variants) if options.steady_rounds else 0)
 
     def phase(offset: int) -> Progress | None:
         return (lambda done, _, label: progress(offset + done, total, label)) if progress else None
 
-    results = measure(plan=[(InProcessPath(engines), variants)] + [(path, through_stack) for path in paths],
-                      prompts=prompts, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
+    results = measure(plan=plan, prompts=prompts, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
                       progress=phase(0))
     run_notes = list(notes)
     looping = loop_warning(results[INPROCESS])
@@ -220,32 +224,48 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
         "notes": run_notes,
     }
     if stack and through_stack:
-        from inference.benchmark.stack import (
-            burst_ttft_profile,
-            concurrency_sweep,
-            steady_sweep,
-            summarize_concurrency,
-            ttft_profile,
-        )
-
-        measured["ttft_profile"] = ttft_profile({path.name: [s.as_dict() for r in results[path.name].values()
-                                                             for s in r.samples] for path in paths})
-        if levels:
-            measured["concurrency_bursts"] = concurrency_sweep(
-                stream=stack.client(options.concurrency_client), prompts=prompts, levels=levels,
-                variants=sweep_variants, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
-                progress=phase(sweep_offset))
-            measured["concurrency"] = summarize_concurrency(measured["concurrency_bursts"])
-            measured["ttft_profile"] += burst_ttft_profile(measured["concurrency_bursts"],
-                                                           client=options.concurrency_client)
-        if levels and options.steady_rounds:
-            measured["steady"] = steady_sweep(
-                stream=stack.client(options.concurrency_client), prompts=prompts, levels=levels,
-                variants=sweep_variants, max_new_tokens=options.max_new_tokens, rounds=options.steady_rounds,
-                progress=phase(steady_offset))
+        measured.update(_under_load(stack=stack, peer=peer, options=options, prompts=prompts, results=results,
+                                    levels=levels, lines=(sweep_variants, burst_variants),
+                                    progress=(phase(sweep_offset), phase(steady_offset))))
     measured["sampled"] = measure_sampled(pair=pair, options=options, engines=engines, prompts=prompts)
     measured["finished_at"] = timestamp()
     measured["bars"] = report.evaluate_bars(measured)
+    return measured
+
+
+def _under_load(*, stack: StackTarget, peer: PeerServer | None, options: BenchmarkOptions, prompts: list[Prompt],
+                results: dict, levels: list[int], lines: tuple[list[Variant], list[Variant]],
+                progress: tuple[Progress | None, Progress | None]) -> dict:
+    """The stack's TTFT split, the bursts (the peer's line among them) and the steady load; `lines`: the
+    steady load's and the bursts' variants; `progress`: the bursts' and the steady load's."""
+    from inference.benchmark.stack import (
+        beside_peer,
+        burst_ttft_profile,
+        concurrency_sweep,
+        steady_sweep,
+        summarize_concurrency,
+        ttft_profile,
+    )
+
+    steady_lines, burst_lines = lines
+    measured: dict[str, Any] = {"ttft_profile": ttft_profile({name: [s.as_dict() for r in results[name].values()
+                                                                     for s in r.samples] for name in options.clients})}
+    stream = stack.client(options.concurrency_client)
+    if levels:
+        measured["concurrency_bursts"] = concurrency_sweep(
+            stream=beside_peer(stream, peer) if peer else stream, prompts=prompts, levels=levels,
+            variants=burst_lines, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
+            progress=progress[0])
+        measured["concurrency"] = summarize_concurrency(measured["concurrency_bursts"])
+        measured["ttft_profile"] += burst_ttft_profile(measured["concurrency_bursts"],
+                                                       client=options.concurrency_client)
+    if levels and options.steady_rounds:
+        measured["steady"] = steady_sweep(
+            stream=stream, prompts=prompts, levels=levels, variants=steady_lines,
+            max_new_tokens=options.max_new_tokens, rounds=options.steady_rounds, progress=progress[1])
+    if peer:
+        measured["peer"] = {"url": peer.base_url, "model": peer.model,
+                            "side_by_side": report.side_by_side(measured.get("concurrency") or [])}
     return measured
 
 

@@ -1,3 +1,4 @@
+import os
 from contextlib import closing, nullcontext
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from inference.benchmark import report, runs
 from inference.benchmark.inprocess import Engines
 from inference.benchmark.prompts import Prompt, prompts_from_file
 from inference.benchmark.servers import StackError, check_served, local_stack, stack_credentials
-from inference.benchmark.stack import StackTarget, StreamError
+from inference.benchmark.stack import PeerServer, StackTarget, StreamError
 from inference.models import ModelPair
 from inference.serving.records import pair_spec
 from inference.serving.web import chat_prompt
@@ -58,6 +59,12 @@ class Command(BaseCommand):
                             help="temperature of the sampled rows")
         parser.add_argument("--no-stack", action="store_true", help="in-process only")
         parser.add_argument("--url", help="benchmark this running server instead of starting daphne and a worker")
+        parser.add_argument("--compare-url", help="also ask another OpenAI-compatible server (llama.cpp's "
+                            "llama-server, vLLM, OVMS) the same prompts with the same settings and streams, and "
+                            "print both side by side; it must honour ignore_eos and report usage when streaming")
+        parser.add_argument("--compare-model", default="", help="the model name that server answers to")
+        parser.add_argument("--compare-key", default=os.environ.get("OPENAI_API_KEY", ""),
+                            help="its API key, if it wants one (default: $OPENAI_API_KEY)")
         parser.add_argument("--out", type=Path, default=Path(settings.BASE_DIR) / "docs" / "benchmark",
                             help="folder for results.json, results.md and the plots")
 
@@ -74,6 +81,8 @@ class Command(BaseCommand):
                 steady_rounds=o["steady_rounds"],
                 sampled_ks=o["sampled_ks"], sampled_temperature=o["temperature"])
             prompts = self.prompts(pair=pair, path=o["prompts_file"], history=o["from_history"])
+            peer = self.peer(url=o["compare_url"], model=o["compare_model"], key=o["compare_key"],
+                             stack=bool(options.clients))
             engines = Engines(pair_spec(pair=pair))
             with tqdm(total=1, unit="run", dynamic_ncols=True) as bar, closing(engines):
                 def progress(done: int, total: int, label: str) -> None:
@@ -82,7 +91,7 @@ class Command(BaseCommand):
                     bar.update(done - bar.n)
 
                 results = self.run(pair=pair, options=options, engines=engines, url=o["url"], progress=progress,
-                                   prompts=prompts)
+                                   prompts=prompts, peer=peer)
         except (ValueError, OSError, errors.ServiceError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
         files = report.write_report(results, o["out"])
@@ -102,7 +111,20 @@ class Command(BaseCommand):
             return prompts_from_file(path, render_chat=lambda messages: chat_prompt(pair=pair, messages=messages))
         return None
 
-    def run(self, *, pair, options, engines, url, progress, prompts) -> dict:
+    @staticmethod
+    def peer(*, url: str | None, model: str, key: str, stack: bool) -> PeerServer | None:
+        if not url:
+            if model:
+                raise ValueError("--compare-model names the model of --compare-url's server: give both")
+            return None
+        if not url.startswith(("http://", "https://")) or not model:
+            raise ValueError("--compare-url takes the server's http(s) base URL (without /v1), and --compare-model "
+                             "the model name it answers to")
+        if not stack:
+            raise ValueError("--compare-url measures through the stack: drop --no-stack")
+        return PeerServer(base_url=url.rstrip("/"), model=model, api_key=key)
+
+    def run(self, *, pair, options, engines, url, progress, prompts, peer) -> dict:
         if not options.clients:
             return runs.run_benchmark(pair=pair, options=options, engines=engines, progress=progress,
                                       prompts=prompts)
@@ -113,4 +135,4 @@ class Command(BaseCommand):
                 check_served(pair=pair)
             target = StackTarget(base_url=base_url, credentials=credentials, pair=pair.slug)
             return runs.run_benchmark(pair=pair, options=options, engines=engines, stack=target,
-                                      progress=progress, prompts=prompts)
+                                      progress=progress, prompts=prompts, peer=peer)
