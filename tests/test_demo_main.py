@@ -8,8 +8,10 @@ import pytest
 import requests
 
 from inference.demo import main_model
-from inference.engines.base import DecodingParams, Finished, PairSpec
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import Finished
 from inference.engines.library import PairEngine
+from inference.engines.spec import PairSpec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from inference.engines.base import DecodingParams, Finished, PairSpec
+from inference.engines.decoding import DecodingParams
 from inference.engines.exact import ExactEngine
+from inference.engines.interface import Finished
 from inference.engines.library import PairEngine
+from inference.engines.spec import PairSpec
 from tests.distribution import compare, differs, samples
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,8 +17,9 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from inference.engines.base import DecodingParams, PairSpec
+from inference.engines.decoding import DecodingParams
 from inference.engines.library import PairEngine
+from inference.engines.spec import PairSpec
 from inference.models import Generation, ModelPair
 from inference.pairs import catalog
 from inference.serving.reasons import Reason
@@ -97,7 +98,7 @@ def test_a_gguf_file_is_imported_and_generates(db, settings, tmp_path):
 
 
 def drain(request) -> list[int]:
-    from inference.engines.base import Finished
+    from inference.engines.interface import Finished
 
     tokens: list[int] = []
     while not isinstance(event := request.events.get(timeout=300), Finished):

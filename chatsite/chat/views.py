@@ -9,7 +9,7 @@ from django.views.decorators.http import require_POST
 
 from chatsite.chat import selectors, services
 from inference import errors, json_input
-from inference.engines.base import FIGURES
+from inference.engines.speculation_stats import FIGURES
 from inference.serving import web
 
 

@@ -20,7 +20,7 @@ from django.views.decorators.csrf import csrf_exempt
 from inference import errors, selectors, transport
 from inference.api import auth, openapi, parsing, sse
 from inference.api.shapes import Shape, error_body, usage
-from inference.engines.base import context_length
+from inference.engines.spec import context_length
 from inference.metrics import exposition
 from inference.models import Generation, ModelPair
 from inference.serving import readers, web

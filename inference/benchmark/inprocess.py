@@ -21,8 +21,11 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from inference.benchmark.prompts import Prompt
-from inference.engines.base import DecodingParams, Engine, Finished, PairSpec, SpeculationStats, TextAssembler
-from inference.engines.registry import build_engine
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import Engine, Finished
+from inference.engines.spec import PairSpec
+from inference.engines.speculation_stats import SpeculationStats
+from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason
 
 INPROCESS = "inprocess"
@@ -193,6 +196,8 @@ class Engines:
         if self._get:
             return self._get(spec)
         if spec not in self._built:
+            from inference.engines.registry import build_engine  # the engines load here, not with the admin's modules
+
             self._built[spec] = build_engine(spec)
         return self._built[spec]
 

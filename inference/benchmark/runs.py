@@ -17,8 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import openvino
-import openvino_genai
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
@@ -146,6 +144,16 @@ def concurrency_lines(through_stack: list[Variant]) -> list[Variant]:
     return through_stack[:2] + ([Variant(ADAPTIVE, True)] if len(through_stack) > 1 else [])
 
 
+def machine() -> dict:
+    """The host a run measured, with the library's version (openvino loads here, not with the admin's modules)."""
+    import openvino
+    import openvino_genai
+
+    return {"cpus": os.cpu_count(), "cpu": openvino.Core().get_property("CPU", "FULL_DEVICE_NAME"),
+            "platform": platform.platform(), "load_average": os.getloadavg(),
+            "openvino_genai": openvino_genai.__version__}
+
+
 def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, stack: StackTarget | None = None,
                   progress: Progress | None = None, notes: tuple[str, ...] = (),
                   prompts: list[Prompt] | None = None) -> dict:
@@ -198,9 +206,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     measured: dict[str, Any] = {
         "pair": pair.slug,
         "started_at": started_at,
-        "machine": {"cpus": os.cpu_count(), "cpu": openvino.Core().get_property("CPU", "FULL_DEVICE_NAME"),
-                    "platform": platform.platform(), "load_average": os.getloadavg(),
-                    "openvino_genai": openvino_genai.__version__},
+        "machine": machine(),
         "options": options.as_json(),
         "scheduler": {"prefill_first": engines.spec.prefill_first, "budget": engines.spec.step_budget},  # None: 256
         "prompts": len(prompts),

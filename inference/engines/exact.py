@@ -30,19 +30,14 @@ import llguidance as llg
 import numpy as np
 import openvino as ov
 
-from inference.engines.base import (
-    ActiveRequest,
-    DecodingParams,
-    Finished,
-    PairSpec,
-    StepTokens,
-    load_tokenizer,
-    prompt_token_ids,
-)
 from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import ActiveRequest, Finished, StepTokens
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.prefill import PrefillCache
+from inference.engines.spec import PairSpec
+from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
 from inference.limits import DEFAULT_K, FinishReason
 
 log = logging.getLogger(__name__)

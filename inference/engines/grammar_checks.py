@@ -1,4 +1,4 @@
-"""Grammars checked before they are accepted (engines/grammar.py says why), without one stalling the others.
+"""Grammars checked before they are accepted (engines/grammar_compilers.py says why), without one stalling the others.
 
 A grammar's compile time has no useful bound: nested repetitions such as `(a{1,300}){1,300}` took the library
 1.6 s here, one more level of nesting did not end in minutes, and the library cannot be interrupted. So the web
@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 from django.conf import settings
 
 from inference import errors
-from inference.engines.grammar import Grammar, GrammarError, checker_pipeline, refusal
+from inference.engines.grammar import Grammar, GrammarError
 
 log = logging.getLogger(__name__)
 MAX_GRAMMAR_CHARS = 65_536  # a schema of 60 nested objects is 12,000; a longer text costs every step that carries it
@@ -235,6 +235,8 @@ def _die_with_parent(parent: int) -> None:
 
 def serve(fd: int, parent: int) -> None:
     """A checker: the verdict of each grammar its socket sends, one at a time, until the socket closes."""
+    from inference.engines.grammar_compilers import checker_pipeline, refusal  # the compilers load here, not on the web
+
     _die_with_parent(parent)
     conn = Connection(fd)
     pipeline = checker_pipeline()

@@ -31,16 +31,12 @@ import numpy as np
 import openvino as ov
 import openvino_genai as og
 
-from inference.engines.base import (
-    ActiveRequest,
-    DecodingParams,
-    Finished,
-    PairSpec,
-    StepTokens,
-    load_tokenizer,
-    prompt_token_ids,
-)
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import ActiveRequest, Finished, StepTokens
+from inference.engines.library_config import generation_config
 from inference.engines.pages import RELEASE_EVERY_S, release_weight_pages
+from inference.engines.spec import PairSpec
+from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
 from inference.limits import FinishReason
 
 log = logging.getLogger(__name__)
@@ -286,7 +282,7 @@ class Stepper:
             input_ids = ov.Tensor(np.array([prompt_ids], dtype=np.int64), shared_memory=False)
             try:
                 self.handles[request_id] = self.pipe.add_request(request_id, input_ids,
-                                                                 params.generation_config(self.spec))
+                                                                 generation_config(params, self.spec))
             except Exception as exc:  # the request's settings, not the engine: fail this request only
                 self._send_step([(request_id, [], None, (FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))])
                 return

@@ -14,10 +14,11 @@ import threading
 import time
 from pathlib import Path
 
-from inference.engines.base import Engine, PairSpec
 from inference.engines.exact import ExactEngine
+from inference.engines.interface import Engine
 from inference.engines.library import PairEngine, StepObserver
 from inference.engines.rates import StepRates
+from inference.engines.spec import PairSpec
 from inference.limits import LoadState
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from kombu.exceptions import OperationalError
 
 from inference import errors, limits, pair_checks, selectors, transport
 from inference.celery_worker import worker_command_line
-from inference.engines.base import DecodingParams, Sampling, context_length
+from inference.engines.decoding import DecodingParams, Sampling
+from inference.engines.spec import context_length
 from inference.models import Generation, ModelPair
 from inference.serving import speculation
 from inference.serving.records import fail_if_stalled, pair_spec, planned_decoding
@@ -157,9 +158,10 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         **options.sampling(),
     )
     planned = speculation.plan(pair=pair, asked=asked(options), load=speculation.Load(streams=1))
+    from inference.engines.library_config import generation_config  # openvino-genai: loaded by the first request
+
     try:  # whatever else the pipeline would refuse, refused here rather than on the worker
-        planned_params = planned_decoding(params, planned)
-        planned_params.generation_config(pair_spec(pair=pair, route=planned.route)).validate()
+        generation_config(planned_decoding(params, planned), pair_spec(pair=pair, route=planned.route)).validate()
     except RuntimeError as exc:
         reason = str(exc).strip().splitlines()[-1]  # the C++ check's own sentence, without its source path
         raise errors.InvalidValue(f"The pipeline refuses these settings: {reason}") from None

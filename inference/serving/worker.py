@@ -16,16 +16,11 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from inference import selectors, transport
-from inference.engines.base import (
-    ActiveRequest,
-    DecodingParams,
-    Engine,
-    Finished,
-    SpeculationStats,
-    StepTokens,
-    TextAssembler,
-)
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import ActiveRequest, Engine, Finished, StepTokens
 from inference.engines.registry import EngineRegistry
+from inference.engines.speculation_stats import SpeculationStats
+from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason, Route, SpeculativeMode
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair

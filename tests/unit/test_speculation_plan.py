@@ -149,7 +149,7 @@ def test_the_mode_an_answer_states_follows_its_route_and_whether_it_samples():
     (Route.OWN_MAIN_ALONE, True, True, True, 0),  # the own engine's batch of the main alone: K=0 there
 ])
 def test_each_route_names_the_engine_that_serves_it(route, speculative, exact, quantized, k):
-    from inference.engines.base import DecodingParams
+    from inference.engines.decoding import DecodingParams
 
     spec = pair_spec(pair=pair(own_engine_streams=2), route=route)
     assert (spec.speculative, spec.exact_sampling, spec.dynamic_quantization) == (speculative, exact, quantized)
