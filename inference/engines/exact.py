@@ -1,13 +1,10 @@
-"""The exact engine: speculative sampling by the exact rule, on the raw OpenVINO runtime.
+"""The own engine: exact speculative sampling on the raw OpenVINO runtime.
 
-openvino-genai's verification with a draft is exact only for greedy decoding (see
-shared notes: at T > 0 its answers are not drawn from the main model's distribution). Here the draft
-proposes K tokens sampled from its own distribution q, the main scores all K+1 positions in one
-inference, and each proposal x is accepted with probability min(1, p(x)/q(x)); the first rejection
-emits one token drawn from norm(max(0, p - q)), and K acceptances one more drawn from p (Leviathan et
-al. 2023, Chen et al. 2023). Temperature, top_p and top_k shape p and q as openvino-genai's sampler
-does for the main alone (softmax with temperature, then the nucleus, then the top k), so the answers
-follow the main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output.
+openvino-genai's verification with a draft is exact only for greedy decoding (docs/exactness.md: at T > 0
+its answers are not drawn from the main model's distribution). Here the draft proposes K tokens sampled
+from its own distribution, the main scores all K+1 positions in one inference, and the exact rule
+(engines/acceptance.py, which names its words) keeps some and adds one token, so the answers follow the
+main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output.
 
 Rejected tokens stay in the KV cache but are masked out (attention_mask 0, position ids continuous
 over the live tokens); copying the cache to trim it every step cost as much as a main step. When the
@@ -30,6 +27,7 @@ import llguidance as llg
 import numpy as np
 import openvino as ov
 
+from inference.engines.acceptance import accept, draw, greedy_accept, probabilities
 from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary
 from inference.engines.decoding import DecodingParams
@@ -42,50 +40,11 @@ from inference.limits import DEFAULT_K, FinishReason
 
 log = logging.getLogger(__name__)
 COMPACT_MIN_DEAD = 64  # rebuild a cache once this many slots (and more than half) are dead
-NUCLEUS_CANDIDATES = 2048  # top_p is ranked among this many most likely tokens first
-
-
-def probabilities(logits: np.ndarray, params: DecodingParams) -> np.ndarray:
-    """The distribution a token is drawn from, as openvino-genai's sampler shapes it: softmax of
-    logits / T, then the smallest set of most likely tokens whose mass exceeds top_p, then the top k of
-    those; renormalised. Temperature 0: all mass on the argmax."""
-    if params.temperature == 0:
-        onehot = np.zeros(logits.shape[-1])
-        onehot[int(np.argmax(logits))] = 1.0
-        return onehot
-    z = (logits.astype(np.float64) - logits.max()) / params.temperature
-    probs = np.exp(z)
-    probs /= probs.sum()
-    keep = nucleus(probs, params.top_p) if params.top_p < 1.0 else None
-    if 0 < params.top_k < (len(keep) if keep is not None else len(probs)):
-        keep = keep[: params.top_k] if keep is not None else np.argpartition(-probs, params.top_k)[: params.top_k]
-    if keep is None:
-        return probs
-    shaped = np.zeros_like(probs)
-    shaped[keep] = probs[keep]
-    return shaped / shaped.sum()
 
 
 def _logsumexp(row: np.ndarray) -> float:
     top = float(row.max())
     return top + float(np.log(np.exp(row.astype(np.float64) - top).sum()))
-
-
-def nucleus(probs: np.ndarray, top_p: float, *, candidates: int = NUCLEUS_CANDIDATES) -> np.ndarray:
-    """The smallest set of most likely tokens whose mass exceeds top_p, most likely first (ties by id, as a
-    stable sort ranks them). Ranked among the `candidates` most likely tokens when they hold that mass,
-    else among all: on a 152k vocabulary a full sort made each call cost 30 times a softmax."""
-    if len(probs) > candidates:
-        floor = np.partition(probs, len(probs) - candidates)[len(probs) - candidates]
-        ranked = np.flatnonzero(probs >= floor)  # with every tie at the floor: exactly the full ranking's head
-    else:
-        ranked = np.arange(len(probs))
-    order = ranked[np.argsort(-probs[ranked], kind="stable")]
-    mass = np.cumsum(probs[order])
-    cut = int(np.searchsorted(mass, top_p, side="right")) + 1
-    if cut > len(order) and len(order) < len(probs):  # the head holds too little mass: rank them all
-        return nucleus(probs, top_p, candidates=len(probs))
-    return order[:cut]
 
 
 class Scores(NamedTuple):
@@ -97,12 +56,6 @@ class Scores(NamedTuple):
     def cut(self, n: int) -> Scores:
         return Scores(self.logprobs[:n] if self.logprobs is not None else None,
                       self.alternatives[:n] if self.alternatives is not None else None)
-
-
-def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
-    if probs.max() == 1.0:
-        return int(np.argmax(probs))
-    return int(rng.choice(len(probs), p=probs))
 
 
 class KvSequence:
@@ -343,12 +296,10 @@ class Decoding:
         if self.constraint:  # the main scores each position under the grammar's state there
             masks.append(self.constraint.allowed())
             scored = self._allowed(main_logits, np.stack(masks))
-        if greedy:  # the rule at T=0: proposals are kept while each is the main's own choice
-            choices = scored.argmax(axis=-1)
-            accepted = next((i for i, x in enumerate(proposals) if x != choices[i]), len(proposals))
-            token = int(choices[accepted])
+        if greedy:
+            accepted, token = greedy_accept(proposals, scored)
         else:
-            accepted, token = self._accept(proposals, qs, scored)
+            accepted, token = accept(proposals, qs, scored, params=self.params, rng=self.rng)
         if self.constraint:
             self.constraint.rollback(len(proposals) - accepted)
             self.constraint.take(token)
@@ -392,17 +343,6 @@ class Decoding:
         else:
             self.draft_backlog = []
             self.draft.drop_last(len(proposals) - 1 - accepted)
-
-    def _accept(self, proposals: list[int], qs: list[np.ndarray], main_logits: np.ndarray) -> tuple[int, int]:
-        """How many proposals the rule keeps, and the token the main adds: each proposal x is accepted with
-        probability min(1, p(x)/q(x)); the first rejection draws from norm(max(0, p - q)), else one from p."""
-        for i, (x, q) in enumerate(zip(proposals, qs, strict=True)):
-            p = probabilities(main_logits[i], self.params)
-            if self.rng.random() < min(1.0, p[x] / q[x]):
-                continue
-            residual = np.maximum(p - q, 0.0)
-            return i, draw(residual / residual.sum(), self.rng)
-        return len(proposals), draw(probabilities(main_logits[len(proposals)], self.params), self.rng)
 
     def _emit(self, tokens: list[int], scores: Scores | None) -> Finished | None:
         """Deliver one step's tokens, cut at EOS, a stop string or the cap; Finished when it ended."""
