@@ -17,8 +17,9 @@ from django.conf import settings
 from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
 from inference.engines.decoding import DecodingParams
-from inference.engines.exact import ExactEngine, KvSequence
+from inference.engines.exact import ExactEngine
 from inference.engines.interface import Finished
+from inference.engines.kv_cache import KvSequence
 from inference.engines.spec import PairSpec
 from inference.selectors import live_workers
 from inference.serving.reasons import SENTENCES, Reason

@@ -32,7 +32,7 @@ GATHER_S = 0.02  # how long a step waits for rows that have not asked yet (their
 
 
 class BatchRow:
-    """One answer's place in the batch, with a KvSequence's interface (exact.Decoding uses either)."""
+    """One answer's place in the batch: a KvCache (engines/kv_cache.py), as a KvSequence is."""
 
     def __init__(self, batch: SharedBatch):
         self.batch = batch

@@ -6,9 +6,8 @@ from its own distribution, the main scores all K+1 positions in one inference, a
 (engines/acceptance.py, which names its words) keeps some and adds one token, so the answers follow the
 main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output.
 
-Rejected tokens stay in the KV cache but are masked out (attention_mask 0, position ids continuous
-over the live tokens); copying the cache to trim it every step cost as much as a main step. When the
-cache is mostly dead it is rebuilt once from the live tokens. Each request holds its own pair of
+Rejected tokens leave each model's cache as engines/kv_cache.py says (cut from the main's, masked in the
+draft's); a cache mostly dead is rebuilt once from the live tokens. Each request holds its own pair of
 infer requests and runs in its own thread (OpenVINO releases the GIL while it infers), but the answers of
 the main alone (K=0) share one batched inference a step (engines/batch.py): under load that is the fast way.
 """
@@ -32,6 +31,7 @@ from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import ActiveRequest, Finished, StepTokens
+from inference.engines.kv_cache import KvCache, KvSequence
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.prefill import PrefillCache
 from inference.engines.spec import PairSpec
@@ -56,76 +56,6 @@ class Scores(NamedTuple):
     def cut(self, n: int) -> Scores:
         return Scores(self.logprobs[:n] if self.logprobs is not None else None,
                       self.alternatives[:n] if self.alternatives is not None else None)
-
-
-class KvSequence:
-    """One model's KV cache for one request: which slots are live, and the next position.
-
-    Rejected tokens leave the cache in one of two ways. Cut (`cut_rejected`, the main's): the next logits
-    are bitwise those of a cache that never held them, which greedy identity needs (under dynamic
-    quantization masked slots moved the real main's next logits by up to 0.2; cutting costs a few ms a
-    step). Masked (the draft's): attention mask 0, positions reused; cheaper, and the draft only proposes."""
-
-    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache | None = None, cut_rejected: bool = False):
-        self.request = compiled.create_infer_request()
-        self.prompts = prompts or PrefillCache(kept_tokens=0)  # the model's recent prompts (none kept: a test's own)
-        self.cut_rejected = cut_rejected
-        self.mask = np.zeros(0, dtype=np.int64)
-        self.position = 0
-
-    def feed(self, token_ids: list[int]) -> np.ndarray:
-        """Logits for each fed token, given every live slot before it."""
-        n = len(token_ids)
-        self.mask = np.concatenate([self.mask, np.ones(n, dtype=np.int64)])
-        self.request.infer({
-            "input_ids": np.array([token_ids], dtype=np.int64),
-            "attention_mask": self.mask[None, :],
-            "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
-            "beam_idx": np.zeros(1, dtype=np.int32),
-        })
-        self.position += n
-        return self.request.get_output_tensor(0).data[0]
-
-    def prefill(self, prompt_ids: list[int]) -> np.ndarray:
-        """The prompt into a fresh cache (a copy, when it was prefilled lately): the last token's logits."""
-        logits = self.prompts.prefill(self.request, prompt_ids)
-        self.mask = np.ones(len(prompt_ids), dtype=np.int64)
-        self.position = len(prompt_ids)
-        return logits
-
-    def drop_last(self, n: int) -> None:
-        """The last n fed tokens were rejected: cut from the cache, or masked from now on."""
-        if not n:
-            return
-        if self.cut_rejected:
-            length = len(self.mask)
-            for state in self.request.query_state():  # [batch, kv heads, sequence, head size] per layer and K/V
-                kept = state.state.data[:, :, : length - n]
-                state.state = ov.Tensor(np.ascontiguousarray(kept))
-            self.mask = self.mask[:-n]
-        else:
-            self.mask[-n:] = 0
-        self.position -= n
-
-    @property
-    def dead(self) -> int:
-        return len(self.mask) - self.position
-
-    def live_cache(self) -> dict[str, np.ndarray]:
-        """A copy of the cache, each state [1, kv heads, slots, head size]: the live slots of a cache that cuts."""
-        if not self.cut_rejected:
-            raise ValueError("a masked cache holds dead slots")
-        return {state.name: np.array(state.state.data) for state in self.request.query_state()}
-
-    def close(self) -> None:
-        """Nothing to free beyond the infer request, which goes with this object (a batch row leaves its batch)."""
-
-    def rebuild(self, live_ids: list[int]) -> None:
-        """Drop the dead slots: a fresh cache holding the live tokens only."""
-        self.request.reset_state()
-        self.mask = np.zeros(0, dtype=np.int64)
-        self.position = 0
-        self.feed(live_ids)
 
 
 def eos_token_ids(model_dir: str) -> set[int]:
@@ -212,8 +142,8 @@ class Decoding:
         self.engine, self.request, self.params = engine, request, params
         self.rng = np.random.default_rng(params.seed)
         self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
-        self.main = (engine.batch.row() if self.k == 0
-                     else KvSequence(engine.main, prompts=engine.main_prompts, cut_rejected=True))
+        self.main: KvCache = (engine.batch.row() if self.k == 0
+                              else KvSequence(engine.main, prompts=engine.main_prompts, cut_rejected=True))
         self.draft = KvSequence(engine.draft, prompts=engine.draft_prompts)
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []

@@ -16,8 +16,7 @@ from collections import OrderedDict
 import numpy as np
 import openvino as ov
 
-KEPT_TOKENS = 1024  # prompt tokens kept per model: ~57 MB for the real main's f32 cache, ~25 MB for its draft's
-# (settings.PROMPT_CACHE_TOKENS sets it for a worker's engines, through PairSpec)
+from inference.engines.spec import KEPT_TOKENS
 
 
 class PrefillCache:
