@@ -58,8 +58,8 @@ def test_the_step_process_does_not_outlive_a_killed_worker(tmp_path):
     script = (
         "import sys, time\n"
         "from inference.engines.spec import PairSpec\n"
-        "from inference.engines.library import PairEngine\n"
-        f"engine = PairEngine(PairSpec(slug='orphan', main_dir={SPEC.main_dir!r}, draft_dir={SPEC.draft_dir!r}))\n"
+        "from inference.engines.library import LibraryEngine\n"
+        f"engine = LibraryEngine(PairSpec(slug='orphan', main_dir={SPEC.main_dir!r}, draft_dir={SPEC.draft_dir!r}))\n"
         "print(engine._process.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
@@ -176,7 +176,7 @@ def test_a_burst_of_requests_at_a_fresh_worker_tokenizes_from_many_threads_at_on
 
 
 def test_a_pairs_extra_engines_are_freed_when_idle_and_its_default_engine_stays():
-    """The main alone and the exact engine each hold another copy of the main's weights: a worker frees
+    """The main alone and the own engine each hold another copy of the main's weights: a worker frees
     them once unused for a while (never while they run a request), and loads them again when needed."""
     registry = EngineRegistry(release_extra_after_s=0.5)
     default = registry.get(SPEC)

@@ -79,7 +79,7 @@ def default_variants(*, ks=range(1, 9), thresholds=(0.3, 0.5)) -> list[Variant]:
 
 
 def sampled_variants(*, ks, temperature: float) -> list[Variant]:
-    """The main alone and the exact engine for each K, at one temperature, seeded so reruns repeat."""
+    """The main alone and the own engine for each K, at one temperature, seeded so reruns repeat."""
     return [Variant(f"T={temperature:g} plain", False, temperature=temperature, seed=7)] + [
         Variant(f"T={temperature:g} K={k}", True, num_assistant_tokens=k, temperature=temperature, seed=7) for k in ks]
 
@@ -246,7 +246,7 @@ class InProcessPath:
         self.engines = engines
 
     def run(self, *, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
-        # Sampled speculative variants run where the product runs them: on the exact engine.
+        # Sampled speculative variants run where the product runs them: on the own engine.
         engine = self.engines.pair(speculative=variant.speculative,
                                    exact_sampling=variant.speculative and variant.temperature > 0)
         text, stats, started = run_once(engine, prompt=prompt.text, params=variant.params(max_new_tokens))

@@ -78,7 +78,7 @@ class BenchmarkOptions:
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
     concurrency_client: str = "sse"
     steady_rounds: int = 3  # answers each client asks in turn at steady load (0: bursts only)
-    sampled_ks: tuple[int, ...] = (2, 3, 4)  # the exact engine at T = sampled_temperature; () skips sampled rows
+    sampled_ks: tuple[int, ...] = (2, 3, 4)  # the own engine at T = sampled_temperature; () skips sampled rows
     sampled_temperature: float = 0.8
 
     def __post_init__(self):
@@ -256,7 +256,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
 
 
 def measure_sampled(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, prompts) -> list[dict]:
-    """Sampled rows in-process: the main alone and the exact engine per K at one temperature, and
+    """Sampled rows in-process: the main alone and the own engine per K at one temperature, and
     which of them the product chooses for a lone request (its plan at load 1)."""
     if not pair.draft_dir or not options.sampled_ks:
         return []

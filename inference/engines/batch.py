@@ -1,6 +1,6 @@
-"""The main alone for many answers at once, on the exact engine: one batched inference a step.
+"""The main alone for many answers at once, on the own engine: one batched inference a step.
 
-The exact engine runs each answer in its own thread on its own infer request, which suits speculation
+The own engine runs each answer in its own thread on its own infer request, which suits speculation
 (each answer verifies its own K+1 tokens and cuts what the main rejected) but not load: four answers of
 the main alone then cost four inferences of one token a step where one of four tokens costs far less on a
 CPU (the weights are read once). So an answer of the main alone (K=0) takes a row of a shared batch: its

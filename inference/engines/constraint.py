@@ -1,4 +1,4 @@
-"""A grammar on our exact engine: which tokens may come next, by llguidance (Rust, no torch).
+"""A grammar on the own engine: which tokens may come next, by llguidance (Rust, no torch).
 
 The library applies a grammar to the main only (xgrammar inside, not reachable from Python), so a draft
 beside it proposes tokens the constrained main must refuse. Here one matcher follows the answer and

@@ -68,7 +68,7 @@ def eos_token_ids(model_dir: str) -> set[int]:
     return ids
 
 
-class ExactEngine:
+class OwnEngine:
     """Same interface as the library engine: submit() returns an ActiveRequest fed one StepTokens per
     speculative step, then Finished."""
 
@@ -138,7 +138,7 @@ class ExactEngine:
 class Decoding:
     """One request's speculative loop on its own two caches."""
 
-    def __init__(self, engine: ExactEngine, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams):
+    def __init__(self, engine: OwnEngine, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams):
         self.engine, self.request, self.params = engine, request, params
         self.rng = np.random.default_rng(params.seed)
         self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
@@ -176,8 +176,7 @@ class Decoding:
     def _join_batch_if_busy(self) -> None:
         """Beyond the pair's speculating streams, an answer speculating on its own cache moves, cache and all,
         to the main alone's batch: an answer speculating beside the batch (or beside another) costs an inference
-        a step of its own, where the batch's row costs next to nothing (a burst of two on the real pair: 18 tok/s
-        in all, against 25 batched). It stays there."""
+        a step of its own, where the batch's row costs next to nothing (docs/benchmark.md#real-pair). It stays there."""
         limit = self.engine.spec.speculating_streams
         if not (isinstance(self.main, KvSequence) and limit and self.engine.active_count > limit):
             return  # already a row of the batch (every answer at K=0 is), or no limit

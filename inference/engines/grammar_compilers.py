@@ -33,7 +33,7 @@ def refusal(grammar: Grammar, *, pipeline: og.LLMPipeline) -> str | None:
     if reason := _compile_error(grammar, pipeline=pipeline):
         return reason
     if reason := _llguidance_error(grammar):
-        return f"the exact engine's parser refused it: {reason}"
+        return f"the own engine's parser refused it: {reason}"
     return None
 
 

@@ -4,7 +4,7 @@ openvino-genai's `step()` must be driven by a single thread and its Python bindi
 the whole step (tens of ms on a large main). In the worker's process that stalls every other thread
 for a step at a time: the thread that writes a generation's tokens to Redis waits a step for each
 round trip, and the stack's time to first token grew by a step or two. So the pipeline lives in a
-child process (the step process) that does nothing but step it; the worker keeps a `PairEngine` proxy
+child process (the step process) that does nothing but step it; the worker keeps a `LibraryEngine` proxy
 with the same interface. Concurrent generations join the same batch through `add` messages; after
 each step the step process sends every request the tokens it accepted in that step (with a draft:
 the accepted draft run plus the main model's own token) in one message, with the step's duration
@@ -67,10 +67,10 @@ class EngineProcessError(RuntimeError):
     """The step process could not load the pipeline, or exited."""
 
 
-StepObserver = Callable[["PairEngine", int, int, int, float], object]  # (engine, K, streams, tokens, seconds)
+StepObserver = Callable[["LibraryEngine", int, int, int, float], object]  # (engine, K, streams, tokens, seconds)
 
 
-class PairEngine:
+class LibraryEngine:
     """The worker's handle on a step process: submit() returns an ActiveRequest fed one StepTokens per
     main step, then Finished, by a reader thread that takes the step process's messages. `on_step`
     hears of each step whose requests all share one K (0 on the main alone)."""

@@ -39,7 +39,7 @@ class PairSpec:
 
     @property
     def role(self) -> tuple[str, bool, bool]:
-        """What the spec is for: a pair's speculative engine, its exact-sampling engine or its main alone.
+        """What the spec is for: a pair's speculative engine, its own engine or its main alone.
         A worker keeps one engine per role; a spec with new settings for a role replaces the old engine."""
         return self.slug, self.speculative, self.exact_sampling
 
@@ -88,7 +88,8 @@ class PairSpec:
         if self.device == "CPU" and self.inference_precision == "f32" and not self.dynamic_quantization:
             # The CPU quantizes activations of int8/int4-weight matmuls on the fly. Row by row that is bitwise
             # the same for one token and for K+1 (the own engine relies on it), but the library's paged
-            # attention is not: its greedy answers with the draft then differ in near-ties (3 of 8 on the real pair).
+            # attention is not: its greedy answers with the draft then differ in near-ties
+            # (docs/exactness.md#greedy-identity-and-the-cpus-kernels).
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
         return props
 

@@ -274,7 +274,7 @@ class Answer:
 
     def _consider_handover(self) -> None:
         """Stop this request to go on elsewhere if the load now calls for another engine (greedy, or
-        sampled on the exact engine; no stop strings: the library would not see one that began before
+        sampled on the own engine; no stop strings: the library would not see one that began before
         the handover; no grammar: it would start again at the handover)."""
         exact = self.planned.mode == SpeculativeMode.EXACT_SAMPLING
         if (self.moving_to or self.request.stop_requested or self.params.stop or self.params.grammar

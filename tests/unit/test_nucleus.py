@@ -1,4 +1,4 @@
-"""The exact engine's top_p ranks a head of the vocabulary instead of sorting it all: the set it keeps
+"""The own engine's top_p ranks a head of the vocabulary instead of sorting it all: the set it keeps
 must be the full sort's, token for token, or sampled answers would leave the main's distribution."""
 
 import numpy as np
