@@ -126,13 +126,11 @@ def stack_variants(*, pair: ModelPair, options: BenchmarkOptions) -> list[Varian
 
 
 def same_prompt_through_chat(*, pair: ModelPair, prompts) -> bool:
-    """Whether the chat, which applies the chat template and adds no special tokens, gives the model
-    the same tokens as in-process runs of the bare prompt (true for the demo pair)."""
-    from inference.serving.web import chat_prompt
-
+    """Whether the chat, which applies the chat template (serving.web.chat_prompt) and adds no special tokens,
+    gives the model the same tokens as in-process runs of the bare prompt (true for the demo pair)."""
     tokenizer = pair_checks.load_tokenizer(str(pair_checks.resolve_model_dir(pair.main_dir)))
     return all(
-        chat_prompt(pair=pair, messages=[{"role": "user", "content": p.text}]) == p.text
+        tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True) == p.text
         and tokenizer.encode(p.text, add_special_tokens=True).input_ids.data.tolist()
         == tokenizer.encode(p.text, add_special_tokens=False).input_ids.data.tolist()
         for p in prompts
