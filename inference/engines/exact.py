@@ -48,7 +48,7 @@ def _logsumexp(row: np.ndarray) -> float:
 
 
 class Scores(NamedTuple):
-    """A step's tokens' log probabilities and alternatives, when the request asked (see Decoding._logprobs)."""
+    """A step's tokens' log probabilities and alternatives, when the request asked (see token_scores)."""
 
     logprobs: list[float] | None
     alternatives: list[list[tuple[int, float]]] | None
@@ -56,6 +56,22 @@ class Scores(NamedTuple):
     def cut(self, n: int) -> Scores:
         return Scores(self.logprobs[:n] if self.logprobs is not None else None,
                       self.alternatives[:n] if self.alternatives is not None else None)
+
+
+def token_scores(rows, tokens: list[int], params: DecodingParams) -> Scores | None:
+    """log p_main(token) from the main's raw logits, as the library reports them, and the top_logprobs most
+    likely tokens at each position with theirs (most likely first); None unless asked."""
+    if not params.logprobs and not params.top_logprobs:
+        return None
+    logprobs, alternatives = [], []
+    for row, token in zip(rows, tokens, strict=True):
+        norm = _logsumexp(row)
+        logprobs.append(float(row[token] - norm))
+        if top := params.top_logprobs:
+            best = np.argpartition(-row, top)[:top]
+            best = best[np.argsort(-row[best], kind="stable")]
+            alternatives.append([(int(i), float(row[i] - norm)) for i in best])
+    return Scores(logprobs, alternatives if params.top_logprobs else None)
 
 
 def eos_token_ids(model_dir: str) -> set[int]:
@@ -164,7 +180,7 @@ class Decoding:
             self.constraint.take(first)
         if self.k:
             self.draft.prefill(self.prompt_ids)
-        finished = self._emit([first], self._logprobs([logits], [first]))
+        finished = self._emit([first], token_scores([logits], [first], self.params))
         while finished is None:
             if self.request.stop_requested:
                 return Finished(FinishReason.STOPPED)
@@ -199,21 +215,6 @@ class Decoding:
             fitted = np.pad(fitted, [(0, 0)] * (fitted.ndim - 1) + [(0, width - fitted.shape[-1])])
         return np.where(fitted, logits, -np.inf)
 
-    def _logprobs(self, rows, tokens: list[int]) -> Scores | None:
-        """log p_main(token) from the main's raw logits, as the library reports them, and the top_logprobs most
-        likely tokens at each position with theirs (most likely first); None unless asked."""
-        if not self.params.logprobs and not self.params.top_logprobs:
-            return None
-        logprobs, alternatives = [], []
-        for row, token in zip(rows, tokens, strict=True):
-            norm = _logsumexp(row)
-            logprobs.append(float(row[token] - norm))
-            if top := self.params.top_logprobs:
-                best = np.argpartition(-row, top)[:top]
-                best = best[np.argsort(-row[best], kind="stable")]
-                alternatives.append([(int(i), float(row[i] - norm)) for i in best])
-        return Scores(logprobs, alternatives if self.params.top_logprobs else None)
-
     def _step(self) -> tuple[list[int], Scores | None]:
         """One speculative step: the accepted proposals and the main's own token (and their logprobs)."""
         last = self.emitted[-1]
@@ -235,7 +236,7 @@ class Decoding:
         self.main.drop_last(len(proposals) - accepted)
         tokens = [*proposals[:accepted], token]
         self._catch_up_draft(last, proposals, accepted)
-        return tokens, self._logprobs(main_logits[:accepted + 1], tokens)
+        return tokens, token_scores(main_logits[:accepted + 1], tokens, self.params)
 
     def _propose(self, k: int, feed: list[int], *, greedy: bool) -> tuple[list[int], list[np.ndarray], list]:
         """Up to k draft proposals, drawn from q (the draft's distribution, under the grammar if any); their
