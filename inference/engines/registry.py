@@ -24,7 +24,7 @@ from inference.limits import LoadState
 log = logging.getLogger(__name__)
 
 # Building a pipeline takes the cores for seconds, and the old one then drains beside the new for an answer's
-# length: renewed under a steady load it multiplies time to first token meanwhile (docs/benchmark.md,
+# length: renewed under a steady load it multiplies time to first token meanwhile (docs/benchmark-log.md,
 # "Engine renewal at quiet moments"). So an engine due for renewal waits until the pair runs at most this
 # many requests, or until it has taken twice `renew_after` (its memory keeps growing meanwhile).
 RENEW_WHEN_RUNNING_AT_MOST = 1

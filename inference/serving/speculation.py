@@ -262,7 +262,7 @@ def _explore(*, pair: ModelPair, live: dict[int, float], load: int) -> Plan:
 def _join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, load: Load) -> Plan:
     """The plan adjusted to the batch already running here. A pair's speculative pipeline and its main
     alone are two step processes on the same cores: run together they contend, slower than either alone
-    (docs/benchmark.md, "Under load"). So a greedy request the
+    (docs/benchmark-log.md, "Under load"). So a greedy request the
     profile plans joins whichever of the two is running, when only one is: with the main alone's batch
     it takes K=0 (and is handed over when that batch empties), with the speculative batch the K the
     profile chose at its highest load where speculation won. A plan from this worker's own recent
