@@ -2,7 +2,7 @@
 
 What counts as a reference:
 - a backticked path into the project (`inference/engines/exact.py`, `engines/batch.py`, `tests/...`, `templates/`):
-  the file or folder exists (a path not starting at the root is read from inference/); a module's path with a
+  the file or folder exists (a path not starting at the root is read from inference/; model folders aside); a module's path with a
   name after it (`inference/selectors.generation_for_user`): the module has it;
 - a backticked dotted name whose first part is one of the project's modules, by its full dotted path or its
   last name (`web.start_generation`, `readers.StepAligner`, `limits.Route`, `inference.serving.web`): every
@@ -26,6 +26,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PACKAGES = ("inference", "chatsite")
 PATH_STARTS = ("inference/", "chatsite/", "tests/", "templates/", "docs/", "engines/", "serving/", "api/",
                "pairs/", "benchmark/", "demo/")
+MODEL_FOLDERS = "inference/models/"  # the pairs' weights: data, some grown by `make demo-main`, not the code's names
 BACKTICKED = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 SETTING = re.compile(r"\bSPECCHAT_[A-Z0-9_]*[A-Z0-9]\b")
@@ -77,7 +78,7 @@ def dotted_name_problem(text: str) -> str | None:
 
 def path_problem(text: str) -> str | None:
     path = text.split("#", maxsplit=1)[0].split(" ", maxsplit=1)[0].rstrip(":,")
-    if not path.startswith(PATH_STARTS) or any(c in path for c in "*{<"):
+    if not path.startswith(PATH_STARTS) or path.startswith(MODEL_FOLDERS) or any(c in path for c in "*{<"):
         return None
     if (ROOT / path).exists() or (ROOT / "inference" / path).exists():
         return None
