@@ -22,7 +22,7 @@ from inference.selectors import live_workers
 from inference.transport import METRICS_KEY
 
 if TYPE_CHECKING:
-    from inference.engines.base import SpeculationFigures
+    from inference.engines.speculation_stats import SpeculationFigures
 
 log = logging.getLogger(__name__)
 

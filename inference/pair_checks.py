@@ -16,7 +16,6 @@ from pathlib import Path
 from django.conf import settings
 
 from inference import limits
-from inference.engines import base as engines_base
 from inference.limits import K_MAX, K_MIN
 
 REQUIRED_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
@@ -54,8 +53,11 @@ def resolve_model_dir(relative: str, *, root: Path | None = None) -> Path:
 
 @lru_cache(maxsize=32)
 def load_tokenizer(folder: str):
-    """The folder's OpenVINO tokenizer; cheap to keep, used by the web process to count prompt tokens."""
-    return engines_base.load_tokenizer(folder)
+    """The folder's OpenVINO tokenizer; cheap to keep, used by the web process to count prompt tokens. openvino
+    loads with the first one a process asks for, not with the web side's modules."""
+    from inference.engines import tokenizer
+
+    return tokenizer.load_tokenizer(folder)
 
 
 def tokenizer_differences(main: Path, draft: Path) -> list[str]:

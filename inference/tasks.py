@@ -1,15 +1,12 @@
-"""Celery tasks: thin, run in the worker process. The web side sends them by name (never imports
-this module's dependencies); each imports its worker-side service where it runs."""
+"""Every Celery task a worker runs (Celery finds them through this module): thin, each imports its worker-side
+service in its body, where it runs. The generation's own task lives beside the generation path
+(serving/tasks.py), which sends it; the admin's jobs are sent by name."""
 
 from celery import shared_task
 
+from inference.serving.tasks import generate
 
-@shared_task(name="inference.generate")
-def generate(generation_id: str) -> None:
-    """One generation on this worker's engine for the pair (the task is routed to the pair's queue)."""
-    from inference.serving import lifecycle, worker
-
-    worker.run_generation(generation_id=generation_id, worker_name=lifecycle.WORKER_NAME)
+__all__ = ["benchmark", "generate", "import_pair"]
 
 
 @shared_task(name="inference.import_pair")

@@ -207,11 +207,14 @@ def other_user(transactional_db, django_user_model):
 @pytest.fixture(scope="session")
 def main_alone_greedy():
     """The main model's own greedy output (no draft, same backend and precision), computed in-process."""
-    from inference.engines.base import DecodingParams, Finished, PairSpec, TextAssembler
-    from inference.engines.library import PairEngine
+    from inference.engines.decoding import DecodingParams
+    from inference.engines.interface import Finished
+    from inference.engines.library import LibraryEngine
+    from inference.engines.spec import PairSpec
+    from inference.engines.text_assembler import TextAssembler
 
     main_dir = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR / "main"
-    engine = PairEngine(PairSpec(slug="reference", main_dir=str(main_dir), speculative=False))
+    engine = LibraryEngine(PairSpec(slug="reference", main_dir=str(main_dir), speculative=False))
     cache: dict[tuple, str] = {}
 
     def run(prompt: str, max_new_tokens: int, *, add_special_tokens: bool = True) -> str:

@@ -93,7 +93,7 @@ def test_every_answer_states_how_it_was_served_and_sampling_never_takes_the_inex
     assert greedy["speculative_route"] == "library-speculative"
     sampled = served(temperature=0.8, seed=3)
     assert sampled["speculative_mode"] == "draft-exact-sampling" and sampled["accepted_tokens"] is not None
-    assert sampled["speculative_route"] == "own-speculative"  # the exact engine
+    assert sampled["speculative_route"] == "own-speculative"  # the own engine
     assert served(temperature=0.8, seed=3) == sampled  # a seed reproduces its answer's figures
     off = served(temperature=0, extra_body={"speculative": False})
     assert (off["speculative_mode"], off["speculative_route"]) == ("off", "library-main-alone")
@@ -177,8 +177,8 @@ def test_an_answer_the_main_alone_began_moves_to_speculation_when_the_load_falls
 
 @pytest.mark.usefixtures("celery_worker")
 def test_a_sampled_answer_leaves_the_exact_engine_when_a_second_request_arrives(live_server_url, demo_pair, api_key):
-    """The profile sends a lone sampled request to the exact engine and two to the main alone: the first
-    answer goes on with the main alone once the second arrives (the exact engine runs beside the main
+    """The profile sends a lone sampled request to the own engine and two to the main alone: the first
+    answer goes on with the main alone once the second arrives (the own engine runs beside the main
     alone's batch on the same cores), and its client sees one answer of the length asked."""
     demo_pair.speculation_profile = {"greedy": {"1": 3}, "sampled": {"1": 2, "2": 0}}
     demo_pair.save()
@@ -186,7 +186,7 @@ def test_a_sampled_answer_leaves_the_exact_engine_when_a_second_request_arrives(
     first = post(live_server_url, "/v1/completions", api_key.secret,
                  {**sampled, "prompt": PROMPT, "max_tokens": 200}, stream=True)
     events = sse_events(first)
-    text = next(chunk_text(data) for _, data in events if chunk_text(data))  # the exact engine runs it
+    text = next(chunk_text(data) for _, data in events if chunk_text(data))  # the own engine runs it
     second = post(live_server_url, "/v1/completions", api_key.secret,
                   {**sampled, "prompt": "class Stack:", "max_tokens": 64, "stream": False})
     text += "".join(chunk_text(data) for _, data in events)

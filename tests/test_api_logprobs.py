@@ -35,7 +35,7 @@ def test_greedy_logprobs_are_the_main_alones_with_or_without_the_draft(live_serv
 @pytest.mark.usefixtures("celery_worker")
 def test_the_exact_engine_reports_the_main_models_raw_logprobs(live_server_url, demo_pair, api_key):
     """Logprobs are the raw distribution's (before temperature), as the library reports them: at T=0.01 the
-    exact engine draws the greedy tokens, and their logprobs are the main alone's greedy ones."""
+    own engine draws the greedy tokens, and their logprobs are the main alone's greedy ones."""
     api = client(live_server_url, api_key.secret)
     sampled, exact = completion(api, temperature=0.01, seed=5)
     _, greedy = completion(api, speculative=False)

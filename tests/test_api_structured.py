@@ -1,5 +1,5 @@
 """Answers held to a format (response_format, `regex`, `grammar`) through the official client on the demo
-pair: the format holds, the draft changes no greedy token, a grammar the library or the exact engine cannot
+pair: the format holds, the draft changes no greedy token, a grammar the library or the own engine cannot
 compile is refused with nothing recorded (it would fail every request in its batch), and a sampled answer
 under a grammar never reaches an inexact path."""
 

@@ -74,7 +74,7 @@ def test_inprocess_benchmark_writes_json_table_plots_and_bars(demo_pair, tmp_pat
     assert "inprocess" in printed and "K=2" in printed
     run = BenchmarkRun.objects.get(pair=demo_pair)
     assert run.status == "finished" and run.results["rows"] == results["rows"]
-    # Sampled rows: the main alone and the exact engine at T=0.8, and which one a lone request gets.
+    # Sampled rows: the main alone and the own engine at T=0.8, and which one a lone request gets.
     sampled = {r["variant"]: r for r in results["sampled"]}
     chosen_k = demo_pair.num_assistant_tokens  # no measured profile yet: the pair's default
     assert set(sampled) == {"T=0.8 plain", "T=0.8 K=2", f"T=0.8 K={chosen_k}"}

@@ -8,15 +8,17 @@ import pytest
 import requests
 
 from inference.demo import main_model
-from inference.engines.base import DecodingParams, Finished, PairSpec
-from inference.engines.library import PairEngine
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import Finished
+from inference.engines.library import LibraryEngine
+from inference.engines.spec import PairSpec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PROMPTS = ("def quicksort(numbers):", "class Stack:\n    def __init__(self):", "def parse_args(argv):")
 
 
-def greedy(engine: PairEngine, prompt: str, n: int = 32) -> list[int]:
+def greedy(engine: LibraryEngine, prompt: str, n: int = 32) -> list[int]:
     request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=n, ignore_eos=True))
     tokens: list[int] = []
     while not isinstance(event := request.events.get(timeout=120), Finished):
@@ -40,15 +42,15 @@ def test_the_build_is_deterministic_and_checked_by_pair_json():
 @pytest.mark.no_database
 def test_the_grown_main_computes_what_the_committed_main_computes():
     main_model.build()
-    small = PairEngine(PairSpec(slug="small", main_dir=str(main_model.SOURCE), speculative=False))
-    large = PairEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), speculative=False))
+    small = LibraryEngine(PairSpec(slug="small", main_dir=str(main_model.SOURCE), speculative=False))
+    large = LibraryEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), speculative=False))
     for prompt in PROMPTS:
         assert greedy(large, prompt) == greedy(small, prompt)
 
 
 @pytest.mark.usefixtures("celery_worker")
 def test_the_served_demo_pair_answers_the_main_alones_greedy_output(live_server_url, large_demo_pair, api_key):
-    large = PairEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), speculative=False))
+    large = LibraryEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), speculative=False))
     expected = large.tokenizer.decode(greedy(large, PROMPTS[0], 24))
     answer = requests.post(f"{live_server_url}/v1/completions", timeout=300, headers={
         "Authorization": f"Bearer {api_key.secret}"}, json={

@@ -1,5 +1,5 @@
 """Sampled answers are drawn from the main model's own distribution, on every path the product
-serves them from: the exact engine at several K and sampling settings, and an answer it began that
+serves them from: the own engine at several K and sampling settings, and an answer it began that
 the main alone goes on with. The library's own sampling with a draft is not, today: a test says so,
 and fails the day an upgrade fixes it."""
 
@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from inference.engines.base import DecodingParams, Finished, PairSpec
-from inference.engines.exact import ExactEngine
-from inference.engines.library import PairEngine
+from inference.engines.decoding import DecodingParams
+from inference.engines.exact import OwnEngine
+from inference.engines.interface import Finished
+from inference.engines.library import LibraryEngine
+from inference.engines.spec import PairSpec
 from tests.distribution import compare, differs, samples
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,12 +43,12 @@ def drain(request) -> tuple[int, ...]:
 
 @pytest.fixture(scope="module")
 def main_alone():
-    return PairEngine(PairSpec(slug="main-alone", main_dir=SPEC.main_dir, speculative=False))
+    return LibraryEngine(PairSpec(slug="main-alone", main_dir=SPEC.main_dir, speculative=False))
 
 
 @pytest.fixture(scope="module")
 def exact():
-    return ExactEngine(PairSpec(**{**SPEC.__dict__, "exact_sampling": True}))
+    return OwnEngine(PairSpec(**{**SPEC.__dict__, "exact_sampling": True}))
 
 
 SETTINGS = [
@@ -70,9 +72,9 @@ def test_exact_engine_samples_follow_the_main_alone(main_alone, exact, sampling)
 
 @pytest.mark.no_database
 def test_an_answer_handed_over_from_the_exact_engine_to_the_main_alone_follows_the_main_alone(main_alone, exact):
-    """As the load rises the worker moves a sampled answer off the exact engine: the main alone goes on
+    """As the load rises the worker moves a sampled answer off the own engine: the main alone goes on
     from the prompt's ids and the tokens so far, with the request's own settings and seed. Two tokens
-    from the exact engine, then two from the main alone: all four, and the pair across the handover,
+    from the own engine, then two from the main alone: all four, and the pair across the handover,
     follow the main alone's own distribution."""
     sampling = {"temperature": 0.8}
 
@@ -86,7 +88,7 @@ def test_an_answer_handed_over_from_the_exact_engine_to_the_main_alone_follows_t
     reference = samples(sampler(main_alone, new_tokens=4, **sampling), range(N), threads=16)
     tested = samples(handed_over, range(30_000, 30_000 + N))
     whole = compare(tested, reference, positions=4)
-    # the joint of the exact engine's last token and the main alone's first
+    # the joint of the own engine's last token and the main alone's first
     across = compare([s[1:] for s in tested], [s[1:] for s in reference], positions=1)
     assert not differs(whole) and not differs(across), (whole, across)
     assert len(set(tested)) > 20
@@ -96,7 +98,7 @@ def test_an_answer_handed_over_from_the_exact_engine_to_the_main_alone_follows_t
 def test_the_librarys_own_sampling_with_a_draft_is_still_inexact(main_alone):
     """openvino-genai 2026.4: its draft verification at T > 0 is not the speculative sampling rule. If
     this fails, an upgrade fixed it: its path may then be served for sampled requests."""
-    library_draft = PairEngine(SPEC)
+    library_draft = LibraryEngine(SPEC)
     sampling = {"temperature": 0.7}
     reference = samples(sampler(main_alone, **sampling), range(N), threads=16)
     tested = samples(sampler(library_draft, num_assistant_tokens=3, **sampling), range(10_000, 10_000 + N),
@@ -106,7 +108,7 @@ def test_the_librarys_own_sampling_with_a_draft_is_still_inexact(main_alone):
 
 @pytest.mark.usefixtures("celery_worker")
 def test_sampled_answers_through_the_api_follow_the_main_alone(live_server_url, demo_pair, api_key, main_alone):
-    """The path a user takes: sampled completions with speculation on (the worker's exact engine)
+    """The path a user takes: sampled completions with speculation on (the worker's own engine)
     against the main alone in-process; texts of 3 new tokens, whole and by their first part."""
     import requests
 
@@ -132,7 +134,7 @@ def test_sampled_answers_through_the_api_follow_the_main_alone(live_server_url, 
 
 @pytest.mark.no_database
 def test_exact_engine_samples_under_a_grammar_follow_the_main_alone_under_it(main_alone, exact):
-    """Under a grammar the exact engine masks the draft's q and the main's p with llguidance's view of it;
+    """Under a grammar the own engine masks the draft's q and the main's p with llguidance's view of it;
     the reference is the library's main alone under the same grammar (xgrammar's view): samples from the
     two follow one distribution, and every token is one the grammar allows."""
     letters = {"grammar_kind": "regex", "grammar_text": "[a-z_ ]{40,80}"}  # too long to end within 3 tokens

@@ -12,8 +12,10 @@ import pytest
 from django.conf import settings
 
 from inference.benchmark.memory import mapped_weight_bytes
-from inference.engines.base import DecodingParams, Finished, PairSpec, StepTokens
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import Finished, StepTokens
 from inference.engines.registry import EngineRegistry
+from inference.engines.spec import PairSpec
 
 pytestmark = pytest.mark.no_database
 
@@ -55,9 +57,9 @@ def test_a_crashed_step_process_fails_its_requests_and_the_next_request_loads_it
 def test_the_step_process_does_not_outlive_a_killed_worker(tmp_path):
     script = (
         "import sys, time\n"
-        "from inference.engines.base import PairSpec\n"
-        "from inference.engines.library import PairEngine\n"
-        f"engine = PairEngine(PairSpec(slug='orphan', main_dir={SPEC.main_dir!r}, draft_dir={SPEC.draft_dir!r}))\n"
+        "from inference.engines.spec import PairSpec\n"
+        "from inference.engines.library import LibraryEngine\n"
+        f"engine = LibraryEngine(PairSpec(slug='orphan', main_dir={SPEC.main_dir!r}, draft_dir={SPEC.draft_dir!r}))\n"
         "print(engine._process.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
@@ -151,7 +153,7 @@ def test_an_engine_due_for_renewal_waits_for_a_quiet_moment_unless_far_past_due(
 FRESH_PROCESS_BURST = """
 import sys, threading
 from concurrent.futures import ThreadPoolExecutor
-from inference.engines.base import load_tokenizer, prompt_token_ids
+from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
 together = threading.Barrier(8)
 def answer(i):
     together.wait()  # the main's and the draft's tokenizers load at once, as two engines of a fresh worker
@@ -164,7 +166,7 @@ with ThreadPoolExecutor(8) as pool:
 
 def test_a_burst_of_requests_at_a_fresh_worker_tokenizes_from_many_threads_at_once():
     """The first tensor turned into numpy in openvino's bindings sets up their numpy API, and threads
-    doing that at once deadlock the process (engines.base sets it up at import). Fresh processes whose 8
+    doing that at once deadlock the process (engines.tokenizer sets it up at import). Fresh processes whose 8
     threads load the main's and the draft's tokenizers and encode at once: 3 of 12 hung when each
     tokenizer encoded once as it loaded (the fix before), 0 of 12 with the set-up at import."""
     for _ in range(8):
@@ -174,7 +176,7 @@ def test_a_burst_of_requests_at_a_fresh_worker_tokenizes_from_many_threads_at_on
 
 
 def test_a_pairs_extra_engines_are_freed_when_idle_and_its_default_engine_stays():
-    """The main alone and the exact engine each hold another copy of the main's weights: a worker frees
+    """The main alone and the own engine each hold another copy of the main's weights: a worker frees
     them once unused for a while (never while they run a request), and loads them again when needed."""
     registry = EngineRegistry(release_extra_after_s=0.5)
     default = registry.get(SPEC)

@@ -96,8 +96,9 @@ def assert_nothing_left(models_root: Path, *, error: str) -> ImportJob:
 
 
 def test_import_registers_a_pair_that_generates(db, hf, models_root):
-    from inference.engines.base import DecodingParams, Finished
-    from inference.engines.library import PairEngine
+    from inference.engines.decoding import DecodingParams
+    from inference.engines.interface import Finished
+    from inference.engines.library import LibraryEngine
     from inference.pair_checks import REQUIRED_FILES
     from inference.serving.records import pair_spec
 
@@ -117,7 +118,7 @@ def test_import_registers_a_pair_that_generates(db, hf, models_root):
     assert (job.status, job.pair, job.error) == (ImportJob.Status.FINISHED, pair, "")
     assert job.progress.startswith("100%") and "exporting the draft (int8)" in job.log
 
-    engine = PairEngine(pair_spec(pair=pair))
+    engine = LibraryEngine(pair_spec(pair=pair))
     request = engine.submit(prompt="def scale(x):", params=DecodingParams(max_new_tokens=8, num_assistant_tokens=3))
     while not isinstance(event := request.events.get(timeout=60), Finished):
         pass

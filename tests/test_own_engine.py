@@ -16,8 +16,11 @@ from django.conf import settings
 
 from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
-from inference.engines.base import DecodingParams, Finished, PairSpec
-from inference.engines.exact import ExactEngine, KvSequence
+from inference.engines.decoding import DecodingParams
+from inference.engines.exact import OwnEngine
+from inference.engines.interface import Finished
+from inference.engines.kv_cache import KvSequence
+from inference.engines.spec import PairSpec
 from inference.selectors import live_workers
 from inference.serving.reasons import SENTENCES, Reason
 from tests.test_api import client
@@ -32,7 +35,7 @@ PROMPTS = ("def quicksort(numbers):", "class Stack:\n    def push(self, item):",
 @pytest.fixture(scope="module")
 def engine():
     assert SPEC.device_properties().get("DYNAMIC_QUANTIZATION_GROUP_SIZE") is None  # the CPU's default: on
-    return ExactEngine(SPEC)
+    return OwnEngine(SPEC)
 
 
 def answer(engine, prompt: str, k: int, **held) -> list[int]:
@@ -72,7 +75,7 @@ def test_rows_of_the_batch_compute_what_each_would_on_its_own_cache():
     """Answers of the main alone share one batched inference a step (engines/batch.py): prompts of different
     lengths join (padded), one leaves early (cut out), one joins late, one is late to a step (a masked slot);
     every row's logits are those of its own cache (f32 here: the padding moves only the last bits)."""
-    engine = ExactEngine(replace(SPEC, dynamic_quantization=False))
+    engine = OwnEngine(replace(SPEC, dynamic_quantization=False))
     forced = np.random.default_rng(1).integers(100, 1000, 8).tolist()
     got: dict[int, list[np.ndarray]] = {}
 
@@ -163,7 +166,7 @@ def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
     """Beyond the pair's speculating streams, the answer speculating moves to the main alone's batch with its
     cache (one inference a step for all, where speculating beside the batch cost one more): from then on one
     token a step, and the same greedy answer."""
-    busy = ExactEngine(replace(SPEC, slug="busy", speculating_streams=1))
+    busy = OwnEngine(replace(SPEC, slug="busy", speculating_streams=1))
     params = DecodingParams(max_new_tokens=160, ignore_eos=True, num_assistant_tokens=3)
     speculating = busy.submit(prompt=PROMPTS[0], params=params)
     before = [speculating.events.get(timeout=120) for _ in range(4)]  # its prefill's token, then three steps

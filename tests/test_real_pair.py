@@ -17,8 +17,9 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from inference.engines.base import DecodingParams, PairSpec
-from inference.engines.library import PairEngine
+from inference.engines.decoding import DecodingParams
+from inference.engines.library import LibraryEngine
+from inference.engines.spec import PairSpec
 from inference.models import Generation, ModelPair
 from inference.pairs import catalog
 from inference.serving.reasons import Reason
@@ -86,7 +87,7 @@ def test_a_gguf_file_is_imported_and_generates(db, settings, tmp_path):
                  main_sha256=catalog.QWEN_CODER.draft.sha256, stdout=out)
     pair = ModelPair.objects.get(slug="qwen-0.5b")
     assert [p.name for p in (tmp_path / "models" / "qwen-0.5b").iterdir()] == ["main"]  # no float32 copy left
-    engine = PairEngine(PairSpec(slug="imported", main_dir=str(settings.MODELS_ROOT / pair.main_dir),
+    engine = LibraryEngine(PairSpec(slug="imported", main_dir=str(settings.MODELS_ROOT / pair.main_dir),
                                  speculative=False))
     prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": REQUESTS[0]}],
                                                   add_generation_prompt=True)
@@ -97,7 +98,7 @@ def test_a_gguf_file_is_imported_and_generates(db, settings, tmp_path):
 
 
 def drain(request) -> list[int]:
-    from inference.engines.base import Finished
+    from inference.engines.interface import Finished
 
     tokens: list[int] = []
     while not isinstance(event := request.events.get(timeout=300), Finished):
@@ -106,7 +107,7 @@ def drain(request) -> list[int]:
     return tokens
 
 
-# ------------------------------------------------------------------ sampled answers: the exact engine's distribution
+# ------------------------------------------------------------------ sampled answers: the own engine's distribution
 @pytest.mark.usefixtures("real_worker")
 def test_sampled_answers_through_the_api_follow_the_main_alones_distribution(live_server_url, real_pair, key):
     """At T = 0.8 through the API, one request at a time (the pair's own engine): the first three tokens

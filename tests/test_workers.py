@@ -13,7 +13,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from inference import selectors, transport
-from inference.engines.base import DecodingParams
+from inference.engines.decoding import DecodingParams
 from inference.models import Generation, ModelPair
 from inference.serving import readers, web
 from inference.tasks import generate

@@ -7,7 +7,7 @@ from django.db.models import Exists, OuterRef, Q
 from chatsite.chat.models import Conversation, Message
 from inference import selectors as inference_selectors
 from inference import transport
-from inference.engines.base import FIGURES
+from inference.engines.speculation_stats import FIGURES
 from inference.models import ModelPair
 
 

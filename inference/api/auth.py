@@ -15,9 +15,8 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from inference import errors, transport
+from inference import errors
 from inference.models import ApiKey, Generation
-from inference.serving import web
 
 KEY_PREFIX = "sk-spec-"
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -72,16 +71,6 @@ def check_metrics_access(*, authorization: str) -> None:
     elif not settings.METRICS_OPEN:
         raise errors.Forbidden("The metrics are not served here: set SPECCHAT_METRICS_TOKEN (or "
                                "SPECCHAT_METRICS_OPEN=1 on an internal network).")
-
-
-def start_for_key(*, api_key: ApiKey, **start_kwargs) -> Generation:
-    """web.start_generation for this key, or a 429 when it already has max_concurrent in flight.
-    In-flight generations whose worker is gone are failed first so they free their slot."""
-    with web.in_flight_slot(lock=transport.slot_lock("apikey", api_key.id),
-                            generations=Generation.objects.filter(api_key=api_key), limit=api_key.max_concurrent,
-                            refusal="This key already has {count} generations in flight (its limit is {limit}); "
-                                    "retry when one has finished."):
-        return web.start_generation(api_key=api_key, **start_kwargs)
 
 
 def owned_generation(*, api_key: ApiKey, generation_id) -> Generation:

@@ -266,7 +266,7 @@ def _tool_calls(message: dict, index: int) -> list[dict]:
 
 
 def _check_alternatives(*, pair: ModelPair, options: web.GenerationOptions, param: str) -> None:
-    """Alternatives come from our exact engine alone (the library computes none): it needs the pair's draft
+    """Alternatives come from the own engine alone (the library computes none): it needs the pair's draft
     model, and takes K rather than a confidence threshold."""
     if not pair.draft_dir:
         raise errors.InvalidValue(f"{param} needs a pair with a draft model: {reasons.ALTERNATIVES}.", param=param)

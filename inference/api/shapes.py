@@ -47,7 +47,7 @@ class Shape:
 
     def _logprobs(self, steps: list) -> dict | None:
         """OpenAI's logprobs object for these steps' tokens (the third element of a step, when asked): each
-        token's log probability, and its alternatives' when top_logprobs was asked (the exact engine's)."""
+        token's log probability, and its alternatives' when top_logprobs was asked (the own engine's)."""
         if not self.logprobs:
             return None
         scored = [entry for step in steps for entry in (step[2] if len(step) > 2 else [])]

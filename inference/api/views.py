@@ -20,7 +20,7 @@ from django.views.decorators.csrf import csrf_exempt
 from inference import errors, selectors, transport
 from inference.api import auth, openapi, parsing, sse
 from inference.api.shapes import Shape, error_body, usage
-from inference.engines.base import context_length
+from inference.engines.spec import context_length
 from inference.metrics import exposition
 from inference.models import Generation, ModelPair
 from inference.serving import readers, web
@@ -78,7 +78,7 @@ def _shape(generation: Generation, *, chat: bool) -> Shape:
 def _start(*, data: dict, chat: bool, api_key) -> tuple[parsing.ApiRequest, Generation]:
     api_request = parsing.parse(data, chat=chat, requester=str(api_key.id))
     try:
-        generation = auth.start_for_key(api_key=api_key, source=Generation.Source.API, **api_request.start_kwargs)
+        generation = web.start_for_key(api_key=api_key, source=Generation.Source.API, **api_request.start_kwargs)
     except errors.ServiceError as exc:
         if chat and exc.param == "prompt":
             exc.param = "messages"  # the prompt a chat request has is its templated messages

@@ -21,8 +21,11 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from inference.benchmark.prompts import Prompt
-from inference.engines.base import DecodingParams, Engine, Finished, PairSpec, SpeculationStats, TextAssembler
-from inference.engines.registry import build_engine
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import Engine, Finished
+from inference.engines.spec import PairSpec
+from inference.engines.speculation_stats import SpeculationStats
+from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason
 
 INPROCESS = "inprocess"
@@ -77,7 +80,7 @@ def default_variants(*, ks=range(1, 9), thresholds=(0.3, 0.5)) -> list[Variant]:
 
 
 def sampled_variants(*, ks, temperature: float) -> list[Variant]:
-    """The main alone and the exact engine for each K, at one temperature, seeded so reruns repeat."""
+    """The main alone and the own engine for each K, at one temperature, seeded so reruns repeat."""
     return [Variant(f"T={temperature:g} plain", False, temperature=temperature, seed=7)] + [
         Variant(f"T={temperature:g} K={k}", True, num_assistant_tokens=k, temperature=temperature, seed=7) for k in ks]
 
@@ -194,6 +197,8 @@ class Engines:
         if self._get:
             return self._get(spec)
         if spec not in self._built:
+            from inference.engines.registry import build_engine  # the engines load here, not with the admin's modules
+
             self._built[spec] = build_engine(spec)
         return self._built[spec]
 
@@ -242,7 +247,7 @@ class InProcessPath:
         self.engines = engines
 
     def run(self, *, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
-        # Sampled speculative variants run where the product runs them: on the exact engine.
+        # Sampled speculative variants run where the product runs them: on the own engine.
         engine = self.engines.pair(speculative=variant.speculative,
                                    exact_sampling=variant.speculative and variant.temperature > 0)
         text, stats, started = run_once(engine, prompt=prompt.text, params=variant.params(max_new_tokens))

@@ -20,9 +20,11 @@ import numpy as np
 import openvino as ov
 
 from inference.benchmark.prompts import repeated_ngram_share
-from inference.engines.base import DecodingParams, Engine, Finished, PairSpec
+from inference.engines.decoding import DecodingParams
 from inference.engines.grammar import Grammar
+from inference.engines.interface import Engine, Finished
 from inference.engines.registry import build_engine
+from inference.engines.spec import PairSpec
 from inference.limits import FinishReason
 
 # Each mode as PairSpec fields ("" precision: the device's default). fast-f32: f32 with the CPU's dynamic int8

@@ -56,7 +56,7 @@ def variants(*, ks: tuple[int, ...], temperature: float) -> list[Variant]:
 
 
 # Speculation must beat the main alone by this much in the sweep to be chosen: one burst per cell
-# varies by 5-10% here, the main alone batches every request (the exact engine does not), and the
+# varies by 5-10% here, the main alone batches every request (the own engine does not), and the
 # promise is never to be slower than the main alone.
 MARGIN_OVER_PLAIN = 1.10
 

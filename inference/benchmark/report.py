@@ -171,7 +171,7 @@ def print_report(results: dict, out=print) -> None:
         out("\nStack overhead (same variant as in-process):")
         print_table([r for r in rows if r["path"] != INPROCESS], out=out, columns=STACK_COLUMNS)
     if results.get("sampled"):
-        out(f"\nSampled (T={o['sampled_temperature']:g}), the exact engine vs the main alone in-process "
+        out(f"\nSampled (T={o['sampled_temperature']:g}), the own engine vs the main alone in-process "
             f"(product's choice for a lone request: {_chosen(results)}):")
         print_table(results["sampled"], out=out, columns=SAMPLED_COLUMNS)
     if results["by_set"]:
@@ -239,7 +239,7 @@ def render_markdown(results: dict, *, plots: list[str]) -> str:
                   "the consumer or SSE view)."),
                   markdown_table(results["ttft_profile"], PROFILE_COLUMNS)]
     if results.get("sampled"):
-        parts += [f"### Sampled (T = {o['sampled_temperature']:g}): the exact engine vs the main alone, in-process",
+        parts += [f"### Sampled (T = {o['sampled_temperature']:g}): the own engine vs the main alone, in-process",
                   (f"Speculative sampling by the exact rule (the library's own sampling with a draft is not exact and "
                   f"is not served). The product's choice for a lone request: {_chosen(results)}."),
                   markdown_table(results["sampled"], SAMPLED_COLUMNS)]

@@ -17,8 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import openvino
-import openvino_genai
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
@@ -81,7 +79,7 @@ class BenchmarkOptions:
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
     concurrency_client: str = "sse"
     steady_rounds: int = 3  # answers each client asks in turn at steady load (0: bursts only)
-    sampled_ks: tuple[int, ...] = (2, 3, 4)  # the exact engine at T = sampled_temperature; () skips sampled rows
+    sampled_ks: tuple[int, ...] = (2, 3, 4)  # the own engine at T = sampled_temperature; () skips sampled rows
     sampled_temperature: float = 0.8
 
     def __post_init__(self):
@@ -129,13 +127,11 @@ def stack_variants(*, pair: ModelPair, options: BenchmarkOptions) -> list[Varian
 
 
 def same_prompt_through_chat(*, pair: ModelPair, prompts) -> bool:
-    """Whether the chat, which applies the chat template and adds no special tokens, gives the model
-    the same tokens as in-process runs of the bare prompt (true for the demo pair)."""
-    from inference.serving.web import chat_prompt
-
+    """Whether the chat, which applies the chat template (serving.web.chat_prompt) and adds no special tokens,
+    gives the model the same tokens as in-process runs of the bare prompt (true for the demo pair)."""
     tokenizer = pair_checks.load_tokenizer(str(pair_checks.resolve_model_dir(pair.main_dir)))
     return all(
-        chat_prompt(pair=pair, messages=[{"role": "user", "content": p.text}]) == p.text
+        tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True) == p.text
         and tokenizer.encode(p.text, add_special_tokens=True).input_ids.data.tolist()
         == tokenizer.encode(p.text, add_special_tokens=False).input_ids.data.tolist()
         for p in prompts
@@ -145,6 +141,16 @@ def same_prompt_through_chat(*, pair: ModelPair, prompts) -> bool:
 def concurrency_lines(through_stack: list[Variant]) -> list[Variant]:
     """The sweeps' lines: the main alone, the first speculative variant, and adaptive (requests naming no K)."""
     return through_stack[:2] + ([Variant(ADAPTIVE, True)] if len(through_stack) > 1 else [])
+
+
+def machine() -> dict:
+    """The host a run measured, with the library's version (openvino loads here, not with the admin's modules)."""
+    import openvino
+    import openvino_genai
+
+    return {"cpus": os.cpu_count(), "cpu": openvino.Core().get_property("CPU", "FULL_DEVICE_NAME"),
+            "platform": platform.platform(), "load_average": os.getloadavg(),
+            "openvino_genai": openvino_genai.__version__}
 
 
 def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, stack: StackTarget | None = None,
@@ -202,9 +208,7 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     measured: dict[str, Any] = {
         "pair": pair.slug,
         "started_at": started_at,
-        "machine": {"cpus": os.cpu_count(), "cpu": openvino.Core().get_property("CPU", "FULL_DEVICE_NAME"),
-                    "platform": platform.platform(), "load_average": os.getloadavg(),
-                    "openvino_genai": openvino_genai.__version__},
+        "machine": machine(),
         "options": options.as_json(),
         "scheduler": {"prefill_first": engines.spec.prefill_first, "budget": engines.spec.step_budget},  # None: 256
         "prompts": len(prompts),
@@ -270,7 +274,7 @@ def _under_load(*, stack: StackTarget, peer: PeerServer | None, options: Benchma
 
 
 def measure_sampled(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, prompts) -> list[dict]:
-    """Sampled rows in-process: the main alone and the exact engine per K at one temperature, and
+    """Sampled rows in-process: the main alone and the own engine per K at one temperature, and
     which of them the product chooses for a lone request (its plan at load 1)."""
     if not pair.draft_dir or not options.sampled_ks:
         return []

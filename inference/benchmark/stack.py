@@ -255,7 +255,7 @@ def concurrency_sweep(
     """Bursts of N simultaneous streams, interleaved repeat -> level -> variant, the variants' order turned
     by one each repeat (the host's speed drifts within a minute here: a line always run last would carry
     it); one record per burst. Each variant first runs once unrecorded: a worker loads an engine on its
-    first use (the main alone, the exact engine), and that load must not count as the first level's."""
+    first use (the main alone, the own engine), and that load must not count as the first level's."""
     records, total = [], repeats * len(levels) * len(variants)
     for variant in variants:
         asyncio.run(_burst(stream=stream, prompts=prompts, level=1, variant=variant,

@@ -141,7 +141,7 @@ def measure_pair(main_dir: Path, draft_dir: Path, prompts: list[str], ks, repeat
     """Greedy, 128 new tokens, concurrency 1, in-process: main alone vs with the draft, same backend."""
     from inference.benchmark.inprocess import default_variants, draft_cost_ratio, measure_inprocess
     from inference.benchmark.summary import summarize
-    from inference.engines.base import PairSpec
+    from inference.engines.spec import PairSpec
 
     spec = PairSpec(slug="demo-code", main_dir=str(main_dir), draft_dir=str(draft_dir))
     variants = default_variants(ks=ks, thresholds=thresholds)

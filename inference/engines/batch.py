@@ -1,6 +1,6 @@
-"""The main alone for many answers at once, on the exact engine: one batched inference a step.
+"""The main alone for many answers at once, on the own engine: one batched inference a step.
 
-The exact engine runs each answer in its own thread on its own infer request, which suits speculation
+The own engine runs each answer in its own thread on its own infer request, which suits speculation
 (each answer verifies its own K+1 tokens and cuts what the main rejected) but not load: four answers of
 the main alone then cost four inferences of one token a step where one of four tokens costs far less on a
 CPU (the weights are read once). So an answer of the main alone (K=0) takes a row of a shared batch: its
@@ -32,7 +32,7 @@ GATHER_S = 0.02  # how long a step waits for rows that have not asked yet (their
 
 
 class BatchRow:
-    """One answer's place in the batch, with a KvSequence's interface (exact.Decoding uses either)."""
+    """One answer's place in the batch: a KvCache (engines/kv_cache.py), as a KvSequence is."""
 
     def __init__(self, batch: SharedBatch):
         self.batch = batch

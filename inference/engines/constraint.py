@@ -1,4 +1,4 @@
-"""A grammar on our exact engine: which tokens may come next, by llguidance (Rust, no torch).
+"""A grammar on the own engine: which tokens may come next, by llguidance (Rust, no torch).
 
 The library applies a grammar to the main only (xgrammar inside, not reachable from Python), so a draft
 beside it proposes tokens the constrained main must refuse. Here one matcher follows the answer and
@@ -20,7 +20,8 @@ import numpy as np
 import openvino as ov
 import openvino_tokenizers  # noqa: F401  (registers the tokenizer operations read_model needs)
 
-from inference.engines.grammar import Grammar, llguidance_grammar
+from inference.engines.grammar import Grammar
+from inference.engines.grammar_compilers import llguidance_grammar
 
 
 def vocabulary(model_dir: str) -> tuple[list[bytes], list[int]]:

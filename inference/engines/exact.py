@@ -1,17 +1,13 @@
-"""The exact engine: speculative sampling by the exact rule, on the raw OpenVINO runtime.
+"""The own engine: exact speculative sampling on the raw OpenVINO runtime.
 
-openvino-genai's verification with a draft is exact only for greedy decoding (see
-shared notes: at T > 0 its answers are not drawn from the main model's distribution). Here the draft
-proposes K tokens sampled from its own distribution q, the main scores all K+1 positions in one
-inference, and each proposal x is accepted with probability min(1, p(x)/q(x)); the first rejection
-emits one token drawn from norm(max(0, p - q)), and K acceptances one more drawn from p (Leviathan et
-al. 2023, Chen et al. 2023). Temperature, top_p and top_k shape p and q as openvino-genai's sampler
-does for the main alone (softmax with temperature, then the nucleus, then the top k), so the answers
-follow the main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output.
+openvino-genai's verification with a draft is exact only for greedy decoding (docs/exactness.md: at T > 0
+its answers are not drawn from the main model's distribution). Here the draft proposes K tokens sampled
+from its own distribution, the main scores all K+1 positions in one inference, and the exact rule
+(engines/acceptance.py, which names its words) keeps some and adds one token, so the answers follow the
+main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output.
 
-Rejected tokens stay in the KV cache but are masked out (attention_mask 0, position ids continuous
-over the live tokens); copying the cache to trim it every step cost as much as a main step. When the
-cache is mostly dead it is rebuilt once from the live tokens. Each request holds its own pair of
+Rejected tokens leave each model's cache as engines/kv_cache.py says (cut from the main's, masked in the
+draft's); a cache mostly dead is rebuilt once from the live tokens. Each request holds its own pair of
 infer requests and runs in its own thread (OpenVINO releases the GIL while it infers), but the answers of
 the main alone (K=0) share one batched inference a step (engines/batch.py): under load that is the fast way.
 """
@@ -30,45 +26,20 @@ import llguidance as llg
 import numpy as np
 import openvino as ov
 
-from inference.engines.base import (
-    ActiveRequest,
-    DecodingParams,
-    Finished,
-    PairSpec,
-    StepTokens,
-    load_tokenizer,
-    prompt_token_ids,
-)
+from inference.engines.acceptance import accept, draw, greedy_accept, probabilities
 from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import ActiveRequest, Finished, StepTokens
+from inference.engines.kv_cache import KvCache, KvSequence
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.prefill import PrefillCache
+from inference.engines.spec import PairSpec
+from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
 from inference.limits import DEFAULT_K, FinishReason
 
 log = logging.getLogger(__name__)
 COMPACT_MIN_DEAD = 64  # rebuild a cache once this many slots (and more than half) are dead
-NUCLEUS_CANDIDATES = 2048  # top_p is ranked among this many most likely tokens first
-
-
-def probabilities(logits: np.ndarray, params: DecodingParams) -> np.ndarray:
-    """The distribution a token is drawn from, as openvino-genai's sampler shapes it: softmax of
-    logits / T, then the smallest set of most likely tokens whose mass exceeds top_p, then the top k of
-    those; renormalised. Temperature 0: all mass on the argmax."""
-    if params.temperature == 0:
-        onehot = np.zeros(logits.shape[-1])
-        onehot[int(np.argmax(logits))] = 1.0
-        return onehot
-    z = (logits.astype(np.float64) - logits.max()) / params.temperature
-    probs = np.exp(z)
-    probs /= probs.sum()
-    keep = nucleus(probs, params.top_p) if params.top_p < 1.0 else None
-    if 0 < params.top_k < (len(keep) if keep is not None else len(probs)):
-        keep = keep[: params.top_k] if keep is not None else np.argpartition(-probs, params.top_k)[: params.top_k]
-    if keep is None:
-        return probs
-    shaped = np.zeros_like(probs)
-    shaped[keep] = probs[keep]
-    return shaped / shaped.sum()
 
 
 def _logsumexp(row: np.ndarray) -> float:
@@ -76,25 +47,8 @@ def _logsumexp(row: np.ndarray) -> float:
     return top + float(np.log(np.exp(row.astype(np.float64) - top).sum()))
 
 
-def nucleus(probs: np.ndarray, top_p: float, *, candidates: int = NUCLEUS_CANDIDATES) -> np.ndarray:
-    """The smallest set of most likely tokens whose mass exceeds top_p, most likely first (ties by id, as a
-    stable sort ranks them). Ranked among the `candidates` most likely tokens when they hold that mass,
-    else among all: on a 152k vocabulary a full sort made each call cost 30 times a softmax."""
-    if len(probs) > candidates:
-        floor = np.partition(probs, len(probs) - candidates)[len(probs) - candidates]
-        ranked = np.flatnonzero(probs >= floor)  # with every tie at the floor: exactly the full ranking's head
-    else:
-        ranked = np.arange(len(probs))
-    order = ranked[np.argsort(-probs[ranked], kind="stable")]
-    mass = np.cumsum(probs[order])
-    cut = int(np.searchsorted(mass, top_p, side="right")) + 1
-    if cut > len(order) and len(order) < len(probs):  # the head holds too little mass: rank them all
-        return nucleus(probs, top_p, candidates=len(probs))
-    return order[:cut]
-
-
 class Scores(NamedTuple):
-    """A step's tokens' log probabilities and alternatives, when the request asked (see Decoding._logprobs)."""
+    """A step's tokens' log probabilities and alternatives, when the request asked (see token_scores)."""
 
     logprobs: list[float] | None
     alternatives: list[list[tuple[int, float]]] | None
@@ -104,80 +58,20 @@ class Scores(NamedTuple):
                       self.alternatives[:n] if self.alternatives is not None else None)
 
 
-def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
-    if probs.max() == 1.0:
-        return int(np.argmax(probs))
-    return int(rng.choice(len(probs), p=probs))
-
-
-class KvSequence:
-    """One model's KV cache for one request: which slots are live, and the next position.
-
-    Rejected tokens leave the cache in one of two ways. Cut (`cut_rejected`, the main's): the next logits
-    are bitwise those of a cache that never held them, which greedy identity needs (under dynamic
-    quantization masked slots moved the real main's next logits by up to 0.2; cutting costs a few ms a
-    step). Masked (the draft's): attention mask 0, positions reused; cheaper, and the draft only proposes."""
-
-    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache | None = None, cut_rejected: bool = False):
-        self.request = compiled.create_infer_request()
-        self.prompts = prompts or PrefillCache(kept_tokens=0)  # the model's recent prompts (none kept: a test's own)
-        self.cut_rejected = cut_rejected
-        self.mask = np.zeros(0, dtype=np.int64)
-        self.position = 0
-
-    def feed(self, token_ids: list[int]) -> np.ndarray:
-        """Logits for each fed token, given every live slot before it."""
-        n = len(token_ids)
-        self.mask = np.concatenate([self.mask, np.ones(n, dtype=np.int64)])
-        self.request.infer({
-            "input_ids": np.array([token_ids], dtype=np.int64),
-            "attention_mask": self.mask[None, :],
-            "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
-            "beam_idx": np.zeros(1, dtype=np.int32),
-        })
-        self.position += n
-        return self.request.get_output_tensor(0).data[0]
-
-    def prefill(self, prompt_ids: list[int]) -> np.ndarray:
-        """The prompt into a fresh cache (a copy, when it was prefilled lately): the last token's logits."""
-        logits = self.prompts.prefill(self.request, prompt_ids)
-        self.mask = np.ones(len(prompt_ids), dtype=np.int64)
-        self.position = len(prompt_ids)
-        return logits
-
-    def drop_last(self, n: int) -> None:
-        """The last n fed tokens were rejected: cut from the cache, or masked from now on."""
-        if not n:
-            return
-        if self.cut_rejected:
-            length = len(self.mask)
-            for state in self.request.query_state():  # [batch, kv heads, sequence, head size] per layer and K/V
-                kept = state.state.data[:, :, : length - n]
-                state.state = ov.Tensor(np.ascontiguousarray(kept))
-            self.mask = self.mask[:-n]
-        else:
-            self.mask[-n:] = 0
-        self.position -= n
-
-    @property
-    def dead(self) -> int:
-        return len(self.mask) - self.position
-
-    def live_cache(self) -> dict[str, np.ndarray]:
-        """A copy of the cache, each state [1, kv heads, slots, head size]: the live slots of a cache that cuts."""
-        if not self.cut_rejected:
-            raise ValueError("a masked cache holds dead slots")
-        return {state.name: np.array(state.state.data) for state in self.request.query_state()}
-
-    def close(self) -> None:
-        """Nothing to free beyond the infer request, which goes with this object (a batch row leaves its batch)."""
-
-    def rebuild(self, live_ids: list[int]) -> None:
-        """Drop the dead slots: a fresh cache holding the live tokens only."""
-        self.request.reset_state()
-        self.mask = np.zeros(0, dtype=np.int64)
-        self.position = 0
-        self.feed(live_ids)
+def token_scores(rows, tokens: list[int], params: DecodingParams) -> Scores | None:
+    """log p_main(token) from the main's raw logits, as the library reports them, and the top_logprobs most
+    likely tokens at each position with theirs (most likely first); None unless asked."""
+    if not params.logprobs and not params.top_logprobs:
+        return None
+    logprobs, alternatives = [], []
+    for row, token in zip(rows, tokens, strict=True):
+        norm = _logsumexp(row)
+        logprobs.append(float(row[token] - norm))
+        if top := params.top_logprobs:
+            best = np.argpartition(-row, top)[:top]
+            best = best[np.argsort(-row[best], kind="stable")]
+            alternatives.append([(int(i), float(row[i] - norm)) for i in best])
+    return Scores(logprobs, alternatives if params.top_logprobs else None)
 
 
 def eos_token_ids(model_dir: str) -> set[int]:
@@ -190,7 +84,7 @@ def eos_token_ids(model_dir: str) -> set[int]:
     return ids
 
 
-class ExactEngine:
+class OwnEngine:
     """Same interface as the library engine: submit() returns an ActiveRequest fed one StepTokens per
     speculative step, then Finished."""
 
@@ -260,12 +154,12 @@ class ExactEngine:
 class Decoding:
     """One request's speculative loop on its own two caches."""
 
-    def __init__(self, engine: ExactEngine, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams):
+    def __init__(self, engine: OwnEngine, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams):
         self.engine, self.request, self.params = engine, request, params
         self.rng = np.random.default_rng(params.seed)
         self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
-        self.main = (engine.batch.row() if self.k == 0
-                     else KvSequence(engine.main, prompts=engine.main_prompts, cut_rejected=True))
+        self.main: KvCache = (engine.batch.row() if self.k == 0
+                              else KvSequence(engine.main, prompts=engine.main_prompts, cut_rejected=True))
         self.draft = KvSequence(engine.draft, prompts=engine.draft_prompts)
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
@@ -286,7 +180,7 @@ class Decoding:
             self.constraint.take(first)
         if self.k:
             self.draft.prefill(self.prompt_ids)
-        finished = self._emit([first], self._logprobs([logits], [first]))
+        finished = self._emit([first], token_scores([logits], [first], self.params))
         while finished is None:
             if self.request.stop_requested:
                 return Finished(FinishReason.STOPPED)
@@ -298,8 +192,7 @@ class Decoding:
     def _join_batch_if_busy(self) -> None:
         """Beyond the pair's speculating streams, an answer speculating on its own cache moves, cache and all,
         to the main alone's batch: an answer speculating beside the batch (or beside another) costs an inference
-        a step of its own, where the batch's row costs next to nothing (a burst of two on the real pair: 18 tok/s
-        in all, against 25 batched). It stays there."""
+        a step of its own, where the batch's row costs next to nothing (docs/benchmark.md#real-pair). It stays there."""
         limit = self.engine.spec.speculating_streams
         if not (isinstance(self.main, KvSequence) and limit and self.engine.active_count > limit):
             return  # already a row of the batch (every answer at K=0 is), or no limit
@@ -322,21 +215,6 @@ class Decoding:
             fitted = np.pad(fitted, [(0, 0)] * (fitted.ndim - 1) + [(0, width - fitted.shape[-1])])
         return np.where(fitted, logits, -np.inf)
 
-    def _logprobs(self, rows, tokens: list[int]) -> Scores | None:
-        """log p_main(token) from the main's raw logits, as the library reports them, and the top_logprobs most
-        likely tokens at each position with theirs (most likely first); None unless asked."""
-        if not self.params.logprobs and not self.params.top_logprobs:
-            return None
-        logprobs, alternatives = [], []
-        for row, token in zip(rows, tokens, strict=True):
-            norm = _logsumexp(row)
-            logprobs.append(float(row[token] - norm))
-            if top := self.params.top_logprobs:
-                best = np.argpartition(-row, top)[:top]
-                best = best[np.argsort(-row[best], kind="stable")]
-                alternatives.append([(int(i), float(row[i] - norm)) for i in best])
-        return Scores(logprobs, alternatives if self.params.top_logprobs else None)
-
     def _step(self) -> tuple[list[int], Scores | None]:
         """One speculative step: the accepted proposals and the main's own token (and their logprobs)."""
         last = self.emitted[-1]
@@ -348,19 +226,17 @@ class Decoding:
         if self.constraint:  # the main scores each position under the grammar's state there
             masks.append(self.constraint.allowed())
             scored = self._allowed(main_logits, np.stack(masks))
-        if greedy:  # the rule at T=0: proposals are kept while each is the main's own choice
-            choices = scored.argmax(axis=-1)
-            accepted = next((i for i, x in enumerate(proposals) if x != choices[i]), len(proposals))
-            token = int(choices[accepted])
+        if greedy:
+            accepted, token = greedy_accept(proposals, scored)
         else:
-            accepted, token = self._accept(proposals, qs, scored)
+            accepted, token = accept(proposals, qs, scored, params=self.params, rng=self.rng)
         if self.constraint:
             self.constraint.rollback(len(proposals) - accepted)
             self.constraint.take(token)
         self.main.drop_last(len(proposals) - accepted)
         tokens = [*proposals[:accepted], token]
         self._catch_up_draft(last, proposals, accepted)
-        return tokens, self._logprobs(main_logits[:accepted + 1], tokens)
+        return tokens, token_scores(main_logits[:accepted + 1], tokens, self.params)
 
     def _propose(self, k: int, feed: list[int], *, greedy: bool) -> tuple[list[int], list[np.ndarray], list]:
         """Up to k draft proposals, drawn from q (the draft's distribution, under the grammar if any); their
@@ -397,17 +273,6 @@ class Decoding:
         else:
             self.draft_backlog = []
             self.draft.drop_last(len(proposals) - 1 - accepted)
-
-    def _accept(self, proposals: list[int], qs: list[np.ndarray], main_logits: np.ndarray) -> tuple[int, int]:
-        """How many proposals the rule keeps, and the token the main adds: each proposal x is accepted with
-        probability min(1, p(x)/q(x)); the first rejection draws from norm(max(0, p - q)), else one from p."""
-        for i, (x, q) in enumerate(zip(proposals, qs, strict=True)):
-            p = probabilities(main_logits[i], self.params)
-            if self.rng.random() < min(1.0, p[x] / q[x]):
-                continue
-            residual = np.maximum(p - q, 0.0)
-            return i, draw(residual / residual.sum(), self.rng)
-        return len(proposals), draw(probabilities(main_logits[len(proposals)], self.params), self.rng)
 
     def _emit(self, tokens: list[int], scores: Scores | None) -> Finished | None:
         """Deliver one step's tokens, cut at EOS, a stop string or the cap; Finished when it ended."""

@@ -1,10 +1,9 @@
-"""Grammars checked before they are accepted (engines/grammar.py says why), without one stalling the others.
+"""Grammars checked before they are accepted (engines/grammar_compilers.py says why), without one stalling the others.
 
-A grammar's compile time has no useful bound: nested repetitions such as `(a{1,300}){1,300}` took the library
-1.6 s here, one more level of nesting did not end in minutes, and the library cannot be interrupted. So the web
-side compiles in a few checker processes of its own (`python -m inference.engines.grammar_checks FD PID`), each
-with its own small pipeline used by one grammar at a time (the library does not share a pipeline between
-threads, which is why a single pipeline sat behind one lock before). A checker still compiling when the budget
+A grammar's compile time has no useful bound: nested repetitions such as `(a{1,300}){1,300}` grow without one
+(docs/api.md), and the library cannot be interrupted. So the web side compiles in a few checker processes of
+its own (`python -m inference.engines.grammar_checks FD PID`), each with its own small pipeline used by one
+grammar at a time (the library does not share a pipeline between threads). A checker still compiling when the budget
 runs out is killed and replaced, and the grammar refused. A requester's checks run one at a time, and after
 one ran out the budget its next waits for the replacement: one key sending slow grammars, at once or one
 after another, holds one checker at most, and the others serve everyone else. A text over MAX_GRAMMAR_CHARS
@@ -33,7 +32,7 @@ from multiprocessing.connection import Connection
 from django.conf import settings
 
 from inference import errors
-from inference.engines.grammar import Grammar, GrammarError, checker_pipeline, refusal
+from inference.engines.grammar import Grammar, GrammarError
 
 log = logging.getLogger(__name__)
 MAX_GRAMMAR_CHARS = 65_536  # a schema of 60 nested objects is 12,000; a longer text costs every step that carries it
@@ -235,6 +234,8 @@ def _die_with_parent(parent: int) -> None:
 
 def serve(fd: int, parent: int) -> None:
     """A checker: the verdict of each grammar its socket sends, one at a time, until the socket closes."""
+    from inference.engines.grammar_compilers import checker_pipeline, refusal  # the compilers load here, not on the web
+
     _die_with_parent(parent)
     conn = Connection(fd)
     pipeline = checker_pipeline()

@@ -4,7 +4,7 @@ openvino-genai's `step()` must be driven by a single thread and its Python bindi
 the whole step (tens of ms on a large main). In the worker's process that stalls every other thread
 for a step at a time: the thread that writes a generation's tokens to Redis waits a step for each
 round trip, and the stack's time to first token grew by a step or two. So the pipeline lives in a
-child process (the step process) that does nothing but step it; the worker keeps a `PairEngine` proxy
+child process (the step process) that does nothing but step it; the worker keeps a `LibraryEngine` proxy
 with the same interface. Concurrent generations join the same batch through `add` messages; after
 each step the step process sends every request the tokens it accepted in that step (with a draft:
 the accepted draft run plus the main model's own token) in one message, with the step's duration
@@ -31,16 +31,12 @@ import numpy as np
 import openvino as ov
 import openvino_genai as og
 
-from inference.engines.base import (
-    ActiveRequest,
-    DecodingParams,
-    Finished,
-    PairSpec,
-    StepTokens,
-    load_tokenizer,
-    prompt_token_ids,
-)
+from inference.engines.decoding import DecodingParams
+from inference.engines.interface import ActiveRequest, Finished, StepTokens
+from inference.engines.library_config import generation_config
 from inference.engines.pages import RELEASE_EVERY_S, release_weight_pages
+from inference.engines.spec import PairSpec
+from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
 from inference.limits import FinishReason
 
 log = logging.getLogger(__name__)
@@ -71,10 +67,10 @@ class EngineProcessError(RuntimeError):
     """The step process could not load the pipeline, or exited."""
 
 
-StepObserver = Callable[["PairEngine", int, int, int, float], object]  # (engine, K, streams, tokens, seconds)
+StepObserver = Callable[["LibraryEngine", int, int, int, float], object]  # (engine, K, streams, tokens, seconds)
 
 
-class PairEngine:
+class LibraryEngine:
     """The worker's handle on a step process: submit() returns an ActiveRequest fed one StepTokens per
     main step, then Finished, by a reader thread that takes the step process's messages. `on_step`
     hears of each step whose requests all share one K (0 on the main alone)."""
@@ -286,7 +282,7 @@ class Stepper:
             input_ids = ov.Tensor(np.array([prompt_ids], dtype=np.int64), shared_memory=False)
             try:
                 self.handles[request_id] = self.pipe.add_request(request_id, input_ids,
-                                                                 params.generation_config(self.spec))
+                                                                 generation_config(params, self.spec))
             except Exception as exc:  # the request's settings, not the engine: fail this request only
                 self._send_step([(request_id, [], None, (FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))])
                 return

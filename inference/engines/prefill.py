@@ -1,10 +1,9 @@
 """The prompts a model prefilled lately, kept: a request whose prompt is one of them (an answer asked again,
 many samples of one prompt) starts from a copy of that cache instead of prefilling it again.
 
-On a CPU the prefill is most of a short answer's time (the real main takes ~45 ms a prompt token on a
-2-core AVX2 host, so a 40-token chat prompt costs more than three answer tokens). The copy is bitwise
-what the prefill computes (the same model, inputs and kernels), so answers do not change. Only whole
-prompts match: a prompt that merely starts like a kept one is prefilled in full (a prefill in two parts
+On a CPU the prefill is most of a short answer's time (docs/configuration.md, SPECCHAT_PROMPT_CACHE_TOKENS).
+The copy is bitwise what the prefill computes (the same model, inputs and kernels), so answers do not change.
+Only whole prompts match: a prompt that merely starts like a kept one is prefilled in full (a prefill in two parts
 runs other kernels, which move the last bits).
 """
 
@@ -16,8 +15,7 @@ from collections import OrderedDict
 import numpy as np
 import openvino as ov
 
-KEPT_TOKENS = 1024  # prompt tokens kept per model: ~57 MB for the real main's f32 cache, ~25 MB for its draft's
-# (settings.PROMPT_CACHE_TOKENS sets it for a worker's engines, through PairSpec)
+from inference.engines.spec import KEPT_TOKENS
 
 
 class PrefillCache:

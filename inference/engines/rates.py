@@ -18,7 +18,7 @@ from collections import deque
 MAX_SAMPLES = 4000  # per (K, streams bucket): about 10 minutes of steps at 8 streams
 LOAD_MEMORY_S = 5.0  # a burst's first requests arrive before the rest: they plan for the load seen this lately
 # A worker whose plans keep one path at a load never measures the other there: once per figure's
-# lifetime, at loads where the two can cross (speculation leads by 2-3x at 1-2 streams), the requests
+# lifetime, at loads where the two can cross (at 1-2 streams speculation leads far: docs/speculation.md), the requests
 # joining in the next EXPLORE_FOR_S go to the unmeasured path until it has a figure.
 EXPLORE_MIN_STREAMS = 4
 EXPLORE_FOR_S = 30.0

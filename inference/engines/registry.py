@@ -1,7 +1,7 @@
 """The engines one worker process holds, loaded on first use and kept, with each pair's load state.
 
-openvino-genai's pipelines keep memory per request they served (about 1 MB with a draft on the demo
-pair, measured in a loop of add_request/step; it is all freed with the pipeline): an engine that has
+openvino-genai's pipelines keep memory per request they served (docs/architecture.md, "Memory"; it is
+all freed with the pipeline): an engine that has
 taken `renew_after` requests is replaced by a fresh one at the next quiet moment, built in the
 background, and freed once its own requests have ended. A library engine whose step process exited is
 loaded again on next use. It also keeps what each pair's engines delivered lately (engines/rates.py),
@@ -14,17 +14,18 @@ import threading
 import time
 from pathlib import Path
 
-from inference.engines.base import Engine, PairSpec
-from inference.engines.exact import ExactEngine
-from inference.engines.library import PairEngine, StepObserver
+from inference.engines.exact import OwnEngine
+from inference.engines.interface import Engine
+from inference.engines.library import LibraryEngine, StepObserver
 from inference.engines.rates import StepRates
+from inference.engines.spec import PairSpec
 from inference.limits import LoadState
 
 log = logging.getLogger(__name__)
 
-# Building a pipeline takes the cores for seconds (2 s for the demo pair on 2 cores), and the old one then
-# drains beside the new for an answer's length: renewed under a steady 8 streams, it raised time to first
-# token from ~0.2 s to 1.2 s for 8 s. So an engine due for renewal waits until the pair runs at most this
+# Building a pipeline takes the cores for seconds, and the old one then drains beside the new for an answer's
+# length: renewed under a steady load it multiplies time to first token meanwhile (docs/benchmark-log.md,
+# "Engine renewal at quiet moments"). So an engine due for renewal waits until the pair runs at most this
 # many requests, or until it has taken twice `renew_after` (its memory keeps growing meanwhile).
 RENEW_WHEN_RUNNING_AT_MOST = 1
 
@@ -32,8 +33,8 @@ RENEW_WHEN_RUNNING_AT_MOST = 1
 def build_engine(spec: PairSpec, *, on_step: StepObserver | None = None, step_timeout_s: float = 0) -> Engine:
     """The engine a spec asks for: our exact sampler, or the library's pipeline in a step process."""
     if spec.route.is_own_engine():
-        return ExactEngine(spec)
-    return PairEngine(spec, on_step=on_step, step_timeout_s=step_timeout_s)
+        return OwnEngine(spec)
+    return LibraryEngine(spec, on_step=on_step, step_timeout_s=step_timeout_s)
 
 
 class EngineRegistry:
@@ -97,7 +98,7 @@ class EngineRegistry:
     def _build(self, spec: PairSpec) -> Engine:
         return build_engine(spec, on_step=self._record_step, step_timeout_s=self.step_timeout_s)
 
-    def _record_step(self, engine: PairEngine, k: int, streams: int, tokens: int, seconds: float) -> None:
+    def _record_step(self, engine: LibraryEngine, k: int, streams: int, tokens: int, seconds: float) -> None:
         if self.active_requests(slug=engine.spec.slug) > engine.active_count:
             return  # another of the pair's pipelines runs beside it: the two contend for the cores
         self.rates_of(engine.spec.slug).record(k=k, streams=streams, tokens=tokens, seconds=seconds)
@@ -124,7 +125,7 @@ class EngineRegistry:
             self._engines.pop(stale).close()
 
     def release_idle_extras(self) -> list[PairSpec]:
-        """Free a pair's extra engines (its main alone, its exact engine) once idle for `release_extra_after_s`:
+        """Free a pair's extra engines (its main alone, its own engine) once idle for `release_extra_after_s`:
         each holds another copy of the main's weights (2.2 GB for Qwen2.5-Coder-1.5B in int8), which a worker
         keeps only while requests need it. The pair's default engine stays."""
         if not self.release_extra_after_s:

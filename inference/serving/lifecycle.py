@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import threading
 import time
 
@@ -24,19 +22,16 @@ from django.db import close_old_connections
 from inference import jobs, transport
 from inference.models import BenchmarkRun, ModelPair
 from inference.pairs.importer import fail_abandoned_imports
-from inference.serving.speculation import pair_default_route
-from inference.serving.worker import (
-    STATE,
+from inference.serving.housekeeping import (
     fail_orphaned_generations,
     fail_unservable_generations,
-    load_engine,
     reconcile_claimed_generations,
     resend_lost_generations,
-    stop_running,
 )
+from inference.serving.speculation import pair_default_route
+from inference.serving.worker import STATE, WORKER_NAME, load_engine, stop_running
 
 log = logging.getLogger(__name__)
-WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 _queues: list[str] = []
 _loading: set[str] = set()  # slugs being loaded by _load threads
 _consumer: list[Consumer] = []  # the worker's task consumer: its queues change only in its event loop (call_soon)

@@ -20,7 +20,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from inference import errors, transport
-from inference.engines.base import FIGURES
+from inference.engines.speculation_stats import FIGURES
 from inference.models import Generation
 from inference.serving.records import fail_generation, reconnecting, stalled_generation_problem
 

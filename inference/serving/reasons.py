@@ -43,7 +43,7 @@ class Reason(StrEnum):
 
 
 # Also the API's refusal of top_logprobs on a pair that cannot give them (api/parsing.py).
-ALTERNATIVES = "top_logprobs asked: only SpecChat's exact engine computes alternatives"
+ALTERNATIVES = "top_logprobs asked: only SpecChat's own engine computes alternatives"
 _MEASURED_HERE = ("measured here lately at {load} streams: K={k} {k_rate:.0f} tok/s, "
                   "the main alone {alone_rate:.0f} tok/s")
 SENTENCES: dict[Reason, str] = {
@@ -71,8 +71,8 @@ SENTENCES: dict[Reason, str] = {
     Reason.JOINS_SPECULATIVE_BATCH: "joins the running speculative batch with K={k} (its highest-load K)",
     Reason.JOINS_MAIN_ALONE_BATCH: "joins the running batch of the main alone",
     Reason.BEYOND_OWN_STREAMS: "{load} of the pair's answers running here",
-    # Measured on the real pair under a JSON schema: acceptance 0.81 with the draft masked, against 0.52 on
-    # the library's pipeline where it is not (docs/benchmark.md#real-pair).
+    # With the draft masked too, its proposals are accepted far more often than on the library's pipeline
+    # (docs/exactness.md#under-a-grammar).
     Reason.OWN_CONSTRAINED: "held to a grammar, which the own engine applies to the draft too: the pair's K",
     Reason.OWN_ENGINE: "on SpecChat's own engine (few enough of the pair's answers here)",
     Reason.OWN_BATCH: "the main alone, batched on SpecChat's own engine (more of the pair's answers here than it "

@@ -19,7 +19,8 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from inference import limits, selectors, transport
-from inference.engines.base import DecodingParams, PairSpec
+from inference.engines.decoding import DecodingParams
+from inference.engines.spec import PairSpec
 from inference.limits import FinishReason, Route
 from inference.models import Generation, ModelPair
 from inference.serving.speculation import Plan

@@ -3,7 +3,7 @@ decided when it joins a worker's batch, from what it asked, the pair's settings 
 worker's load then and its live figures: `plan` is a pure function of those; `handover` moves a running answer.
 
 Both sides use it: the web side to validate a request with the settings it would get, the worker to
-decide for real (it knows its load). Two promises shape it: a sampled request runs on the exact engine
+decide for real (it knows its load). Two promises shape it: a sampled request runs on the own engine
 (engines/exact.py), never on openvino-genai's inexact sampling with a draft unless the pair allows it
 (and then says so); and where the main alone is faster at the current load, the main alone serves
 (speculation must never slow answers). Faster by what this worker measured lately at that load
@@ -37,7 +37,7 @@ class Asked:
     threshold: float | None = None
     sampled: bool = False
     constrained: bool = False  # the output is held to a grammar (response_format, regex, grammar)
-    alternatives: bool = False  # top_logprobs: each position's most likely tokens, which only our exact engine gives
+    alternatives: bool = False  # top_logprobs: each position's most likely tokens, which only the own engine gives
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,8 +136,8 @@ def left_to_the_profile(asked: Asked) -> bool:
             and asked.threshold is None)
 
 
-# Ks within this fraction of the fastest one's tokens/s are as fast as it (one burst of the benchmark
-# varies by 5-10% here). The smallest of them serves: its steps are shorter, so a request joining the
+# Ks within this fraction of the fastest one's tokens/s are as fast as it (within a burst's run-to-run
+# spread: docs/benchmark.md). The smallest of them serves: its steps are shorter, so a request joining the
 # batch waits less for its first token.
 AS_FAST = 0.97
 
@@ -149,7 +149,7 @@ def quickest_k(rates: dict[int, float]) -> int:
 
 
 # This worker's recent figures decide where one path is this much faster than the other at the load
-# (it repays a handover's prefill; one burst of the benchmark varies by 5-10% here). Closer than that,
+# (it repays a handover's prefill, and is beyond a burst's run-to-run spread). Closer than that,
 # the two are as good as each other: the request joins the batch that runs, or the main alone.
 LIVE_MARGIN = 1.10
 
@@ -185,7 +185,7 @@ def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None 
 
 
 def _on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None) -> Plan:
-    """The plan on openvino-genai's pipelines (or the exact engine for exact sampling). A greedy answer with a
+    """The plan on openvino-genai's pipelines (or the own engine for exact sampling). A greedy answer with a
     draft on a pair in the fast mode says so (FAST_MODE)."""
     planned = _by_the_request(pair=pair, asked=asked, load=load, live=live)
     if planned.mode == SpeculativeMode.DRAFT and pair.precision_mode == ModelPair.FAST:
@@ -221,7 +221,7 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, l
     """The plan of a request that leaves K to the pair: from the figures here, else the profile, else the
     pair's default. `drafting`: the route it drafts on, and why that route."""
     alone = Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled)
-    here = None if asked.sampled or live is None else live_k(live.rates)  # the exact engine's steps are not measured
+    here = None if asked.sampled or live is None else live_k(live.rates)  # the own engine's steps are not measured
     if here is not None:
         k, figures = here
         facts = {"load": load, **figures}
@@ -261,8 +261,8 @@ def _explore(*, pair: ModelPair, live: dict[int, float], load: int) -> Plan:
 
 def _join_running_batch(*, pair: ModelPair, asked: Asked, planned: Plan, load: Load) -> Plan:
     """The plan adjusted to the batch already running here. A pair's speculative pipeline and its main
-    alone are two step processes on the same cores: run together they contend (a burst of 16 with one
-    request on the main alone beside 15 at K=5 measured 0.80x of either alone). So a greedy request the
+    alone are two step processes on the same cores: run together they contend, slower than either alone
+    (docs/benchmark-log.md, "Under load"). So a greedy request the
     profile plans joins whichever of the two is running, when only one is: with the main alone's batch
     it takes K=0 (and is handed over when that batch empties), with the speculative batch the K the
     profile chose at its highest load where speculation won. A plan from this worker's own recent
@@ -291,7 +291,7 @@ def _on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -
     grammar or not, exact with dynamic quantization); beyond that the main alone serves there, in one batch
     (engines/batch.py), unless the request named its K. One copy of the weights either way. Not for a
     confidence threshold, which only the library applies. A request asking alternatives (top_logprobs) runs on
-    the exact engine at any load."""
+    the own engine at any load."""
     if asked.alternatives:
         return _for_alternatives(pair=pair, planned=planned)
     if not pair.own_engine_streams or planned.threshold is not None:
@@ -311,7 +311,7 @@ def _on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -
 
 
 def _for_alternatives(*, pair: ModelPair, planned: Plan) -> Plan:
-    """A request asking top_logprobs runs on the exact engine at any load (the API refuses it for a pair
+    """A request asking top_logprobs runs on the own engine at any load (the API refuses it for a pair
     without a draft, or with a confidence threshold): greedy, sampled exactly, or the main alone (K=0)."""
     if planned.route.is_main_alone():
         own, k = Route.OWN_MAIN_ALONE, None
@@ -333,7 +333,7 @@ HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the 
 def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
              live: LiveFigures | None = None) -> Plan | None:
     """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
-    for greedy answers the profile or the figures planned, and off the exact engine for sampled ones (the
+    for greedy answers the profile or the figures planned, and off the own engine for sampled ones (the
     library cannot change a request's K, so moving is a new request that goes on from the answer so far;
     its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way).
     An answer the pair's own engine serves (or that asked alternatives) stays there."""
@@ -342,7 +342,7 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
     if planned.route.is_own_engine():
         if pair.own_engine_streams or asked.alternatives:
             return None
-        return _off_the_exact_engine(pair=pair, asked=asked, planned=planned, load=load, generated=generated)
+        return _off_the_own_engine(pair=pair, asked=asked, planned=planned, load=load, generated=generated)
     if planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not left_to_the_profile(asked):
         return None
     now = _on_the_library(pair=pair, asked=asked, load=load, live=live)
@@ -353,11 +353,10 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
     return replace(now, why=(*planned.why, _handed_over(now, generated=generated, load=load)))
 
 
-def _off_the_exact_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int) -> Plan | None:
-    """A sampled answer the profile sent to the exact engine goes on with the main alone as soon as the
-    profile says the main alone at the load, whatever the load: the exact engine runs each request on its
-    own, beside the main alone's batch on the same cores (a burst's first request, planned for one stream,
-    held it while the other 7 ran on the main alone: the burst ran at 0.71x the main alone's speed)."""
+def _off_the_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int) -> Plan | None:
+    """A sampled answer the profile sent to the own engine goes on with the main alone as soon as the
+    profile says the main alone at the load, whatever the load: the own engine runs each request on its
+    own, beside the main alone's batch on the same cores, which slows the whole burst (docs/speculation.md)."""
     if not asked.speculative or asked.k is not None or asked.threshold is not None:
         return None  # the request asked for this engine
     now = _on_the_library(pair=pair, asked=asked, load=load, live=None)

@@ -1,10 +1,10 @@
 """The web side of starting a generation, shared by the chat and the REST API (runs in the Django process).
 
 `start_generation` validates a request completely before it writes anything (options, ranges, the
-prompt against the model's context), records a queued Generation and sends the `inference.generate`
-task, by name, to the pair's queue (the worker side, inference.serving.worker, is never imported
-here); `in_flight_slot` bounds what one key or chat user has running. Readers follow the generation
-with inference.serving.readers.
+prompt against the model's context), records a queued Generation and sends `tasks.generate` to the pair's
+queue once the record is committed (serving/tasks.py imports the worker side, inference.serving.worker, only in
+the task's body: never here); `in_flight_slot` bounds what one key or chat user has running (`start_for_key`, an
+API key's). Readers follow the generation with inference.serving.readers.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import redis
-from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError
 
 from inference import errors, limits, pair_checks, selectors, transport
 from inference.celery_worker import worker_command_line
-from inference.engines.base import DecodingParams, Sampling, context_length
-from inference.models import Generation, ModelPair
-from inference.serving import speculation
+from inference.engines.decoding import DecodingParams, Sampling
+from inference.engines.spec import context_length
+from inference.models import ApiKey, Generation, ModelPair
+from inference.serving import speculation, tasks
 from inference.serving.records import fail_if_stalled, pair_spec, planned_decoding
 
 log = logging.getLogger(__name__)
@@ -157,9 +157,10 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         **options.sampling(),
     )
     planned = speculation.plan(pair=pair, asked=asked(options), load=speculation.Load(streams=1))
+    from inference.engines.library_config import generation_config  # openvino-genai: loaded by the first request
+
     try:  # whatever else the pipeline would refuse, refused here rather than on the worker
-        planned_params = planned_decoding(params, planned)
-        planned_params.generation_config(pair_spec(pair=pair, route=planned.route)).validate()
+        generation_config(planned_decoding(params, planned), pair_spec(pair=pair, route=planned.route)).validate()
     except RuntimeError as exc:
         reason = str(exc).strip().splitlines()[-1]  # the C++ check's own sentence, without its source path
         raise errors.InvalidValue(f"The pipeline refuses these settings: {reason}") from None
@@ -273,9 +274,9 @@ def start_generation(
 def _enqueue(*, generation_id, queue: str) -> None:
     """Send the generation's task. With the broker unreachable (a Redis restart), the request is not
     refused: its record is queued, and a worker sends the task again once Redis is back
-    (worker.resend_lost_generations)."""
+    (housekeeping.resend_lost_generations)."""
     try:
-        current_app.send_task("inference.generate", args=[str(generation_id)], queue=queue)
+        tasks.generate.apply_async(args=(str(generation_id),), queue=queue)
     except OperationalError as exc:
         log.warning("generation %s recorded but its task not sent (%s): a worker will send it again",
                     generation_id, exc)
@@ -314,3 +315,13 @@ def in_flight_slot(*, lock: str, generations, limit: int, refusal: str) -> Itera
     finally:
         with suppress(redis.exceptions.LockNotOwnedError):
             held.release()
+
+
+def start_for_key(*, api_key: ApiKey, **start_kwargs) -> Generation:
+    """start_generation for this key, or a 429 when it already has max_concurrent in flight.
+    In-flight generations whose worker is gone are failed first so they free their slot."""
+    with in_flight_slot(lock=transport.slot_lock("apikey", api_key.id),
+                            generations=Generation.objects.filter(api_key=api_key), limit=api_key.max_concurrent,
+                            refusal="This key already has {count} generations in flight (its limit is {limit}); "
+                                    "retry when one has finished."):
+        return start_generation(api_key=api_key, **start_kwargs)

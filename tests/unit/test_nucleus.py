@@ -1,10 +1,10 @@
-"""The exact engine's top_p ranks a head of the vocabulary instead of sorting it all: the set it keeps
+"""The own engine's top_p ranks a head of the vocabulary instead of sorting it all: the set it keeps
 must be the full sort's, token for token, or sampled answers would leave the main's distribution."""
 
 import numpy as np
 import pytest
 
-from inference.engines.exact import nucleus
+from inference.engines.acceptance import nucleus
 
 
 def full_sort_nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:

@@ -53,7 +53,7 @@ TABLE = [
     ({"draft_dir": ""}, Asked(), Load(streams=1), None, ALONE, None, (R.NO_DRAFT,)),
     (LOOKUP, Asked(sampled=True), Load(streams=1), None, LOOKS, 5, (R.PROMPT_LOOKUP,)),
     (LOOKUP, Asked(k=2), Load(streams=1), None, LOOKS, 2, (R.K_ASKED,)),
-    # sampling runs on the exact engine with the sampled profile, never the library's inexact sampling unless allowed
+    # sampling runs on the own engine with the sampled profile, never the library's inexact sampling unless allowed
     (PROFILED, Asked(sampled=True), Load(streams=1), None, OWN_K, 3, (R.PROFILE_BEST_K,)),
     (PROFILED, Asked(sampled=True), Load(streams=7), None, OWN_K, 3, (R.PROFILE_BEST_K,)),
     (PROFILED, Asked(sampled=True), Load(streams=8), None, ALONE, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
@@ -61,7 +61,7 @@ TABLE = [
     ({}, Asked(sampled=True, threshold=0.3), Load(streams=1), None, OWN_K, 5, (R.EXACT_THRESHOLD,)),
     ({"allow_inexact_sampling": True}, Asked(sampled=True), Load(streams=1), None, LIB, 5,
      (R.INEXACT_ALLOWED, R.PAIR_DEFAULT_K)),
-    # under a grammar the library speculates only when K is named; sampled answers stay on the exact engine
+    # under a grammar the library speculates only when K is named; sampled answers stay on the own engine
     (PROFILED, Asked(constrained=True), Load(streams=1), None, ALONE, None, (R.CONSTRAINED,)),
     ({}, Asked(constrained=True, k=3), Load(streams=1), None, LIB, 3, (R.K_ASKED,)),
     ({}, Asked(sampled=True, constrained=True, k=3), Load(streams=1), None, OWN_K, 3, (R.K_ASKED,)),
@@ -76,7 +76,7 @@ TABLE = [
     (PROFILED, Asked(), Load(streams=8), live({0: 80.0}), LIB, 2, (R.PROFILE_BEST_K,)),
     (PROFILED, Asked(k=5), Load(streams=8), live({0: 80.0, 5: 70.0}), LIB, 5, (R.K_ASKED,)),
     (PROFILED, Asked(sampled=True), Load(streams=8), live({0: 80.0, 5: 90.0}), ALONE, None,
-     (R.PROFILE_MAIN_ALONE_FASTER,)),  # the library's greedy figures say nothing of the exact engine
+     (R.PROFILE_MAIN_ALONE_FASTER,)),  # the library's greedy figures say nothing of the own engine
     # a worker that measured one path at a load tries the other
     (PROFILED, Asked(), Load(streams=8), live({2: 240.0}, exploring=True), ALONE, None, (R.EXPLORING_MAIN_ALONE,)),
     (PROFILED, Asked(), Load(streams=16), live({0: 80.0}, exploring=True), LIB, 2, (R.EXPLORING_SPECULATION,)),
@@ -109,7 +109,7 @@ TABLE = [
     (OWN, Asked(constrained=True), Load(streams=1), None, OWN_K, 3, (R.OWN_CONSTRAINED, R.OWN_ENGINE)),
     (OWN, Asked(threshold=0.3), Load(streams=1), None, LIB, None, (R.THRESHOLD_ASKED,)),  # only the library's
     ({"own_engine_streams": 0}, Asked(), Load(streams=1), None, LIB, 5, (R.PAIR_DEFAULT_K,)),
-    # alternatives (top_logprobs) only the exact engine computes, at any load
+    # alternatives (top_logprobs) only the own engine computes, at any load
     ({"allow_inexact_sampling": True}, Asked(sampled=True, alternatives=True), Load(streams=1), None, OWN_K, 5,
      (R.PAIR_DEFAULT_K, R.ALTERNATIVES)),
     (PROFILED, Asked(alternatives=True), Load(streams=16), None, OWN_ALONE, None,
@@ -149,7 +149,7 @@ def test_the_mode_an_answer_states_follows_its_route_and_whether_it_samples():
     (Route.OWN_MAIN_ALONE, True, True, True, 0),  # the own engine's batch of the main alone: K=0 there
 ])
 def test_each_route_names_the_engine_that_serves_it(route, speculative, exact, quantized, k):
-    from inference.engines.base import DecodingParams
+    from inference.engines.decoding import DecodingParams
 
     spec = pair_spec(pair=pair(own_engine_streams=2), route=route)
     assert (spec.speculative, spec.exact_sampling, spec.dynamic_quantization) == (speculative, exact, quantized)
@@ -210,15 +210,15 @@ def test_of_ks_about_as_fast_the_smallest_serves_and_its_shorter_steps_start_joi
 
 
 @pytest.mark.parametrize(("asked", "load", "remaining", "moves"), [
-    (Asked(sampled=True), 8, 100, True),  # at any load: the exact engine runs beside the main alone's batch
-    (Asked(sampled=True), 2, 100, False),  # the profile still says the exact engine below 8 streams
+    (Asked(sampled=True), 8, 100, True),  # at any load: the own engine runs beside the main alone's batch
+    (Asked(sampled=True), 2, 100, False),  # the profile still says the own engine below 8 streams
     (Asked(sampled=True), 8, 20, False),  # too little left to repay the prefill
     (Asked(sampled=True, k=3), 8, 100, False),  # the request asked for this engine
-    (Asked(sampled=True, alternatives=True), 8, 100, False),  # only the exact engine gives alternatives
+    (Asked(sampled=True, alternatives=True), 8, 100, False),  # only the own engine gives alternatives
 ])
 def test_a_sampled_answer_leaves_the_exact_engine_once_the_profile_says_the_main_alone_at_the_load(
         asked, load, remaining, moves):
-    """A burst's first sampled request, planned for one stream, would hold the exact engine while the rest
+    """A burst's first sampled request, planned for one stream, would hold the own engine while the rest
     of the burst runs on the main alone: it goes on with the main alone (drawn from the main's distribution
     either way), once."""
     profiled = pair(**PROFILED)

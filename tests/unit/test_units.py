@@ -9,7 +9,8 @@ import pytest
 from inference import errors, limits
 from inference.api import openapi
 from inference.api.shapes import Shape, error_body, usage
-from inference.engines.base import SpeculationStats, TextAssembler
+from inference.engines.speculation_stats import SpeculationStats
+from inference.engines.text_assembler import TextAssembler
 from inference.metrics import _order, _sample
 from inference.models import ModelPair
 from inference.selectors import pair_state

@@ -54,7 +54,7 @@ class Command(BaseCommand):
                             help="at each concurrency, also N clients asking again as each answer ends, "
                                  "this many answers each (0: bursts only)")
         parser.add_argument("--sampled-ks", type=runs.int_list, default=defaults.sampled_ks,
-                            help="K values of the exact engine for the sampled rows (empty: none)")
+                            help="K values of the own engine for the sampled rows (empty: none)")
         parser.add_argument("--temperature", type=float, default=defaults.sampled_temperature,
                             help="temperature of the sampled rows")
         parser.add_argument("--no-stack", action="store_true", help="in-process only")

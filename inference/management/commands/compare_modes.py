@@ -8,9 +8,9 @@ from django.core.management.base import BaseCommand, CommandError
 from inference.benchmark import modes
 from inference.benchmark.prompts import prompts_from_file
 from inference.benchmark.runs import int_list
-from inference.engines.base import load_tokenizer
 from inference.engines.grammar import Grammar, GrammarError
 from inference.engines.grammar_checks import check
+from inference.engines.tokenizer import load_tokenizer
 from inference.models import ModelPair
 from inference.serving.records import pair_spec
 

@@ -1,0 +1,43 @@
+"""A request's decoding settings: how tokens are chosen (Sampling) and the rest of what an engine needs
+(DecodingParams). Plain values: the web side builds them, records them and checks them
+(engines/library_config.py turns them into openvino-genai's terms)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from inference.engines.grammar import Grammar
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How tokens are chosen; temperature 0 is greedy (then the output is exactly the main's)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False  # each token's log probability under the main's own (raw) distribution
+    top_logprobs: int = 0  # and this many most likely alternatives at each position (the own engine only)
+    grammar_kind: str = ""  # output held to a grammar (engines/grammar.py): one of its FIELDS, or none
+    grammar_text: str = ""
+
+    @property
+    def grammar(self) -> Grammar | None:
+        return Grammar(kind=self.grammar_kind, text=self.grammar_text) if self.grammar_kind else None
+
+    def sampling(self) -> dict:
+        """These fields alone, to build another Sampling from this one."""
+        return {f.name: getattr(self, f.name) for f in fields(Sampling)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodingParams(Sampling):
+    """One request's resolved pipeline settings."""
+
+    max_new_tokens: int
+    num_assistant_tokens: int | None = None
+    assistant_confidence_threshold: float | None = None
+    max_ngram_size: int = 3

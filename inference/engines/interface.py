@@ -1,0 +1,77 @@
+"""What an engine offers its callers (the worker, the registry, the benchmark): `submit(prompt=...,
+params=...)` returns an ActiveRequest whose `events` queue the caller drains, one StepTokens per
+speculative step, then Finished. Two engines implement it: the library's pipeline in a step process of
+its own (engines/library.py) and the own engine (engines/exact.py). Nothing here knows Django, Redis or
+Celery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from inference.engines.decoding import DecodingParams
+from inference.engines.spec import PairSpec
+from inference.limits import FinishReason
+
+if TYPE_CHECKING:
+    import openvino_genai as og
+
+
+class StepTokens(NamedTuple):
+    """The tokens one main step delivered to a request, and when (perf_counter seconds)."""
+
+    token_ids: list[int]
+    at: float
+    logprobs: list[float] | None = None  # when the request asked: log p_main(token) before temperature
+    alternatives: list[list[tuple[int, float]]] | None = None  # per token, the top_logprobs most likely (id, logprob)
+
+
+class Finished(NamedTuple):
+    finish_reason: FinishReason
+    error: str = ""
+
+
+class ActiveRequest:
+    """A request inside the batch. Its engine feeds `events`; its owner reads them."""
+
+    def __init__(self, request_id: int, prompt_ids: list[int], added_at: float,
+                 on_stop: Callable[[], object] | None = None):
+        self.request_id = request_id
+        self.on_stop = on_stop
+        self.prompt_ids = prompt_ids
+        self.prompt_tokens = len(prompt_ids)
+        self.added_at = added_at
+        self.events: queue.Queue[StepTokens | Finished] = queue.Queue()
+        self.stop_requested = False
+
+    def stop(self) -> None:
+        """Ask the engine to stop this request before its next step (keeps what was produced)."""
+        if self.stop_requested:
+            return
+        self.stop_requested = True
+        if self.on_stop:
+            with contextlib.suppress(OSError, EOFError):  # the engine is gone: its reader ends the request
+                self.on_stop()
+
+
+class Engine(Protocol):
+    """What the worker, the registry and the benchmark use of an engine."""
+
+    spec: PairSpec
+    tokenizer: og.Tokenizer
+    load_seconds: float
+    submitted: int  # requests taken: the registry renews an engine after many
+
+    @property
+    def active_count(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def submit(self, *, prompt: str = "", params: DecodingParams, add_special_tokens: bool = True,
+               prompt_ids: list[int] | None = None) -> ActiveRequest: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,115 @@
+"""The cache seam of the own engine: what exact.Decoding asks of one model's KV cache for one answer, stated
+once (KvCache), and the cache of its own each model holds (KvSequence). The main alone's answers hold a row
+of a shared batch instead (engines/batch.py, BatchRow), behind the same seam.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import openvino as ov
+
+from inference.engines.prefill import PrefillCache
+
+
+class KvCache(Protocol):
+    """One model's KV cache for one answer, fed a step at a time."""
+
+    position: int  # the next token's position: the live tokens so far
+
+    @property
+    def dead(self) -> int:
+        """Slots the cache holds for rejected tokens (masked, not cut): rebuild() drops them."""
+        ...
+
+    def prefill(self, prompt_ids: list[int]) -> np.ndarray:
+        """The prompt into a fresh cache: logits whose last row is the prompt's last token's."""
+        ...
+
+    def feed(self, token_ids: list[int]) -> np.ndarray:
+        """Tokens after the live ones: logits whose last row is the last token's (a KvSequence gives a row
+        per fed token, which verifying K proposals needs)."""
+        ...
+
+    def drop_last(self, n: int) -> None:
+        """The last n fed tokens were rejected."""
+        ...
+
+    def rebuild(self, live_ids: list[int]) -> None:
+        """A fresh cache holding `live_ids` only."""
+        ...
+
+    def close(self) -> None:
+        """The answer is over: whatever the cache holds elsewhere is given back."""
+        ...
+
+
+class KvSequence:
+    """One model's KV cache for one request: which slots are live, and the next position.
+
+    Rejected tokens leave the cache in one of two ways. Cut (`cut_rejected`, the main's): the next logits
+    are bitwise those of a cache that never held them, which greedy identity needs (under dynamic
+    quantization masked slots moved the real main's next logits by up to 0.2; cutting costs a few ms a
+    step). Masked (the draft's): attention mask 0, positions reused; cheaper, and the draft only proposes."""
+
+    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache | None = None, cut_rejected: bool = False):
+        self.request = compiled.create_infer_request()
+        self.prompts = prompts or PrefillCache(kept_tokens=0)  # the model's recent prompts (none kept: a test's own)
+        self.cut_rejected = cut_rejected
+        self.mask = np.zeros(0, dtype=np.int64)
+        self.position = 0
+
+    def feed(self, token_ids: list[int]) -> np.ndarray:
+        """Logits for each fed token, given every live slot before it."""
+        n = len(token_ids)
+        self.mask = np.concatenate([self.mask, np.ones(n, dtype=np.int64)])
+        self.request.infer({
+            "input_ids": np.array([token_ids], dtype=np.int64),
+            "attention_mask": self.mask[None, :],
+            "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
+            "beam_idx": np.zeros(1, dtype=np.int32),
+        })
+        self.position += n
+        return self.request.get_output_tensor(0).data[0]
+
+    def prefill(self, prompt_ids: list[int]) -> np.ndarray:
+        """The prompt into a fresh cache (a copy, when it was prefilled lately): the last token's logits."""
+        logits = self.prompts.prefill(self.request, prompt_ids)
+        self.mask = np.ones(len(prompt_ids), dtype=np.int64)
+        self.position = len(prompt_ids)
+        return logits
+
+    def drop_last(self, n: int) -> None:
+        """The last n fed tokens were rejected: cut from the cache, or masked from now on."""
+        if not n:
+            return
+        if self.cut_rejected:
+            length = len(self.mask)
+            for state in self.request.query_state():  # [batch, kv heads, sequence, head size] per layer and K/V
+                kept = state.state.data[:, :, : length - n]
+                state.state = ov.Tensor(np.ascontiguousarray(kept))
+            self.mask = self.mask[:-n]
+        else:
+            self.mask[-n:] = 0
+        self.position -= n
+
+    @property
+    def dead(self) -> int:
+        return len(self.mask) - self.position
+
+    def live_cache(self) -> dict[str, np.ndarray]:
+        """A copy of the cache, each state [1, kv heads, slots, head size]: the live slots of a cache that cuts."""
+        if not self.cut_rejected:
+            raise ValueError("a masked cache holds dead slots")
+        return {state.name: np.array(state.state.data) for state in self.request.query_state()}
+
+    def close(self) -> None:
+        """Nothing to free beyond the infer request, which goes with this object (a batch row leaves its batch)."""
+
+    def rebuild(self, live_ids: list[int]) -> None:
+        """Drop the dead slots: a fresh cache holding the live tokens only."""
+        self.request.reset_state()
+        self.mask = np.zeros(0, dtype=np.int64)
+        self.position = 0
+        self.feed(live_ids)

@@ -1,0 +1,47 @@
+"""A request's settings in openvino-genai's terms: the GenerationConfig a pipeline takes, with its
+structured output. The web side builds one only to ask the library whether it would refuse the settings."""
+
+from __future__ import annotations
+
+import openvino_genai as og
+
+from inference.engines.decoding import DecodingParams
+from inference.engines.grammar import FIELDS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
+from inference.engines.spec import PairSpec
+
+
+def structured_output_config(grammar: Grammar) -> og.StructuredOutputConfig:
+    if grammar.kind == "tool_call":
+        parts = og.StructuredOutputConfig
+        call = parts.Concat(parts.ConstString(TOOL_CALL_OPEN), parts.JSONSchema(grammar.text),
+                            parts.ConstString(TOOL_CALL_CLOSE))
+        return og.StructuredOutputConfig(compound_grammar=call)
+    return og.StructuredOutputConfig(**{FIELDS[grammar.kind]: grammar.text})
+
+
+def generation_config(params: DecodingParams, spec: PairSpec) -> og.GenerationConfig:
+    cfg = og.GenerationConfig()
+    cfg.max_new_tokens = params.max_new_tokens
+    cfg.ignore_eos = params.ignore_eos
+    if params.stop:
+        cfg.stop_strings = set(params.stop)
+    if params.grammar:
+        cfg.structured_output_config = structured_output_config(params.grammar)
+    if params.logprobs:
+        cfg.logprobs = 1  # the chosen token's (the library returns no alternatives)
+    if params.temperature > 0:
+        cfg.do_sample = True
+        cfg.temperature = params.temperature
+        cfg.top_p = params.top_p
+        cfg.top_k = params.top_k
+        if params.seed is not None:
+            cfg.rng_seed = params.seed
+    if spec.uses_draft or spec.uses_prompt_lookup:
+        # A speculative pipeline fails inside step() when neither is set.
+        if params.assistant_confidence_threshold is not None and spec.uses_draft:
+            cfg.assistant_confidence_threshold = params.assistant_confidence_threshold
+        else:
+            cfg.num_assistant_tokens = params.num_assistant_tokens or 5
+        if spec.uses_prompt_lookup:
+            cfg.max_ngram_size = params.max_ngram_size
+    return cfg

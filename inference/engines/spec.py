@@ -1,0 +1,106 @@
+"""A pair's spec: everything needed to build one of its engines, and the main model's context window.
+
+An engine (library.py, exact.py) is built from a PairSpec; the worker keeps one engine per `role`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from inference.limits import Route
+
+KEPT_TOKENS = 1024  # prompt tokens kept prefilled per model (engines/prefill.py): ~57 MB for the real main's f32
+# cache, ~25 MB for its draft's (settings.PROMPT_CACHE_TOKENS sets it for a worker's engines)
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Everything needed to build a pair's pipeline. `speculative=False` builds the main alone,
+    on the same backend and scheduler settings: the honest baseline, and per-request opt-out."""
+
+    slug: str
+    main_dir: str
+    draft_dir: str = ""
+    prompt_lookup: bool = False
+    device: str = "CPU"
+    cache_size_gb: int = 1
+    max_num_batched_tokens: int | None = None  # None: the library's default
+    prefill_first: bool = False  # whole prompts in steps of their own (the library's dynamic_split_fuse off)
+    inference_precision: str = "f32"
+    kv_cache_precision: str = "f32"
+    speculative: bool = True
+    exact_sampling: bool = False  # the own engine (engines/exact.py) rather than openvino-genai's pipeline
+    own_engine: bool = False  # the pair serves its first streams on its own engine (ModelPair.own_engine_streams)
+    speculating_streams: int = 0  # on the own engine: beyond this many answers, speculating ones join the batch
+    prompt_cache_tokens: int = KEPT_TOKENS  # on the own engine: prompt tokens kept prefilled per model (0: none)
+    dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
+
+    @property
+    def role(self) -> tuple[str, bool, bool]:
+        """What the spec is for: a pair's speculative engine, its own engine or its main alone.
+        A worker keeps one engine per role; a spec with new settings for a role replaces the old engine."""
+        return self.slug, self.speculative, self.exact_sampling
+
+    @property
+    def uses_draft(self) -> bool:
+        return self.speculative and bool(self.draft_dir)
+
+    @property
+    def uses_prompt_lookup(self) -> bool:
+        return self.speculative and not self.draft_dir and self.prompt_lookup
+
+    @property
+    def route(self) -> Route:
+        """The route this engine serves (the own engine serves its main alone too, at K=0)."""
+        if self.exact_sampling:
+            return Route.OWN_SPECULATIVE
+        if self.uses_draft:
+            return Route.LIBRARY_SPECULATIVE
+        return Route.PROMPT_LOOKUP if self.uses_prompt_lookup else Route.LIBRARY_MAIN_ALONE
+
+    @property
+    def is_pair_default(self) -> bool:
+        """The engine the pair serves as registered, whose state the admin shows (a speculative pair also
+        builds its main alone and its own engine, on demand): its own engine where it has one, else the
+        library's pipeline with its draft, or its prompt lookup, or its main alone."""
+        if self.own_engine:
+            return self.route == Route.OWN_SPECULATIVE
+        if self.draft_dir:
+            return self.route == Route.LIBRARY_SPECULATIVE
+        return self.route == (Route.PROMPT_LOOKUP if self.prompt_lookup else Route.LIBRARY_MAIN_ALONE)
+
+    @property
+    def step_budget(self) -> int | None:
+        """Tokens one scheduler step may take (None: the library's default). Prefilling whole prompts, a
+        step must hold the longest prompt the model takes: the library fails a step whose prompt is longer."""
+        if self.prefill_first:
+            return max(self.max_num_batched_tokens or 0, context_length(Path(self.main_dir)))
+        return self.max_num_batched_tokens
+
+    def device_properties(self) -> dict[str, str]:
+        props = {}
+        if self.inference_precision:
+            props["INFERENCE_PRECISION_HINT"] = self.inference_precision
+        if self.kv_cache_precision:
+            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+        if self.device == "CPU" and self.inference_precision == "f32" and not self.dynamic_quantization:
+            # The CPU quantizes activations of int8/int4-weight matmuls on the fly. Row by row that is bitwise
+            # the same for one token and for K+1 (the own engine relies on it), but the library's paged
+            # attention is not: its greedy answers with the draft then differ in near-ties
+            # (docs/exactness.md#greedy-identity-and-the-cpus-kernels).
+            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
+        return props
+
+
+DEFAULT_CONTEXT = 2048
+
+
+def context_length(main: Path) -> int:
+    """The main model's context window, from its config.json."""
+    try:
+        config = json.loads((main / "config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_CONTEXT
+    return int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)

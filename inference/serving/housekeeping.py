@@ -1,0 +1,100 @@
+"""What a worker does between answers to keep the records true (lifecycle calls it as the worker beats): send
+again the task of a generation the broker lost, and fail the generations nobody will finish (this worker's
+stuck or unsaved ones, other workers' gone with them, queued ones no worker will take)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from inference import selectors, transport
+from inference.models import Generation, ModelPair
+from inference.serving import tasks
+from inference.serving.records import NOT_SAVED, UNSERVED_AFTER_S, fail_generation, queued_problem, worker_died
+from inference.serving.worker import NEVER_STARTED, NOT_STOPPED, OVERRUN_GRACE_S, STATE
+
+log = logging.getLogger(__name__)
+
+
+def resend_lost_generations(*, client, queues: list[str]) -> None:
+    """Send again the task of a generation queued for longer than REQUEUE_AFTER_S on a pair this
+    worker serves (called only while it has a free slot, so nothing legitimately waits for it): the
+    claim in run_generation makes a second delivery harmless. Still queued after QUEUE_TIMEOUT_S: failed
+    (fail_unservable_generations)."""
+    now = timezone.now()
+    slugs = [queue.removeprefix("pair.") for queue in queues if queue.startswith("pair.")]
+    stale = Generation.objects.filter(status=Generation.Status.QUEUED, pair__slug__in=slugs,
+                                      created_at__lt=now - timedelta(seconds=settings.REQUEUE_AFTER_S))
+    for generation_id, slug in stale.values_list("id", "pair__slug"):
+        if client.set(transport.resent_key(generation_id), "1", nx=True, ex=settings.REQUEUE_AFTER_S):
+            log.warning("generation %s was queued for %s s: sending its task again", generation_id,
+                        settings.REQUEUE_AFTER_S)
+            tasks.generate.apply_async(args=(str(generation_id),), queue=f"pair.{slug}")
+
+
+def reconcile_claimed_generations(*, worker_name: str) -> None:
+    """End this worker's `running` records that none of its threads holds any more: an answer whose
+    final write failed (its readers were told it was not saved) must not stay running, holding its slot.
+    And those whose thread is stuck past settings.MAX_ANSWER_S (overdue_problem)."""
+    running = list(Generation.objects.filter(status=Generation.Status.RUNNING, worker=worker_name)
+                   .values_list("id", flat=True))
+    claimed = set(STATE.claimed)  # read after the rows: a thread holds a generation before its row is running
+    for generation_id in running:
+        if str(generation_id) not in claimed:
+            log.warning("generation %s is running in the database but not on this worker: failed", generation_id)
+            fail_generation(generation_id=generation_id, message=NOT_SAVED)
+        elif problem := overdue_problem(generation_id=str(generation_id), limit=settings.MAX_ANSWER_S):
+            log.warning("generation %s is stuck on this worker: failed (%s)", generation_id, problem)
+            fail_generation(generation_id=generation_id, message=problem)
+
+
+def overdue_problem(*, generation_id: str, limit: int) -> str:
+    """Why a claimed answer's thread, stuck, will not end it, or '': an engine that has not taken it `limit` s
+    after it was handed over (a submit that hangs: the answer's own limit starts only once it runs), or one
+    that ran past the limit and the grace Answer._overrun gives it without ending (a stop that hangs too)."""
+    if not limit:
+        return ""
+    request = STATE.running.get(generation_id)
+    if request is None:
+        since = STATE.submitting.get(generation_id)
+        return NEVER_STARTED.format(limit=limit) if since and time.perf_counter() - since >= limit else ""
+    if time.perf_counter() - request.added_at >= limit + 2 * OVERRUN_GRACE_S:
+        return NOT_STOPPED.format(limit=limit)
+    return ""
+
+
+def fail_unservable_generations(*, client) -> None:
+    """Fail the queued generations no worker will pick up (their pair's workers are gone, or it never became
+    available), read or not: a background API request nobody follows must end too, and free its key's slot.
+    Every live worker calls this as it beats, for every pair: the pair's own workers may be the ones gone."""
+    if not selectors.heartbeats_settled(client=client):
+        return  # Redis just restarted: the other workers' heartbeats are not back yet
+    now = timezone.now()
+    queued = list(Generation.objects.filter(
+        status=Generation.Status.QUEUED, created_at__lt=now - timedelta(seconds=UNSERVED_AFTER_S))
+        .values_list("id", "pair_id", "created_at"))
+    if not queued:
+        return
+    workers = selectors.live_workers(client=client)
+    pairs = ModelPair.objects.in_bulk({pair_id for _, pair_id, _ in queued})
+    for generation_id, pair_id, created_at in queued:
+        problem = queued_problem(pair=pairs[pair_id], waited=(now - created_at).total_seconds(), workers=workers)
+        if problem:
+            fail_generation(generation_id=generation_id, message=problem)
+
+
+def fail_orphaned_generations(*, client) -> None:
+    """Fail the running generations of workers whose heartbeat expired, read or not (a background
+    API request nobody follows must not stay 'running' forever). Live workers call this as they beat."""
+    if not selectors.heartbeats_settled(client=client):
+        return  # Redis just restarted: the other workers' heartbeats are not back yet
+    running = list(Generation.objects.filter(status=Generation.Status.RUNNING).exclude(worker="")
+                   .values_list("id", "worker"))
+    dead = {worker for worker in {w for _, w in running} if not selectors.worker_is_alive(client=client, name=worker)}
+    for generation_id, worker in running:
+        if worker in dead:
+            fail_generation(generation_id=generation_id, message=worker_died(worker))
