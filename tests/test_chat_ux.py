@@ -215,6 +215,9 @@ def test_the_conversation_keeps_the_room(formatted_chat, live_server_url, page, 
             if panel == "system" and width < 768:  # a phone's top bar keeps the chat's actions behind a button
                 page.click("#actions-toggle")
             page.click(opener)
+            # The list keeps its end in view once the opened panel has been laid out (a frame or two later).
+            page.wait_for_function(f"() => {{ const g = ({GEOMETRY})(); return g.actions.bottom <= g.messages.bottom; }}",
+                                   timeout=5000)
             geometry = page.evaluate(GEOMETRY)
             page.screenshot(path=str(SHOTS / f"{panel}-{width}-{scheme}.png"))
             assert geometry["messages"]["height"] >= geometry["height"] / 2, (panel, geometry)
