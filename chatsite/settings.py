@@ -188,7 +188,7 @@ STEP_TIMEOUT_S = env_int("SPECCHAT_STEP_TIMEOUT_S", 30)
 # An answer still running this long after it started is stopped and ends with an error, its text kept;
 # one whose engine does not even stop is ended 10 s later all the same. 0: no limit.
 MAX_ANSWER_S = env_int("SPECCHAT_MAX_ANSWER_S", 1800)
-# A grammar (regex, EBNF, JSON schema) the library does not compile within this long is refused with a 400: the
+# A grammar (regex, EBNF, JSON schema) the library does not compile within this much CPU time is refused with a 400: the
 # check runs in checker processes (engines/grammar_checks.py), and a grammar this slow would stall its batch's steps.
 GRAMMAR_COMPILE_MS = env_int("SPECCHAT_GRAMMAR_COMPILE_MS", 1000)
 # A worker plans a request's K from what its engines delivered at that load over this many seconds,

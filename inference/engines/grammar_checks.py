@@ -40,6 +40,8 @@ CHECKERS = 2  # each holds the demo draft; one hostile grammar takes one of them
 KEPT_VERDICTS = 256
 CHECKER_START_S = 60  # loading a checker's pipeline takes about a second
 WAIT_FOR_CHECKER_S = 30  # every checker busy this long: the request is told to retry
+CPU_POLL_S = 0.02  # how often a check's CPU time is read while the checker compiles
+WALL_BUDGETS = 20  # a checker starved of CPU is given up after this many budgets of wall time all the same
 RESTART_PAUSE_S = 1  # after a checker failed to start
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # A compile running out its budget, and a checker's start, yield the CPU to the web process and the workers
@@ -176,8 +178,7 @@ class CheckerPool:
                 self._replace(checker)
                 continue
             try:
-                if not checker.conn.poll(budget_s):
-                    raise TimeoutError
+                _await_verdict(checker, budget_s=budget_s)
                 verdict = checker.conn.recv() or ""
             except TimeoutError:
                 verdict = (f"it did not compile within this server's budget of {budget_s:g} s (nested repetitions "
@@ -218,6 +219,29 @@ class CheckerPool:
                 self._wanted.put(wanted)
             else:
                 wanted.set()
+
+
+def _await_verdict(checker: Checker, *, budget_s: float) -> None:
+    """Returns once the checker has answered; TimeoutError once it has spent `budget_s` of CPU time on the
+    grammar. CPU time, not wall time: on a host whose workers keep every core busy, the checker (niced) gets a
+    fraction of a core, and a schema that compiles in 50 ms there was refused as hostile. Wall time is still
+    bounded, at WALL_BUDGETS budgets."""
+    cpu_at_start, started = _cpu_seconds(checker.process.pid), time.monotonic()
+    while not checker.conn.poll(CPU_POLL_S):
+        spent, cpu = time.monotonic() - started, _cpu_seconds(checker.process.pid)
+        used = cpu - cpu_at_start if cpu is not None and cpu_at_start is not None else spent
+        if used > budget_s or spent > WALL_BUDGETS * budget_s:
+            raise TimeoutError
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """The process's user and system CPU time so far (Linux's /proc), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime and stime, fields 14 and 15
 
 
 _VERDICTS = Verdicts(KEPT_VERDICTS)
