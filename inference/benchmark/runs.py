@@ -47,7 +47,8 @@ from inference.models import BenchmarkRun, ModelPair
 from inference.serving import speculation
 
 if TYPE_CHECKING:
-    from inference.benchmark.stack import PeerServer, StackTarget
+    from inference.benchmark.peer import PeerServer
+    from inference.benchmark.stack import StackTarget
 
 log = logging.getLogger(__name__)
 CLIENTS = ("websocket", "sse")  # inference.benchmark.stack's, imported only with a stack (it needs aiohttp)
@@ -242,8 +243,8 @@ def _under_load(*, stack: StackTarget, peer: PeerServer | None, options: Benchma
                 progress: tuple[Progress | None, Progress | None]) -> dict:
     """The stack's TTFT split, the bursts (the peer's line among them) and the steady load; `lines`: the
     steady load's and the bursts' variants; `progress`: the bursts' and the steady load's."""
+    from inference.benchmark.peer import beside_peer
     from inference.benchmark.stack import (
-        beside_peer,
         burst_ttft_profile,
         concurrency_sweep,
         steady_sweep,

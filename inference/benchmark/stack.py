@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from inference.benchmark.inprocess import PEER, PLAIN, Progress, Sample, Variant
+from inference.benchmark.inprocess import PLAIN, Progress, Sample, Variant
 from inference.benchmark.prompts import Prompt
 from inference.benchmark.servers import Credentials
 from inference.benchmark.summary import percentile
@@ -157,34 +157,6 @@ def served_path(done: dict) -> str:
 
 
 CLIENTS = {"websocket": websocket_client, "sse": sse_client}
-
-
-@dataclass(frozen=True)
-class PeerServer:
-    """Another OpenAI-compatible server users run instead (llama.cpp's llama-server on the same GGUF files,
-    vLLM, OpenVINO Model Server): asked the same prompts with the same settings, under its own model name.
-    It must honour `ignore_eos` and report usage in its stream (`stream_options.include_usage`), as
-    llama-server does, so that both sides count the same tokens."""
-
-    base_url: str
-    model: str
-    api_key: str = ""
-
-    def client(self) -> StreamFn:
-        return sse_client(base_url=self.base_url, pair=self.model,
-                          credentials=Credentials(user_id=0, session_cookie="", api_key=self.api_key or "none"))
-
-
-def beside_peer(stream: StreamFn, peer: PeerServer) -> StreamFn:
-    """`stream`, except that the PEER line's requests go to the peer: one sweep interleaves both, so the
-    host's drift falls on both alike."""
-    to_peer = peer.client()
-
-    async def either(*, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
-        chosen = to_peer if variant == PEER else stream
-        return await chosen(prompt=prompt, variant=variant, max_new_tokens=max_new_tokens)
-
-    return either
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from tqdm import tqdm
 from inference import errors
 from inference.benchmark import report, runs
 from inference.benchmark.inprocess import Engines
+from inference.benchmark.peer import PeerServer
 from inference.benchmark.prompts import Prompt, prompts_from_file
 from inference.benchmark.servers import StackError, check_served, local_stack, stack_credentials
-from inference.benchmark.stack import PeerServer, StackTarget, StreamError
+from inference.benchmark.stack import StackTarget, StreamError
 from inference.models import ModelPair
 from inference.serving.records import pair_spec
 from inference.serving.web import chat_prompt
