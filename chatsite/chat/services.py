@@ -21,6 +21,7 @@ from django.utils import timezone
 from chatsite.chat import selectors
 from chatsite.chat.models import TITLE_MAX_LENGTH, Conversation, Message
 from inference import errors, limits, transport
+from inference.limits import FinishReason
 from inference.models import Generation, ModelPair
 from inference.serving import web
 from inference.serving.records import fail_if_stalled
@@ -88,7 +89,7 @@ def continue_answer(*, user, message_id: int, options: web.GenerationOptions) ->
     with answer_slot(user=user), transaction.atomic():
         message = _shown_message(user=user, message_id=message_id, role=Message.Role.ASSISTANT)
         conversation = message.conversation
-        if message.generation is None or message.generation.finish_reason != "length":
+        if message.generation is None or message.generation.finish_reason != FinishReason.LENGTH:
             raise errors.InvalidValue("Only an answer that reached the max tokens can be continued.", param="message")
         if message.replies.filter(shown=True).exists():
             raise errors.InvalidValue("Only the last answer can be continued.", param="message")
