@@ -5,7 +5,6 @@ and fails the day an upgrade fixes it."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,11 +82,10 @@ def test_samples_chained_with_the_prompt_lookup_follow_the_main_alone(main_alone
     """Where the history repeats, the lookup proposes (a draft whose q is one-hot: each proposal kept with p(x),
     else the main's token drawn from p without it), the draft where it has nothing: four tokens, each position
     and the first two together, follow the main alone's, and the lookup's proposals were both kept and refused."""
-    chained = OwnEngine(replace(exact.spec, slug="chained", chained_lookup_sampled=True))
     sampling = {"temperature": 0.8}
     steps: list[tuple[Drafter, int, int]] = []
     reference = samples(sampler(main_alone, new_tokens=4, prompt=REPEATING, **sampling), range(N), threads=16)
-    tested = samples(sampler(chained, new_tokens=4, prompt=REPEATING, steps=steps, num_assistant_tokens=3,
+    tested = samples(sampler(exact, new_tokens=4, prompt=REPEATING, steps=steps, num_assistant_tokens=3,
                              **sampling), range(50_000, 50_000 + N))
     report = compare(tested, reference, positions=4)
     assert not differs(report), report

@@ -54,7 +54,7 @@ class Line:
     looping: int = 0
     answers: int = 0
     speculating: int = 0  # >0: only that many answers of a round speculate, the rest run at K=0 (as a pair ships)
-    lookup: bool = True  # on the own engine: the prompt lookup proposes before the draft (at every temperature)
+    lookup: bool = True  # on the own engine: the prompt lookup proposes before the draft
     ngram_steps: int = 0
     ngram_proposed: int = 0
     ngram_accepted: int = 0
@@ -78,10 +78,10 @@ def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_strea
               lookup: bool = True) -> PairSpec:
     """`speculating_streams`: on the own engine, beyond that many answers speculating ones join the batch (0:
     never, every answer speculates, the lines that show what speculating alone costs under load). `lookup`: the
-    own engine's prompt lookup before its draft, at every temperature (off: the draft alone proposes)."""
+    own engine's prompt lookup before its draft (off: the draft alone proposes)."""
     fields = {"exact_sampling": False, "own_engine": False, "dynamic_quantization": False, **MODES[mode]}
     return replace(spec, speculative=speculative or fields["exact_sampling"], speculating_streams=speculating_streams,
-                   chained_lookup=lookup, chained_lookup_sampled=lookup, **fields)
+                   chained_lookup=lookup, **fields)
 
 
 def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int, grammar: Grammar | None = None,

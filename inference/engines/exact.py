@@ -170,9 +170,8 @@ class Decoding:
                                  params=params, rng=self.rng, constraint=self.constraint) if self.k else None
 
     def _lookup(self) -> PromptLookup | None:
-        """The prompt lookup, tried before the draft where the pair chains it at this temperature."""
-        spec = self.engine.spec
-        if not (spec.chained_lookup and (self.params.temperature == 0 or spec.chained_lookup_sampled)):
+        """The prompt lookup, tried before the draft where the pair chains it."""
+        if not self.engine.spec.chained_lookup:
             return None
         return PromptLookup(self.prompt_ids, max_ngram=self.params.max_ngram_size)
 

@@ -37,7 +37,6 @@ class PairSpec:
     prompt_cache_tokens: int = KEPT_TOKENS  # on the own engine: prompt tokens kept prefilled per model (0: none)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
     chained_lookup: bool = True  # on the own engine: the prompt lookup proposes first, the draft where it has nothing
-    chained_lookup_sampled: bool = False  # and so at temperature > 0 too
 
     @property
     def role(self) -> tuple[str, bool, bool]:
