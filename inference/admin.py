@@ -21,6 +21,7 @@ from inference.celery_worker import worker_command_line
 from inference.limits import K_MAX, K_MIN
 from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, ModelPair
 from inference.pairs import importer
+from inference.serving import calibrated
 
 
 class ExtraStyle:
@@ -36,8 +37,8 @@ class ModelPairAdmin(admin.ModelAdmin):
     list_filter = ("enabled", "device")
     prepopulated_fields = {"slug": ("name",)}
     readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark",
-                       "profile_run", "live_figures", "precision_mode")
-    actions = ("load_on_worker", "unload_from_worker", "run_benchmark")
+                       "profile_run", "live_figures", "precision_mode", "calibrations")
+    actions = ("load_on_worker", "unload_from_worker", "run_benchmark", "calibrate")
     Media = ExtraStyle
     fieldsets = (
         (None, {"fields": ("name", "slug", "enabled", "is_default", "description", "completes_text", "serving_state",
@@ -52,6 +53,7 @@ class ModelPairAdmin(admin.ModelAdmin):
             "description": "Exact mode (f32 and an f32 KV cache): greedy answers with the draft are the main alone's, "
                            "token for token. Fast mode (the device's defaults, both empty): the fastest main alone, "
                            "where answers with the draft can differ in near-ties; they say so."}),
+        ("Calibration on its hosts", {"fields": ("calibrations",)}),
         ("Latest benchmark", {"fields": ("latest_benchmark",)}),
     )
 
@@ -101,6 +103,25 @@ class ModelPairAdmin(admin.ModelAdmin):
                 messages.error(request, f"{pair.slug}: no live worker answered.")
 
 
+    @admin.action(description="Calibrate on its worker's host", permissions=["change"])
+    def calibrate(self, request, queryset):
+        workers = selectors.live_workers(client=transport.sync_client())
+        for pair in queryset:
+            state = selectors.pair_state(pair=pair, workers=workers)
+            if not state.served:
+                messages.error(request, f"Not calibrating {pair.slug}: {state.error}.")
+                continue
+            calibrated.start_calibration(pair=pair)
+            messages.info(request, f"Calibration of {pair.slug} queued on its worker: its page shows the progress.")
+
+    @admin.display(description="calibrations")
+    def calibrations(self, pair: ModelPair) -> str:
+        """Each host's latest calibration: where the figures the pair is served with come from."""
+        shown = [calibrated.summary(c) for c in selectors.pair_calibrations(pair=pair)] if pair.pk else []
+        if not shown:
+            return "none yet: a worker calibrates the pair when it loads it on a new host"
+        return format_html_join("", "<div class='calibration'>{}</div>", ((calibration_html(c),) for c in shown))
+
     @admin.action(description="Run benchmark on a worker", permissions=["change"])
     def run_benchmark(self, request, queryset):
         """First shows BenchmarkForm; its submission queues one run per selected pair."""
@@ -131,6 +152,23 @@ class ModelPairAdmin(admin.ModelAdmin):
             pending = format_html("<p>Run #{} is {}: {}</p>", latest.id, latest.status,
                                   latest.error or latest.progress or "waiting for a worker")
         return format_html("{}{}", pending, benchmark_html(runs.latest_finished_run(pair=pair)))
+
+
+def calibration_html(shown: dict) -> str:
+    """One host's calibration: the host, its state (a progress bar while it runs), its verdict and figures."""
+    head = format_html("<p><b>{}</b> — {}{}</p>", shown["host"] or "a worker's host (not started yet)",
+                       shown["status"], f", {shown['measured_at'][:16].replace('T', ' ')} UTC"
+                       if shown["measured_at"] else "")
+    done, _, total = shown["progress"].partition(":")[0].partition("/")
+    if shown["status"] in ("queued", "running"):
+        bar = format_html("<progress value='{}' max='{}'></progress> {}", done or 0, total or 1, shown["progress"])
+        return format_html("{}{}", head, bar)
+    if shown["error"] or "verdict" not in shown:
+        return format_html("{}<p>{}</p>", head, shown["error"] or "no figures")
+    rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", (
+        (name, *(f"{rate:.1f}" for rate in line.values())) for name, line in shown["main_alone"].items()))
+    return format_html("{}<p>{}</p><table><tr><th>the main alone in</th><th>tok/s, 1 stream</th>"
+                       "<th>tok/s, several at once</th></tr>{}</table>", head, shown["verdict"], rows)
 
 
 @admin.register(Generation)

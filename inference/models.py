@@ -271,6 +271,21 @@ class BenchmarkRun(Job):
         return f"Benchmark #{self.pk} of {self.pair.name} ({self.status})"
 
 
+class HostCalibration(Job):
+    """What a pair measured on one host (serving/calibration.py): the main alone in each precision
+    configuration the device offers, the own engine per K, and the cost of verifying n tokens. A worker serves
+    a pair from the calibration of its own host; a host never seen is calibrated when the pair loads there."""
+
+    pair = models.ForeignKey(ModelPair, on_delete=models.CASCADE, related_name="calibrations")
+    host = models.CharField(max_length=64, db_index=True, help_text="The host's signature: CPU model, ISA flags, "
+                            "cores, runtime version and device, hashed.")
+    host_facts = models.JSONField(default=dict, blank=True, help_text="What the signature is made of.")
+    results = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"calibration of {self.pair.slug} on {self.host_facts.get('cpu', self.host[:12])} ({self.status})"
+
+
 class ImportJob(Job):
     """Export of a main/draft pair (Hugging Face or GGUF) to OpenVINO IR and its registration, run by a worker."""
 

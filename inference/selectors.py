@@ -11,7 +11,7 @@ import redis
 from django.conf import settings
 
 from inference.limits import LoadState, ServingState
-from inference.models import Generation, ModelPair
+from inference.models import Generation, HostCalibration, JobStatus, ModelPair
 from inference.transport import WORKER_INDEX, WORKER_KEY_PREFIX
 
 
@@ -75,3 +75,17 @@ def worker_is_alive(*, client: redis.Redis, name: str) -> bool:
 
 def generation_for_user(*, generation_id, user) -> Generation | None:
     return Generation.objects.filter(id=generation_id, user=user).select_related("pair").first()
+
+
+def finished_calibration(*, pair: ModelPair, host: str) -> HostCalibration | None:
+    """The pair's latest finished calibration on the host with this signature."""
+    return (HostCalibration.objects.filter(pair=pair, host=host, status=JobStatus.FINISHED)
+            .order_by("-finished_at").first())
+
+
+def pair_calibrations(*, pair: ModelPair) -> list[HostCalibration]:
+    """The pair's latest calibration per host, newest first (what the admin and /v1/config show)."""
+    latest: dict[str, HostCalibration] = {}
+    for calibration in pair.calibrations.order_by("-created_at"):
+        latest.setdefault(calibration.host, calibration)
+    return list(latest.values())

@@ -23,7 +23,7 @@ from inference.api.shapes import Shape, error_body, usage
 from inference.engines.spec import context_length
 from inference.metrics import exposition
 from inference.models import Generation, ModelPair
-from inference.serving import readers, web
+from inference.serving import calibrated, readers, web
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +166,14 @@ async def models(request):
 
 
 def _config() -> dict:
+    """OVMS's shape, and each pair's calibration per host: which host its figures come from, and when."""
     states = selectors.pair_states(client=transport.sync_client())
+    pairs = {pair.slug: pair for pair in ModelPair.objects.all()}
     return {slug: {"model_version_status": [{
         "version": "1", "state": state.state,
         "status": {"error_code": "UNAVAILABLE" if state.error else "OK", "error_message": state.error or "OK"},
-    }]} for slug, state in states.items()}
+    }], "calibrations": [calibrated.summary(c) for c in selectors.pair_calibrations(pair=pairs[slug])]}
+        for slug, state in states.items()}
 
 
 @api_view("GET")

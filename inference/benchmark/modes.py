@@ -154,12 +154,16 @@ def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens
     return [tokens for tokens, _, _ in answers]
 
 
-def infer_cost(*, main_dir: str, mode: str, sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256,
-               repeats: int = 12) -> dict[int, float]:
+def mode_props(*, main_dir: str, mode: str) -> dict[str, str]:
+    """A mode's device properties (what infer_cost compiles the main with)."""
+    return mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties()
+
+
+def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
+               sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256, repeats: int = 12) -> dict[int, float]:
     """Median ms of one inference of n new tokens on a warm KV cache of `context` tokens (raw OpenVINO,
-    the stateful IR as exported): the cost of verifying K = n - 1 draft tokens."""
-    props = mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties()
-    request = ov.Core().compile_model(str(Path(main_dir) / "openvino_model.xml"), "CPU", props).create_infer_request()
+    the stateful IR as exported, compiled with `props`): the cost of verifying K = n - 1 draft tokens."""
+    request = ov.Core().compile_model(str(Path(main_dir) / "openvino_model.xml"), device, props).create_infer_request()
     rng = np.random.default_rng(0)
 
     def infer(ids: np.ndarray, start: int) -> float:

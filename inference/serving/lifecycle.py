@@ -20,8 +20,10 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from inference import jobs, transport
-from inference.models import BenchmarkRun, ModelPair
+from inference.engines.host import this_host
+from inference.models import BenchmarkRun, HostCalibration, ModelPair
 from inference.pairs.importer import fail_abandoned_imports
+from inference.serving import calibrated
 from inference.serving.housekeeping import (
     fail_orphaned_generations,
     fail_unservable_generations,
@@ -77,6 +79,7 @@ def _beat_forever() -> None:
             reconcile_claimed_generations(worker_name=WORKER_NAME)
             fail_abandoned_imports()
             jobs.fail_abandoned(model=BenchmarkRun)
+            jobs.fail_abandoned(model=HostCalibration)
             if STATE.engines.active_requests() < settings.WORKER_SLOTS:
                 resend_lost_generations(client=client, queues=list(_queues))
             _load_unloaded_pairs()
@@ -126,6 +129,7 @@ def _load(slug: str) -> None:
         pair = ModelPair.objects.filter(slug=slug, enabled=True).first()
         if pair is not None:
             load_engine(pair=pair, route=pair_default_route(pair))
+            calibrated.calibrate_if_missing(pair=pair, host=this_host(pair.device))
     except Exception:
         log.exception("pair %s failed to load", slug)
     finally:

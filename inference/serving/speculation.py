@@ -17,7 +17,7 @@ sentence an answer shows is made; no decision reads the sentence.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from inference.engines.rates import StepRates
 from inference.limits import DEFAULT_K, Route, SpeculativeMode
@@ -65,10 +65,23 @@ def live_figures(rates: StepRates, *, asked: Asked, load: int) -> LiveFigures:
 
 
 @dataclass(frozen=True, kw_only=True)
-class HostCalibration:
-    """What a pair measured on this host (issue 35's calibration, not yet built: the planner takes None)."""
+class HostFigures:
+    """What the pair's calibration measured on this worker's host (a HostCalibration, calibration/): the
+    configuration its main alone is fastest in, the one its own engine runs exactly in, and the K a lone
+    answer is fastest with ({streams: K}, 0: the main alone). None where the host is not calibrated yet."""
 
-    host: str
+    host: str  # the host, described
+    main_alone_config: str = ""  # a precision configuration's label (engines/precision.py); "": not calibrated
+    own_config: str = ""
+    best_k: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.main_alone_config)
+
+    def k_at(self, load: int) -> int | None:
+        """The K measured at this load (the calibration measures lone answers only: None beyond)."""
+        return self.best_k.get(load)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,26 +187,37 @@ def pair_default_route(pair: ModelPair) -> Route:
 
 
 def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None = None,
-         calibration: HostCalibration | None = None) -> Plan:
+         calibration: HostFigures | None = None) -> Plan:
     """The route, K and reasons of a request joining a worker where `load` runs; `live`: the worker's recent
-    figures at that load. `calibration` is for the host's measured figures (none are measured yet: None).
-    First the library's plan (from the request, the figures, else the profile, else the pair's defaults),
-    then adjusted to the batch running here, then moved to the pair's own engine where it serves."""
-    planned = _on_the_library(pair=pair, asked=asked, load=load.streams, live=live)
+    figures at that load; `calibration`: what the pair measured on the worker's host (None on the web side).
+    First the library's plan (from the request, the figures, else the calibration, else the profile, else the
+    pair's defaults), then adjusted to the batch running here, then moved to the pair's own engine where it
+    serves; the main alone runs in the configuration the host measured fastest."""
+    planned = _on_the_library(pair=pair, asked=asked, load=load.streams, live=live, calibration=calibration)
     planned = _join_running_batch(pair=pair, asked=asked, planned=planned, load=load)
-    return _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
+    planned = _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
+    if calibration is None:
+        return planned
+    if not calibration.calibrated:
+        return planned.because(Why(Reason.NOT_CALIBRATED))
+    if planned.route.is_main_alone():
+        config = calibration.own_config if planned.route.is_own_engine() else calibration.main_alone_config
+        return planned.because(Why(Reason.FASTEST_CONFIG, {"config": config}))
+    return planned
 
 
-def _on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None) -> Plan:
+def _on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None,
+                    calibration: HostFigures | None = None) -> Plan:
     """The plan on openvino-genai's pipelines (or the own engine for exact sampling). A greedy answer with a
     draft on a pair in the fast mode says so (FAST_MODE)."""
-    planned = _by_the_request(pair=pair, asked=asked, load=load, live=live)
+    planned = _by_the_request(pair=pair, asked=asked, load=load, live=live, calibration=calibration)
     if planned.mode == SpeculativeMode.DRAFT and pair.precision_mode == ModelPair.FAST:
         return planned.because(Why(Reason.FAST_MODE))
     return planned
 
 
-def _by_the_request(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None) -> Plan:
+def _by_the_request(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None,
+                    calibration: HostFigures | None) -> Plan:
     if not asked.speculative:
         return Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled, why=(Why(Reason.ASKED_OFF),))
     if not pair.is_speculative:
@@ -214,11 +238,13 @@ def _by_the_request(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigur
         return replace(drafting, threshold=asked.threshold).because(Why(Reason.THRESHOLD_ASKED))
     if asked.k is not None:
         return replace(drafting, k=asked.k).because(Why(Reason.K_ASKED))
-    return _for_the_load(pair=pair, asked=asked, drafting=drafting, load=load, live=live)
+    return _for_the_load(pair=pair, asked=asked, drafting=drafting, load=load, live=live, calibration=calibration)
 
 
-def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, live: LiveFigures | None) -> Plan:
-    """The plan of a request that leaves K to the pair: from the figures here, else the profile, else the
+def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, live: LiveFigures | None,
+                  calibration: HostFigures | None) -> Plan:
+    """The plan of a request that leaves K to the pair: from the figures here, else the host's calibration
+    (measured on the own engine: for a pair whose own engine serves lone answers), else the profile, else the
     pair's default. `drafting`: the route it drafts on, and why that route."""
     alone = Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled)
     here = None if asked.sampled or live is None else live_k(live.rates)  # the own engine's steps are not measured
@@ -232,6 +258,11 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, l
         return replace(drafting, k=k, measured_here=True).because(Why(Reason.LIVE_K_FASTEST, facts))
     if live is not None and live.exploring and live.rates and drafting.mode == SpeculativeMode.DRAFT:
         return _explore(pair=pair, live=live.rates, load=load)
+    calibrated = calibration.k_at(load) if calibration and pair.own_engine_streams and not asked.sampled else None
+    if calibrated == 0:
+        return alone.because(Why(Reason.CALIBRATED_MAIN_ALONE_FASTER))
+    if calibrated:
+        return replace(drafting, k=calibrated).because(Why(Reason.CALIBRATED_BEST_K, {"k": calibrated}))
     best = measured_k(pair=pair, sampled=asked.sampled, load=load)
     if best is None:
         if (pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None

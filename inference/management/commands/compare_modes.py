@@ -54,7 +54,9 @@ class Command(BaseCommand):
                 check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000, requester="compare_modes")
             except GrammarError as exc:
                 raise CommandError(f"{json_schema}: {exc}") from exc
-        costs = {mode: modes.infer_cost(main_dir=spec.main_dir, mode=mode) for mode in options["modes"]}
+        costs = {mode: modes.infer_cost(main_dir=spec.main_dir, props=modes.mode_props(main_dir=spec.main_dir,
+                                                                                       mode=mode))
+                 for mode in options["modes"]}
         lines = modes.compare_modes(spec=spec, prompts=prompts, ks=ks, max_new_tokens=max_new_tokens,
                                     repeats=repeats, modes=options["modes"], grammar=grammar, streams=streams,
                                     own_engine_streams=record.own_engine_streams, say=self.stderr.write)

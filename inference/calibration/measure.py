@@ -1,0 +1,157 @@
+"""What a calibration measures, in-process on the worker's host, within a budget of seconds:
+
+1. the main alone (the library's pipeline) in each precision configuration the device offers, at one stream
+   and at several at once: the fastest is the host's baseline, and every route of the main alone serves in it;
+2. the own engine (engines/exact.py) in the fastest configuration whose greedy answers with the draft are its
+   main alone's token for token (checked here), at K=0 and each K: tokens/s, acceptance and identity;
+3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay).
+
+From these: the K a lone answer gets (0: speculation does not pay on this host, the main alone serves).
+Prompts are the repository's held-out ones (nobody tuned on them), through the pair's chat template."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from inference.benchmark.modes import LOOPING, answer, infer_cost
+from inference.benchmark.prompts import heldout_prompts, repeated_ngram_share
+from inference.engines.precision import CONFIGS, EXACT_ON_OWN_ENGINE, PrecisionConfig, offered
+from inference.engines.registry import build_engine
+from inference.engines.spec import PairSpec
+from inference.engines.tokenizer import load_tokenizer
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Budget:
+    prompts: int = 2  # held-out prompts answered one at a time (one code, one prose, ...)
+    max_new_tokens: int = 48
+    streams: int = 4  # answered at once, for the main alone under load
+    ks: tuple[int, ...] = (1, 2, 3, 4, 5)
+    cost_sizes: tuple[int, ...] = tuple(range(1, 9))
+    seconds: float = 300  # no new configuration or K is started past this
+
+
+def chat_prompts(main_dir: str, count: int) -> list[str]:
+    """`count` held-out prompts, code and prose alternating, as the chat and the API give them to the model."""
+    code, prose = heldout_prompts(sets=("code",)), heldout_prompts(sets=("prose",))
+    mixed = [prompt.text for pair in zip(code, prose, strict=False) for prompt in pair][:count]
+    tokenizer = load_tokenizer(main_dir)
+    return [str(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+            for text in mixed]
+
+
+def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progress: Progress) -> dict:
+    """The figures a HostCalibration keeps (see the module's docstring)."""
+    started = time.monotonic()
+    configs = offered(capabilities)
+    prompts = chat_prompts(spec.main_dir, max(budget.prompts, budget.streams))
+    total = len(configs) + (len(budget.ks) + 2 if spec.draft_dir else 0)
+    results: dict = {"budget": vars(budget) | {"ks": list(budget.ks), "cost_sizes": list(budget.cost_sizes)},
+                     "prompts": prompts[:budget.prompts], "configs": {}, "skipped": []}
+    done = 0
+    for config in configs:
+        if time.monotonic() - started > budget.seconds and results["configs"]:
+            results["skipped"].append(f"main alone in {config.name}")
+            continue
+        progress(done, total, f"the main alone in {config.label}")
+        results["configs"][config.name] = _main_alone(spec, config, prompts=prompts, budget=budget)
+        done += 1
+    ranked = sorted(results["configs"], key=lambda name: results["configs"][name]["tokens_per_s"], reverse=True)
+    results["fastest"] = ranked[0]
+    results["own_config"] = ""
+    if spec.draft_dir:
+        own = _own_engine(spec, ranked, prompts=prompts[:budget.prompts], budget=budget, started=started,
+                          progress=lambda label: progress(done + len(results.get("ks", {})), total, label))
+        results.update(own)
+    results["best_k"] = {"1": best_k(results)}
+    results["seconds"] = round(time.monotonic() - started, 1)
+    progress(total, total, "done")
+    return results
+
+
+def best_k(results: dict) -> int:
+    """The K a lone answer is fastest with, 0 when no K beats the fastest main alone measured here."""
+    alone = max([line["tokens_per_s"] for line in results["configs"].values()]
+                + [results.get("own_main_alone", {}).get("tokens_per_s", 0.0)])
+    drafted = {int(k): line["tokens_per_s"] for k, line in results.get("ks", {}).items()
+               if line["identical"] == line["answers"]}
+    k = max(drafted, key=drafted.__getitem__, default=0)
+    return k if k and drafted[k] > alone else 0
+
+
+def _main_alone(spec: PairSpec, config: PrecisionConfig, *, prompts: list[str], budget: Budget) -> dict:
+    engine = build_engine(replace(spec, speculative=False, exact_sampling=False, own_engine=False, **config.fields))
+    try:
+        answer(engine, prompts[0], k=0, max_new_tokens=4)  # untimed: the first inference repacks the weights
+        one = _rate(engine, prompts[:budget.prompts], k=0, streams=1, max_new_tokens=budget.max_new_tokens)
+        many = _rate(engine, prompts[:budget.streams], k=0, streams=budget.streams,
+                     max_new_tokens=budget.max_new_tokens)
+    finally:
+        engine.close()
+    return {"label": config.label, "tokens_per_s": one["tokens_per_s"], "streams": budget.streams,
+            "tokens_per_s_streams": many["tokens_per_s"], "looping": one["looping"]}
+
+
+def _own_engine(spec: PairSpec, ranked: list[str], *, prompts: list[str], budget: Budget, started: float,
+                progress: Callable[[str], None]) -> dict:
+    """The own engine in the fastest configuration where its greedy answers stay exact: a configuration not
+    exact by construction is tried first only when it is the fastest, and kept only if every K's answers
+    were identical to its main alone's."""
+    exact_ranked = [name for name in ranked if name in EXACT_ON_OWN_ENGINE]
+    tried = ranked[:1] if ranked[0] not in EXACT_ON_OWN_ENGINE else []
+    measured: dict = {}
+    for name in [*tried, *exact_ranked[:1]]:
+        measured = _own_in(spec, name, prompts=prompts, budget=budget, started=started, progress=progress)
+        if all(line["identical"] == line["answers"] for line in measured["ks"].values()):
+            break
+    return measured
+
+
+def _own_in(spec: PairSpec, name: str, *, prompts: list[str], budget: Budget, started: float,
+            progress: Callable[[str], None]) -> dict:
+    config = CONFIGS[name]
+    own = replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=0,
+                  prompt_cache_tokens=0, **config.fields)
+    engine = build_engine(own)
+    try:
+        progress(f"the own engine in {config.label}: the main alone")
+        answer(engine, prompts[0], k=budget.ks[0], max_new_tokens=4)  # untimed warm-up of both models
+        alone = _rate(engine, prompts, k=0, streams=1, max_new_tokens=budget.max_new_tokens)
+        ks: dict[str, dict] = {}
+        for k in budget.ks:
+            if time.monotonic() - started > budget.seconds:
+                break
+            progress(f"the own engine in {config.label}: K={k}")
+            line = _rate(engine, prompts, k=k, streams=1, max_new_tokens=budget.max_new_tokens)
+            line["identical"] = sum(mine == theirs for mine, theirs in zip(line.pop("answers_tokens"),
+                                                                           alone["answers_tokens"], strict=True))
+            ks[str(k)] = line
+    finally:
+        engine.close()
+    progress(f"the main's cost of verifying 1-{budget.cost_sizes[-1]} tokens in {config.label}")
+    costs = infer_cost(main_dir=spec.main_dir, props=replace(spec, **config.fields).device_properties(),
+                       device=spec.device, sizes=budget.cost_sizes, repeats=8)
+    alone.pop("answers_tokens")
+    return {"own_config": name, "own_main_alone": alone, "ks": ks,
+            "verify_cost": {str(n): round(ms / costs[1], 3) for n, ms in costs.items()},
+            "verify_ms": round(costs[1], 2)}
+
+
+def _rate(engine, prompts: list[str], *, k: int, streams: int, max_new_tokens: int) -> dict:
+    """Tokens/s of answering `prompts` `streams` at a time at K (0: the main alone), with acceptance."""
+    began = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        answers = list(pool.map(lambda text: answer(engine, text, k=k, max_new_tokens=max_new_tokens), prompts))
+    seconds = time.perf_counter() - began
+    tokens = sum(len(ids) for ids, _, _ in answers)
+    verifying = sum(max(steps - 1, 0) for _, _, steps in answers)  # the first step is the prefill's
+    accepted = sum(max(len(ids) - 1 - max(steps - 1, 0), 0) for ids, _, steps in answers)
+    return {"tokens_per_s": round(tokens / seconds, 2), "answers": len(answers),
+            "acceptance": round(accepted / (verifying * k), 3) if k and verifying else None,
+            "looping": sum(repeated_ngram_share(engine.tokenizer.decode(ids)) > LOOPING for ids, _, _ in answers),
+            "answers_tokens": [ids for ids, _, _ in answers]}
