@@ -10,7 +10,7 @@ from django.test import AsyncClient, override_settings
 
 from inference.models import Generation
 from tests.api_client import MESSAGES, PROMPT, post
-from tests.test_robustness_chat import logged_in_socket
+from tests.test_chat_consumers import logged_in_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HUGE = 10**400  # an integer no float holds

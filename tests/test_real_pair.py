@@ -112,7 +112,7 @@ def drain(request) -> list[int]:
 def test_sampled_answers_through_the_api_follow_the_main_alones_distribution(live_server_url, real_pair, key):
     """At T = 0.8 through the API, one request at a time (the pair's own engine): the first three tokens
     with the draft (K=3, the exact rule) against `speculative: false` (drawn from the main's distribution
-    directly), by the permutation test of tests/test_distribution.py, on the 151,936-token vocabulary."""
+    directly), by the permutation test of tests/test_sampling_distribution.py, on the 151,936-token vocabulary."""
     api = client(live_server_url, key)
     messages = [{"role": "user", "content": "Name a programming language and say why people like it."}]
 
@@ -173,7 +173,7 @@ TASKS = ["reverses a string in Python", "counts words in Rust", "finds duplicate
 def test_twenty_answers_held_to_a_json_schema_are_valid_and_the_main_alones(live_server_url, real_pair, key):
     """Speculation stays exact under a grammar: the main's tokens are masked alike with and without the draft.
     Left to the pair, one stream runs on its own engine, which masks the draft too (K=3); sampled answers
-    under the schema speculate there as well (the distribution under a grammar: tests/test_distribution.py)."""
+    under the schema speculate there as well (the distribution under a grammar: tests/test_sampling_distribution.py)."""
     import json
 
     import jsonschema_rs

@@ -24,7 +24,7 @@ from inference.engines.spec import PairSpec
 from inference.selectors import live_workers
 from inference.serving.reasons import SENTENCES, Reason
 from tests.test_api import client
-from tests.test_robustness_watchdog import pair_on_a_worker_of_its_own
+from tests.test_engines_library_watchdog import pair_on_a_worker_of_its_own
 
 PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
 SPEC = PairSpec(slug="own", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), exact_sampling=True,
