@@ -35,7 +35,8 @@ def execute_calibration(*, calibration_id: int) -> None:
             last_update = time.monotonic()
             HostCalibration.objects.filter(id=calibration_id).update(progress=f"{done}/{total}: {label}")
 
-    budget = Budget(max_new_tokens=settings.CALIBRATION_TOKENS, seconds=settings.CALIBRATION_SECONDS)
+    budget = Budget(max_new_tokens=settings.CALIBRATION_TOKENS, ks=settings.CALIBRATION_KS,
+                    seconds=settings.CALIBRATION_SECONDS)
     try:
         with jobs.leased(model=HostCalibration, job_id=calibration_id):
             load_before = os.getloadavg()[0]

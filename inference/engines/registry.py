@@ -151,8 +151,9 @@ class EngineRegistry:
         return released
 
     def loaded(self) -> list[dict]:
-        return [{"slug": s.slug, "speculative": s.speculative, "exact_sampling": s.exact_sampling}
-                for s in self._engines]
+        return [{"slug": s.slug, "speculative": s.speculative, "exact_sampling": s.exact_sampling,
+                 "inference_precision": s.inference_precision, "kv_cache_precision": s.kv_cache_precision,
+                 "dynamic_quantization": s.dynamic_quantization} for s in self._engines]
 
     def unload(self, slug: str) -> None:
         for spec in [s for s in self._engines if s.slug == slug]:

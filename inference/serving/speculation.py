@@ -1,6 +1,7 @@
 """How a request is served — which route (limits.Route: which engine, drafting or not), which K, and why —
-decided when it joins a worker's batch, from what it asked, the pair's settings and measured profile, the
-worker's load then and its live figures: `plan` is a pure function of those; `handover` moves a running answer.
+decided when it joins a worker's batch, from what it asked, the pair's settings, its calibration on the host
+and measured profile, the worker's load then and its live figures: `plan` is a pure function of those;
+`handover` moves a running answer.
 
 Both sides use it: the web side to validate a request with the settings it would get, the worker to
 decide for real (it knows its load). Two promises shape it: a sampled request runs on the own engine
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
+from inference.engines import precision
 from inference.engines.rates import StepRates
 from inference.limits import DEFAULT_K, Route, SpeculativeMode
 from inference.models import ModelPair
@@ -66,9 +68,8 @@ def live_figures(rates: StepRates, *, asked: Asked, load: int) -> LiveFigures:
 
 @dataclass(frozen=True, kw_only=True)
 class HostFigures:
-    """What the pair's calibration measured on this worker's host (a HostCalibration, calibration/): the
-    configuration its main alone is fastest in, the one its own engine runs exactly in, and the K a lone
-    answer is fastest with ({streams: K}, 0: the main alone). None where the host is not calibrated yet."""
+    """What the pair's calibration measured on this worker's host (serving/calibrated.py): the configuration its
+    main alone is fastest in, the one its own engine is exact in, and a lone answer's best K (0: the main alone)."""
 
     host: str  # the host, described
     main_alone_config: str = ""  # a precision configuration's label (engines/precision.py); "": not calibrated
@@ -80,8 +81,7 @@ class HostFigures:
         return bool(self.main_alone_config)
 
     def k_at(self, load: int) -> int | None:
-        """The K measured at this load (the calibration measures lone answers only: None beyond)."""
-        return self.best_k.get(load)
+        return self.best_k.get(load)  # it measures lone answers only: None beyond
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,9 +161,8 @@ def quickest_k(rates: dict[int, float]) -> int:
     return min(k for k, rate in rates.items() if rate >= AS_FAST * top)
 
 
-# This worker's recent figures decide where one path is this much faster than the other at the load
-# (it repays a handover's prefill, and is beyond a burst's run-to-run spread). Closer than that,
-# the two are as good as each other: the request joins the batch that runs, or the main alone.
+# This worker's recent figures decide where one path is this much faster than the other at the load (it repays a
+# handover's prefill, beyond a burst's spread). Closer, the request joins the batch that runs, or the main alone.
 LIVE_MARGIN = 1.10
 
 
@@ -196,14 +195,12 @@ def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None 
     planned = _on_the_library(pair=pair, asked=asked, load=load.streams, live=live, calibration=calibration)
     planned = _join_running_batch(pair=pair, asked=asked, planned=planned, load=load)
     planned = _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
-    if calibration is None:
-        return planned
-    if not calibration.calibrated:
+    if calibration is not None and not calibration.calibrated:
         return planned.because(Why(Reason.NOT_CALIBRATED))
-    if planned.route.is_main_alone():
-        config = calibration.own_config if planned.route.is_own_engine() else calibration.main_alone_config
-        return planned.because(Why(Reason.FASTEST_CONFIG, {"config": config}))
-    return planned
+    if calibration is None or not planned.route.is_main_alone():
+        return planned
+    config = calibration.own_config if planned.route.is_own_engine() else calibration.main_alone_config
+    return planned.because(Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[config].label}))
 
 
 def _on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None,
