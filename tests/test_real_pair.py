@@ -326,7 +326,8 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
 
         def held() -> list[dict]:
             time.sleep(3)  # a heartbeat after the last answer
-            return next(beat["engines"] for beat in live_workers(client=redis_client) if beat["name"] == name)
+            return [{key: engine[key] for key in ("slug", "speculative", "exact_sampling")} for engine in next(
+                beat["engines"] for beat in live_workers(client=redis_client) if beat["name"] == name)]
 
         with ThreadPoolExecutor(2) as pool:
             plans = list(pool.map(ask, range(50)))
