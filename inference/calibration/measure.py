@@ -50,28 +50,38 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
     started = time.monotonic()
     configs = offered(capabilities)
     prompts = chat_prompts(spec.main_dir, max(budget.prompts, budget.streams))
-    total = len(configs) + (len(budget.ks) + 2 if spec.draft_dir else 0)
+    steps = Steps(total=len(configs) + (len(budget.ks) + 2 if spec.draft_dir else 0), report=progress)
     results: dict = {"budget": vars(budget) | {"ks": list(budget.ks), "cost_sizes": list(budget.cost_sizes)},
                      "prompts": prompts[:budget.prompts], "configs": {}, "skipped": []}
-    done = 0
     for config in configs:
         if time.monotonic() - started > budget.seconds and results["configs"]:
             results["skipped"].append(f"main alone in {config.name}")
             continue
-        progress(done, total, f"the main alone in {config.label}")
+        steps.next(f"the main alone in {config.label}")
         results["configs"][config.name] = _main_alone(spec, config, prompts=prompts, budget=budget)
-        done += 1
     ranked = sorted(results["configs"], key=lambda name: results["configs"][name]["tokens_per_s"], reverse=True)
     results["fastest"] = ranked[0]
     results["own_config"] = ""
     if spec.draft_dir:
-        own = _own_engine(spec, ranked, prompts=prompts[:budget.prompts], budget=budget, started=started,
-                          progress=lambda label: progress(done + len(results.get("ks", {})), total, label))
-        results.update(own)
+        results.update(_own_engine(spec, ranked, prompts=prompts[:budget.prompts], budget=budget, started=started,
+                                   progress=steps.next))
     results["best_k"] = {"1": best_k(results)}
     results["seconds"] = round(time.monotonic() - started, 1)
-    progress(total, total, "done")
+    progress(steps.total, steps.total, "done")
     return results
+
+
+@dataclass
+class Steps:
+    """The calibration's progress: each measurement started counts one step of `total`."""
+
+    total: int
+    report: Progress
+    done: int = 0
+
+    def next(self, label: str) -> None:
+        self.report(min(self.done, self.total - 1), self.total, label)
+        self.done += 1
 
 
 def best_k(results: dict) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.utils import timezone
@@ -20,8 +21,8 @@ from inference.serving.records import pair_spec
 log = logging.getLogger(__name__)
 
 
-def execute_calibration(*, calibration_id: int) -> None:
-    """The worker's side: measure the pair on this host and keep the figures (a failure keeps its error)."""
+def execute_calibration(*, calibration_id: int, say: Callable[[str], object] | None = None) -> None:
+    """Measure the pair on this host and keep the figures (a failure keeps its error); `say`: progress lines."""
     if not jobs.claim(model=HostCalibration, job_id=calibration_id):
         return  # a replayed delivery of a calibration that already started
     calibration = HostCalibration.objects.select_related("pair").get(id=calibration_id)
@@ -31,6 +32,8 @@ def execute_calibration(*, calibration_id: int) -> None:
 
     def progress(done: int, total: int, label: str) -> None:
         nonlocal last_update
+        if say:
+            say(f"{done}/{total}: {label}")
         if time.monotonic() - last_update >= 1 or done == total:
             last_update = time.monotonic()
             HostCalibration.objects.filter(id=calibration_id).update(progress=f"{done}/{total}: {label}")
