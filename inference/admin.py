@@ -51,8 +51,9 @@ class ModelPairAdmin(admin.ModelAdmin):
             "fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens", "prefill_first",
                        "inference_precision", "kv_cache_precision", "precision_mode", "own_engine_streams"),
             "description": "Exact mode (f32 and an f32 KV cache): greedy answers with the draft are the main alone's, "
-                           "token for token. Fast mode (the device's defaults, both empty): the fastest main alone, "
-                           "where answers with the draft can differ in near-ties; they say so."}),
+                           "token for token. Fast mode (the device's defaults, both empty): answers with the draft can "
+                           "differ in near-ties; they say so. On a calibrated host the main alone and the own engine "
+                           "run in the configuration measured fastest there (see the calibration below)."}),
         ("Calibration on its hosts", {"fields": ("calibrations",)}),
         ("Latest benchmark", {"fields": ("latest_benchmark",)}),
     )
