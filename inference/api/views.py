@@ -166,16 +166,17 @@ async def models(request):
 
 
 def _config() -> dict:
-    states = selectors.pair_states(client=transport.sync_client())
-    return {slug: {"model_version_status": [{
+    workers = selectors.live_workers(client=transport.sync_client())
+    states = {pair: selectors.pair_state(pair=pair, workers=workers) for pair in ModelPair.objects.all()}
+    return {pair.slug: {"model_version_status": [{
         "version": "1", "state": state.state,
         "status": {"error_code": "UNAVAILABLE" if state.error else "OK", "error_message": state.error or "OK"},
-    }]} for slug, state in states.items()}
+    }], "devices": pair.devices} for pair, state in states.items()}
 
 
 @api_view("GET")
 async def config(request):
-    """Each pair's state in OpenVINO Model Server's /v1/config shape."""
+    """Each pair's state in OpenVINO Model Server's /v1/config shape, and the devices its models run on."""
     return JsonResponse(await sync_to_async(_config)())
 
 

@@ -158,7 +158,7 @@ def infer_cost(*, main_dir: str, mode: str, sizes: tuple[int, ...] = tuple(range
                repeats: int = 12) -> dict[int, float]:
     """Median ms of one inference of n new tokens on a warm KV cache of `context` tokens (raw OpenVINO,
     the stateful IR as exported): the cost of verifying K = n - 1 draft tokens."""
-    props = mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties()
+    props = mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties(device="CPU")
     request = ov.Core().compile_model(str(Path(main_dir) / "openvino_model.xml"), "CPU", props).create_infer_request()
     rng = np.random.default_rng(0)
 

@@ -41,6 +41,7 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE) -> P
         draft_dir=str(root / pair.draft_dir) if pair.draft_dir else "",
         prompt_lookup=pair.prompt_lookup,
         device=pair.device,
+        draft_device=pair.draft_device,
         cache_size_gb=pair.cache_size_gb,
         max_num_batched_tokens=pair.max_num_batched_tokens,
         prefill_first=pair.prefill_first,
