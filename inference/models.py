@@ -151,7 +151,7 @@ class ModelPair(models.Model):
 
     def clean(self) -> None:
         from inference import selectors, transport
-        from inference.pair_checks import (  # they load openvino: only when used
+        from inference.pair_checks import (  # they load openvino (and selectors this module): only when used
             device_errors,
             profile_errors,
             validate_pair_fields,
@@ -170,7 +170,7 @@ class ModelPair(models.Model):
         if self.own_engine_streams and not (self.draft_dir and self.precision_mode == self.EXACT):
             errors["own_engine_streams"] = "The own engine needs a draft model and the exact mode (f32)."
         stored = ModelPair.objects.filter(pk=self.pk).values_list("device", "draft_device").first()
-        if stored != (self.device, self.draft_device):  # new, or moved: a pair is not refused for a worker away
+        if stored != (self.device, self.draft_device):  # new or moved: other edits pass while its worker is away
             errors.update(device_errors(device=self.device, draft_device=self.draft_device,
                                         has_draft=bool(self.draft_dir),
                                         available=selectors.registrable_devices(client=transport.fail_fast_client())))

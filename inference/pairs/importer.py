@@ -75,8 +75,9 @@ def request_errors(*, name: str, slug: str, main_source: str, draft_source: str,
             errors[field] = "A digest can only be checked for a file (a GGUF source)."
     if kv_cache_precision not in ModelPair.KvPrecision.values:
         errors["kv_cache_precision"] = f"The KV cache precision must be one of {ModelPair.KvPrecision.values}."
-    for field, value in (("device", device), ("draft_device", draft_device or device)):
-        if value not in ModelPair.Device.values:
+    for field, value, choices in (("device", device, ModelPair.Device.choices),
+                                  ("draft_device", draft_device, ModelPair.DRAFT_DEVICES)):
+        if value not in dict(choices):
             errors[field] = f"The device must be one of {', '.join(ModelPair.Device.values)}."
     if not errors.keys() & {"device", "draft_device"}:
         errors.update(pair_checks.device_errors(

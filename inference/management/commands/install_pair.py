@@ -52,8 +52,8 @@ class Command(BaseCommand):
         try:
             pair.full_clean()
         except ValidationError as exc:
-            again = "; remove that folder and run this again" if exc.message_dict.keys() - {"device", "draft_device"} \
-                else ""
+            folders = exc.message_dict.keys() - {"device", "draft_device"}  # a device refused: the folder is fine
+            again = "; remove that folder and run this again" if folders else ""
             raise CommandError(f"The pair in {settings.MODELS_ROOT / slug} cannot be registered: "
                                f"{exc.message_dict}{again}.") from exc
         pair.save()
