@@ -32,7 +32,7 @@ class ExtraStyle:
 
 @admin.register(ModelPair)
 class ModelPairAdmin(admin.ModelAdmin):
-    list_display = ("name", "slug", "main_dir", "draft_dir", "device", "num_assistant_tokens",
+    list_display = ("name", "slug", "main_dir", "draft_dir", "devices", "num_assistant_tokens",
                     "assistant_confidence_threshold", "precision_mode", "enabled", "is_default", "serving_state")
     list_filter = ("enabled", "device")
     prepopulated_fields = {"slug": ("name",)}
@@ -43,7 +43,8 @@ class ModelPairAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "slug", "enabled", "is_default", "description", "completes_text", "serving_state",
                            "load_error")}),
-        ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device")}),
+        ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device",
+                               "draft_device")}),
         ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold",
                                              "allow_inexact_sampling", "speculation_profile", "profile_run",
                                              "live_figures")}),
@@ -73,6 +74,10 @@ class ModelPairAdmin(admin.ModelAdmin):
         if state.error:
             return f"{state.state} ({state.detail or state.error})"
         return f"{state.state} on {', '.join(state.workers)}"
+
+    @admin.display(description="devices")
+    def devices(self, pair: ModelPair) -> str:
+        return ", ".join(f"{model} {device}" for model, device in pair.devices.items() if device)
 
     @admin.display(description="measured lately on the workers")
     def live_figures(self, pair: ModelPair) -> str:
@@ -189,12 +194,14 @@ class ImportJobForm(forms.ModelForm):
                                             required=False, initial="")
     kv_cache_precision = forms.ChoiceField(choices=ModelPair.KvPrecision.choices, required=False,
                                            initial=ModelPair._meta.get_field("kv_cache_precision").default)
-    device = forms.ChoiceField(choices=ModelPair.Device.choices, initial=ModelPair.Device.CPU)
+    device = forms.ChoiceField(label="Main device", choices=ModelPair.Device.choices, initial=ModelPair.Device.CPU)
+    draft_device = forms.ChoiceField(label="Draft device", choices=ModelPair.DRAFT_DEVICES,
+                                     required=False, initial="")
 
     class Meta:
         model = ImportJob
         fields = ("name", "slug", "main_source", "draft_source", "weight_format", "draft_weight_format",
-                  "main_sha256", "draft_sha256", "kv_cache_precision", "device")
+                  "main_sha256", "draft_sha256", "kv_cache_precision", "device", "draft_device")
         help_texts = {
             "main_source": "Hugging Face id (downloaded by the worker), a folder or a GGUF file on the worker's "
                            "machine.",

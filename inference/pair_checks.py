@@ -1,5 +1,5 @@
-"""Checks that a main/draft pair can be served: folders, files, one shared tokenizer, and a valid
-speculation profile. Below the models and the serving code that call them.
+"""Checks that a main/draft pair can be served: folders, files, one shared tokenizer, devices a worker
+has, and a valid speculation profile. Below the models and the serving code that call them.
 
 openvino-genai's own check encodes one sentence and compares token counts and special ids, which
 two different vocabularies can pass; here the vocabularies, special ids and a set of probe strings
@@ -16,6 +16,7 @@ from pathlib import Path
 from django.conf import settings
 
 from inference import limits
+from inference.engines.devices import AvailableDevices
 from inference.limits import K_MAX, K_MIN
 
 REQUIRED_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
@@ -127,6 +128,13 @@ def validate_pair_fields(
         if problems:
             errors["draft_dir"] = "The draft's tokenizer is not the main's: " + "; ".join(problems) + "."
     return errors
+
+
+def device_errors(*, device: str, draft_device: str, has_draft: bool, available: AvailableDevices) -> dict[str, str]:
+    """Field ("device": the main's, "draft_device") -> why no worker can run that model on the device it names."""
+    wanted = {"main": device, **({"draft": draft_device} if has_draft and draft_device else {})}
+    fields = {"main": "device", "draft": "draft_device"}
+    return {fields[model]: message for model, message in available.refusals(wanted).items()}
 
 
 PROFILE_MODES = ("greedy", "sampled")

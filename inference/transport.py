@@ -87,6 +87,18 @@ def _shared_sync_client(url: str) -> redis.Redis:
                                 retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES))
 
 
+def fail_fast_client() -> redis.Redis:
+    """This process's client for a read the caller can do without: it does not retry while Redis is away
+    (sync_client's retries wait ~12 s), so registering a pair needs no Redis (selectors.registrable_devices)."""
+    return _fail_fast_client(settings.REDIS_URL)
+
+
+@functools.cache
+def _fail_fast_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, driver_info=_DRIVER, socket_connect_timeout=2,
+                                socket_timeout=5)
+
+
 def async_client() -> aioredis.Redis:
     """A client of its own for the caller's event loop (an asyncio connection cannot move between loops)."""
     return aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True, driver_info=_DRIVER,

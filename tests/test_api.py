@@ -293,6 +293,7 @@ def test_models_config_health_and_unknown_routes(live_server_url, demo_pair):
         config = requests.get(f"{live_server_url}/v1/config", timeout=30).json()
     assert config["demo-code"]["model_version_status"] == [
         {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": "OK"}}]
+    assert config["demo-code"]["devices"] == {"main": "CPU", "draft": "CPU"}
     demo_pair.enabled = False
     demo_pair.save()
     status = requests.get(f"{live_server_url}/v3/config", timeout=30).json()["demo-code"]["model_version_status"][0]

@@ -166,19 +166,20 @@ async def models(request):
 
 
 def _config() -> dict:
-    """OVMS's shape, and each pair's calibration per host: which host its figures come from, and when."""
-    states = selectors.pair_states(client=transport.sync_client())
-    pairs = {pair.slug: pair for pair in ModelPair.objects.all()}
-    return {slug: {"model_version_status": [{
+    """OVMS's shape, each pair's devices, and its calibration per host: which host its figures come from, when."""
+    workers = selectors.live_workers(client=transport.sync_client())
+    states = {pair: selectors.pair_state(pair=pair, workers=workers) for pair in ModelPair.objects.all()}
+    return {pair.slug: {"model_version_status": [{
         "version": "1", "state": state.state,
         "status": {"error_code": "UNAVAILABLE" if state.error else "OK", "error_message": state.error or "OK"},
-    }], "calibrations": [calibrated.summary(c) for c in selectors.pair_calibrations(pair=pairs[slug])]}
-        for slug, state in states.items()}
+    }], "devices": pair.devices,
+        "calibrations": [calibrated.summary(each) for each in selectors.pair_calibrations(pair=pair)]}
+        for pair, state in states.items()}
 
 
 @api_view("GET")
 async def config(request):
-    """Each pair's state in OpenVINO Model Server's /v1/config shape."""
+    """Each pair's state in OpenVINO Model Server's /v1/config shape, and the devices its models run on."""
     return JsonResponse(await sync_to_async(_config)())
 
 

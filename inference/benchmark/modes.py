@@ -156,7 +156,7 @@ def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens
 
 def mode_props(*, main_dir: str, mode: str) -> dict[str, str]:
     """A mode's device properties (what infer_cost compiles the main with)."""
-    return mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties()
+    return mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties(device="CPU")
 
 
 def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",

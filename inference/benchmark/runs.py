@@ -163,7 +163,7 @@ def benchmark_engines(*, pair: ModelPair, get=None) -> tuple[Engines, str]:
     from inference.serving.calibrated import host_figures
     from inference.serving.records import pair_spec
 
-    figures = host_figures(pair=pair, host=this_host(pair.device))
+    figures = host_figures(pair=pair, host=this_host(pair.runs_on))
     alone = pair_spec(pair=pair, route=Route.LIBRARY_MAIN_ALONE, calibration=figures)
     if figures.calibrated:
         note = f"The main alone runs in this host's fastest configuration ({CONFIGS[figures.main_alone_config].label})."

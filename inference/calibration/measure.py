@@ -2,8 +2,8 @@
 
 1. the main alone (the library's pipeline) in each precision configuration the device offers, at one stream
    and at several at once: the fastest is the host's baseline, and every route of the main alone serves in it;
-2. the own engine (engines/exact.py) in the fastest configuration whose greedy answers with the draft are its
-   main alone's token for token (checked here), at K=0 and each K: tokens/s, acceptance and identity;
+2. the own engine (engines/exact.py) in the faster configuration of those its greedy answers with the draft are
+   exact in (f32 with or without dynamic quantization), at K=0 and each K: tokens/s, acceptance and identity;
 3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay).
 
 From these: the K a lone answer gets (0: speculation does not pay on this host, the main alone serves).
@@ -24,6 +24,7 @@ from inference.engines.spec import PairSpec
 from inference.engines.tokenizer import load_tokenizer
 
 Progress = Callable[[int, int, str], None]
+SLOWER = 0.85  # a K this much slower than the best so far ends the sweep (beyond a run's spread)
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,11 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
     ranked = sorted(results["configs"], key=lambda name: results["configs"][name]["tokens_per_s"], reverse=True)
     results["fastest"] = ranked[0]
     results["own_config"] = ""
-    if spec.draft_dir:
-        results.update(_own_engine(spec, ranked, prompts=prompts[:budget.prompts], budget=budget, started=started,
-                                   progress=steps.next))
-    results["best_k"] = {"1": best_k(results)}
+    if spec.draft_dir:  # in the faster of the configurations it is exact in
+        own = next(name for name in [*ranked, *EXACT_ON_OWN_ENGINE] if name in EXACT_ON_OWN_ENGINE)
+        results.update(_own_in(spec, own, prompts=prompts[:budget.prompts], budget=budget, started=started,
+                               progress=steps.next))
+    results["best_k"] = {"1": best_k(results)} if results.get("ks") else {}  # none: out of time before any K
     results["seconds"] = round(time.monotonic() - started, 1)
     progress(steps.total, steps.total, "done")
     return results
@@ -107,21 +109,6 @@ def _main_alone(spec: PairSpec, config: PrecisionConfig, *, prompts: list[str], 
             "tokens_per_s_streams": many["tokens_per_s"], "looping": one["looping"]}
 
 
-def _own_engine(spec: PairSpec, ranked: list[str], *, prompts: list[str], budget: Budget, started: float,
-                progress: Callable[[str], None]) -> dict:
-    """The own engine in the fastest configuration where its greedy answers stay exact: a configuration not
-    exact by construction is tried first only when it is the fastest, and kept only if every K's answers
-    were identical to its main alone's."""
-    exact_ranked = [name for name in ranked if name in EXACT_ON_OWN_ENGINE]
-    tried = ranked[:1] if ranked[0] not in EXACT_ON_OWN_ENGINE else []
-    measured: dict = {}
-    for name in [*tried, *exact_ranked[:1]]:
-        measured = _own_in(spec, name, prompts=prompts, budget=budget, started=started, progress=progress)
-        if all(line["identical"] == line["answers"] for line in measured["ks"].values()):
-            break
-    return measured
-
-
 def _own_in(spec: PairSpec, name: str, *, prompts: list[str], budget: Budget, started: float,
             progress: Callable[[str], None]) -> dict:
     config = CONFIGS[name]
@@ -141,11 +128,13 @@ def _own_in(spec: PairSpec, name: str, *, prompts: list[str], budget: Budget, st
             line["identical"] = sum(mine == theirs for mine, theirs in zip(line.pop("answers_tokens"),
                                                                            alone["answers_tokens"], strict=True))
             ks[str(k)] = line
+            if line["tokens_per_s"] < SLOWER * max(each["tokens_per_s"] for each in ks.values()):
+                break  # past the best K: a longer verify costs more than it brings
     finally:
         engine.close()
     progress(f"the main's cost of verifying 1-{budget.cost_sizes[-1]} tokens in {config.label}")
-    costs = infer_cost(main_dir=spec.main_dir, props=replace(spec, **config.fields).device_properties(),
-                       device=spec.device, sizes=budget.cost_sizes, repeats=8)
+    props = replace(spec, **config.fields).device_properties(device=spec.device)
+    costs = infer_cost(main_dir=spec.main_dir, props=props, device=spec.device, sizes=budget.cost_sizes, repeats=8)
     alone.pop("answers_tokens")
     return {"own_config": name, "own_main_alone": alone, "ks": ks,
             "verify_cost": {str(n): round(ms / costs[1], 3) for n, ms in costs.items()},

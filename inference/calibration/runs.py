@@ -26,7 +26,7 @@ def execute_calibration(*, calibration_id: int, say: Callable[[str], object] | N
     if not jobs.claim(model=HostCalibration, job_id=calibration_id):
         return  # a replayed delivery of a calibration that already started
     calibration = HostCalibration.objects.select_related("pair").get(id=calibration_id)
-    host = this_host(calibration.pair.device)
+    host = this_host(calibration.pair.runs_on)
     HostCalibration.objects.filter(id=calibration_id).update(host=host.signature, host_facts=host.facts)
     last_update = 0.0
 
@@ -44,7 +44,7 @@ def execute_calibration(*, calibration_id: int, say: Callable[[str], object] | N
         with jobs.leased(model=HostCalibration, job_id=calibration_id):
             load_before = os.getloadavg()[0]
             results = calibrate(spec=pair_spec(pair=calibration.pair), budget=budget, progress=progress,
-                                capabilities=machine_capabilities(calibration.pair.device))
+                                capabilities=machine_capabilities(calibration.pair.device))  # the main's
             results["machine"] = machine() | {"load_average_before": load_before}
     except Exception as exc:
         log.exception("calibration %s failed", calibration_id)

@@ -92,9 +92,10 @@ class OwnEngine:
         self.spec = spec
         started = time.perf_counter()
         core = ov.Core()
-        props = spec.device_properties()
-        self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device, props)
-        self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.device, props)
+        self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device,
+                                       spec.device_properties(device=spec.device))
+        self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.draft_runs_on,
+                                        spec.device_properties(device=spec.draft_runs_on))
         self.main_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.draft_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.batch = SharedBatch(self.main, prompts=self.main_prompts)

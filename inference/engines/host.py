@@ -35,7 +35,8 @@ def host_of(facts: dict) -> Host:
 
 @cache
 def this_host(device: str = "CPU") -> Host:
-    """This process's host for a device (read once: the answer does not change while the process lives)."""
+    """This process's host for a pair's devices (ModelPair.runs_on; read once: it does not change while the
+    process lives)."""
     import openvino as ov
 
     cpu = _cpuinfo()

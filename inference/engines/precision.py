@@ -34,8 +34,8 @@ CONFIGS = {config.name: config for config in (
     PrecisionConfig("bf16", "bf16", "bf16", "", True, needs="BF16"),
     PrecisionConfig("f16", "f16", "f16", "", True, needs="FP16"),
 )}
-# Where the own engine's greedy answers are the main alone's token for token by construction (row by row,
-# dynamic quantization gives one token the bits it gives K+1: docs/exactness.md); others are checked.
+# Where the own engine's greedy answers are the main alone's token for token by construction (row by row, the
+# kernels give one token the bits they give K+1: docs/exactness.md); bf16 was not (docs/calibration.md).
 EXACT_ON_OWN_ENGINE = ("f32-dynamic", "f32")
 
 

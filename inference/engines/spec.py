@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.engines.devices import AUTO
 from inference.limits import Route
 
 KEPT_TOKENS = 1024  # prompt tokens kept prefilled per model (engines/prefill.py): ~57 MB for the real main's f32
@@ -24,7 +25,8 @@ class PairSpec:
     main_dir: str
     draft_dir: str = ""
     prompt_lookup: bool = False
-    device: str = "CPU"
+    device: str = "CPU"  # the main's
+    draft_device: str = ""  # "": the main's device
     cache_size_gb: int = 1
     max_num_batched_tokens: int | None = None  # None: the library's default
     prefill_first: bool = False  # whole prompts in steps of their own (the library's dynamic_split_fuse off)
@@ -46,6 +48,15 @@ class PairSpec:
     @property
     def uses_draft(self) -> bool:
         return self.speculative and bool(self.draft_dir)
+
+    @property
+    def draft_runs_on(self) -> str:
+        return self.draft_device or self.device
+
+    @property
+    def devices(self) -> dict[str, str]:
+        """Model ("main", "draft") -> the device this engine runs it on."""
+        return {"main": self.device, **({"draft": self.draft_runs_on} if self.uses_draft else {})}
 
     @property
     def uses_prompt_lookup(self) -> bool:
@@ -79,13 +90,16 @@ class PairSpec:
             return max(self.max_num_batched_tokens or 0, context_length(Path(self.main_dir)))
         return self.max_num_batched_tokens
 
-    def device_properties(self) -> dict[str, str]:
+    def device_properties(self, *, device: str) -> dict[str, str]:
+        """What a model is compiled with on `device`: the precision hints, and the CPU's switch below on the CPU
+        and on AUTO, which hands it to the device it picks (openvino-genai's pipeline ignores a switch scoped to
+        the CPU in DEVICE_PROPERTIES); a GPU or an NPU named never gets it."""
         props = {}
         if self.inference_precision:
             props["INFERENCE_PRECISION_HINT"] = self.inference_precision
         if self.kv_cache_precision:
             props["KV_CACHE_PRECISION"] = self.kv_cache_precision
-        if self.device == "CPU" and self.inference_precision == "f32" and not self.dynamic_quantization:
+        if device in ("CPU", AUTO) and self.inference_precision == "f32" and not self.dynamic_quantization:
             # The CPU quantizes activations of int8/int4-weight matmuls on the fly. Row by row that is bitwise
             # the same for one token and for K+1 (the own engine relies on it), but the library's paged
             # attention is not: its greedy answers with the draft then differ in near-ties

@@ -66,7 +66,8 @@ def summary(calibration: HostCalibration) -> dict:
         verdict = (f"Speculation is slower than the main alone on this host (the fastest: {fastest['label']}, "
                    f"{fastest['tokens_per_s']:.1f} tok/s): lone answers run on the main alone.")
     else:
-        verdict = f"The main alone is fastest in {fastest['label']} ({fastest['tokens_per_s']:.1f} tok/s)."
+        verdict = f"The main alone is fastest in {fastest['label']} ({fastest['tokens_per_s']:.1f} tok/s)" + (
+            "; speculation was not measured in time, the pair's own K serves." if results.get("own_config") else ".")
     return shown | {
         "main_alone": {name: {"tokens_per_s": line["tokens_per_s"], f"tokens_per_s_{line['streams']}_streams":
                               line["tokens_per_s_streams"]} for name, line in configs.items()},

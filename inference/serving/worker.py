@@ -64,7 +64,7 @@ WORKER_FAILED = "The worker failed while writing this answer (the details are in
 
 def host_figures(*, pair: ModelPair) -> speculation.HostFigures:
     """What the pair measured on this worker's host (serving/calibrated.py)."""
-    return calibrated.host_figures(pair=pair, host=this_host(pair.device))
+    return calibrated.host_figures(pair=pair, host=this_host(pair.runs_on))
 
 
 def load_engine(*, pair: ModelPair, route: Route, figures: speculation.HostFigures | None = None) -> Engine:

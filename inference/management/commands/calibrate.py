@@ -18,7 +18,7 @@ class Command(BaseCommand):
         record = ModelPair.objects.filter(slug=pair).first()
         if record is None:
             raise CommandError(f"No pair '{pair}'. Known: {', '.join(p.slug for p in ModelPair.objects.all())}")
-        host = this_host(record.device)
+        host = this_host(record.runs_on)
         self.stderr.write(f"Calibrating {record.slug} on {host.described}")
         calibration = HostCalibration.objects.create(pair=record, host=host.signature, host_facts=host.facts)
         execute_calibration(calibration_id=calibration.id, say=self.stderr.write)
