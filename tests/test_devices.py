@@ -25,7 +25,7 @@ from inference.limits import LoadState
 from inference.models import ImportJob, ModelPair
 from inference.serving import web
 from tests.conftest import wait_until_done
-from tests.test_registry import admin_form
+from tests.test_pair_checks import admin_form
 
 PAIR = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR
 SPEC = PairSpec(slug="devices", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"))
