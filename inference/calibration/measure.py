@@ -65,9 +65,9 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
     results["own_config"] = ""
     if spec.draft_dir:  # in the faster of the configurations it is exact in
         own = next(name for name in [*ranked, *EXACT_ON_OWN_ENGINE] if name in EXACT_ON_OWN_ENGINE)
-        results.update(_own_in(spec, own, prompts=prompts[:budget.prompts], budget=budget, started=started,
-                               progress=steps.next))
+        results.update(_own_in(spec, own, prompts=prompts, budget=budget, started=started, progress=steps.next))
     results["best_k"] = {"1": best_k(results)} if results.get("ks") else {}  # none: out of time before any K
+    results["library_alone"] = library_alone(results)
     results["seconds"] = round(time.monotonic() - started, 1)
     progress(steps.total, steps.total, "done")
     return results
@@ -96,6 +96,20 @@ def best_k(results: dict) -> int:
     return k if k and drafted[k] > alone else 0
 
 
+# The main alone leaves the own engine's batch for the library's pipeline (a second copy of its weights) only
+# where the library's was this much faster (beyond a run's spread).
+LIBRARY_MARGIN = 1.05
+
+
+def library_alone(results: dict) -> dict[str, bool]:
+    """{streams: whether the library's main alone, in the configuration it serves in, beat the own engine's}."""
+    own, fastest = results.get("own_main_alone"), results["configs"][results["fastest"]]
+    if not own:
+        return {}
+    return {"1": fastest["tokens_per_s"] > LIBRARY_MARGIN * own["tokens_per_s"],
+            str(fastest["streams"]): fastest["tokens_per_s_streams"] > LIBRARY_MARGIN * own["tokens_per_s_streams"]}
+
+
 def _main_alone(spec: PairSpec, config: PrecisionConfig, *, prompts: list[str], budget: Budget) -> dict:
     engine = build_engine(replace(spec, speculative=False, exact_sampling=False, own_engine=False, **config.fields))
     try:
@@ -111,6 +125,7 @@ def _main_alone(spec: PairSpec, config: PrecisionConfig, *, prompts: list[str], 
 
 def _own_in(spec: PairSpec, name: str, *, prompts: list[str], budget: Budget, started: float,
             progress: Callable[[str], None]) -> dict:
+    all_prompts, prompts = prompts, prompts[:budget.prompts]
     config = CONFIGS[name]
     own = replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=0,
                   prompt_cache_tokens=0, **config.fields)
@@ -119,6 +134,8 @@ def _own_in(spec: PairSpec, name: str, *, prompts: list[str], budget: Budget, st
         progress(f"the own engine in {config.label}: the main alone")
         answer(engine, prompts[0], k=budget.ks[0], max_new_tokens=4)  # untimed warm-up of both models
         alone = _rate(engine, prompts, k=0, streams=1, max_new_tokens=budget.max_new_tokens)
+        alone["tokens_per_s_streams"] = _rate(engine, all_prompts[:budget.streams], k=0, streams=budget.streams,
+                                              max_new_tokens=budget.max_new_tokens)["tokens_per_s"]
         ks: dict[str, dict] = {}
         for k in budget.ks:
             if time.monotonic() - started > budget.seconds:

@@ -42,7 +42,9 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
     results = calibration.results
     return HostFigures(host=host.described, main_alone_config=results["fastest"],
                        own_config=results.get("own_config") or results["fastest"],
-                       best_k={int(streams): int(k) for streams, k in results.get("best_k", {}).items()})
+                       best_k={int(streams): int(k) for streams, k in results.get("best_k", {}).items()},
+                       library_alone={int(streams): bool(faster)
+                                      for streams, faster in results.get("library_alone", {}).items()})
 
 
 def summary(calibration: HostCalibration) -> dict:

@@ -72,9 +72,10 @@ class HostFigures:
     main alone is fastest in, the one its own engine is exact in, and a lone answer's best K (0: the main alone)."""
 
     host: str  # the host, described
-    main_alone_config: str = ""  # a precision configuration's label (engines/precision.py); "": not calibrated
+    main_alone_config: str = ""  # a precision configuration's name (engines/precision.py); "": not calibrated
     own_config: str = ""
     best_k: dict[int, int] = field(default_factory=dict)
+    library_alone: dict[int, bool] = field(default_factory=dict)  # {streams: the library's main alone is faster}
 
     @property
     def calibrated(self) -> bool:
@@ -82,6 +83,12 @@ class HostFigures:
 
     def k_at(self, load: int) -> int | None:
         return self.best_k.get(load)  # it measures lone answers only: None beyond
+
+    def alone_on_library(self, load: int) -> bool:
+        """Whether the main alone is faster on the library's pipeline (in its fastest configuration) than on the
+        own engine's batch, at the most streams measured up to this load."""
+        measured = [streams for streams in self.library_alone if streams <= load]
+        return bool(measured) and self.library_alone[max(measured)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,9 +202,20 @@ def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None 
     planned = _on_the_library(pair=pair, asked=asked, load=load.streams, live=live, calibration=calibration)
     planned = _join_running_batch(pair=pair, asked=asked, planned=planned, load=load)
     planned = _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
-    if calibration is not None and not calibration.calibrated:
+    return planned if calibration is None else _on_the_host(asked=asked, planned=planned, load=load.streams,
+                                                            calibration=calibration)
+
+
+def _on_the_host(*, asked: Asked, planned: Plan, load: int, calibration: HostFigures) -> Plan:
+    """The main alone where the host measured it fastest: on the library's pipeline rather than the own engine's
+    batch when that was faster there at this load (a second copy of the main's weights, freed when idle)."""
+    if not calibration.calibrated:
         return planned.because(Why(Reason.NOT_CALIBRATED))
-    if calibration is None or not planned.route.is_main_alone():
+    if planned.route == Route.OWN_MAIN_ALONE and not asked.alternatives and calibration.alone_on_library(load):
+        own_whys = {Reason.OWN_ENGINE, Reason.OWN_BATCH}
+        planned = replace(planned, route=Route.LIBRARY_MAIN_ALONE,
+                          why=tuple(why for why in planned.why if why.code not in own_whys))
+    if not planned.route.is_main_alone():
         return planned
     config = calibration.own_config if planned.route.is_own_engine() else calibration.main_alone_config
     return planned.because(Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[config].label}))
@@ -365,10 +383,10 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
     library cannot change a request's K, so moving is a new request that goes on from the answer so far;
     its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way).
     An answer the pair's own engine serves (or that asked alternatives) stays there."""
-    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over:
+    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over or pair.own_engine_streams:
         return None
     if planned.route.is_own_engine():
-        if pair.own_engine_streams or asked.alternatives:
+        if asked.alternatives:
             return None
         return _off_the_own_engine(pair=pair, asked=asked, planned=planned, load=load, generated=generated)
     if planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not left_to_the_profile(asked):

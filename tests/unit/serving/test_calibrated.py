@@ -18,6 +18,11 @@ HOST = "AMD EPYC (family 26 model 2; avx512f), 2 cores"
 SPECULATES = HostFigures(host=HOST, main_alone_config="defaults", own_config="f32-dynamic", best_k={1: 2})
 LOSES = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 0})
 NOT_YET = HostFigures(host=HOST)
+# where the library's pipeline runs the main alone faster (bf16 here) than the own engine's batch, at 4+ streams
+LIBRARY_UNDER_LOAD = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 3},
+                                 library_alone={1: False, 4: True})
+LIBRARY_ALWAYS = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 0},
+                             library_alone={1: True, 4: True})
 
 
 # (pair fields, request, load, calibration, live figures) -> (route, K, the reasons' codes)
@@ -44,6 +49,17 @@ TABLE = [
     (OWN, Asked(), Load(streams=1), LOSES, live({0: 10.0, 3: 20.0}), OWN_K, 3, (R.LIVE_K_FASTEST, R.OWN_ENGINE)),
     # sampled answers keep their own profile (the calibration measures greedy answers)
     (OWN, Asked(sampled=True), Load(streams=1), LOSES, None, OWN_K, 3, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
+    # where the library's main alone was faster than the own engine's batch, the main alone runs there
+    (OWN, Asked(), Load(streams=1), LIBRARY_UNDER_LOAD, None, OWN_K, 3, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=3), LIBRARY_UNDER_LOAD, None, OWN_ALONE, None,
+     (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),  # measured at 1 and 4 streams: 1's verdict holds
+    (OWN, Asked(), Load(streams=4), LIBRARY_UNDER_LOAD, None, ALONE, None, (R.BEYOND_OWN_STREAMS, R.FASTEST_CONFIG)),
+    (OWN, Asked(), Load(streams=1), LIBRARY_ALWAYS, None, ALONE, None,
+     (R.CALIBRATED_MAIN_ALONE_FASTER, R.FASTEST_CONFIG)),
+    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_ALWAYS, None, ALONE, None,
+     (R.ASKED_OFF, R.FASTEST_CONFIG)),
+    (OWN, Asked(alternatives=True, speculative=False), Load(streams=9), LIBRARY_ALWAYS, None, OWN_ALONE, None,
+     (R.ASKED_OFF, R.ALTERNATIVES, R.FASTEST_CONFIG)),  # only the own engine computes alternatives
     # a host with no calibration yet: safe defaults, and the answer says so
     (OWN, Asked(), Load(streams=1), NOT_YET, None, OWN_K, 4, (R.PROFILE_BEST_K, R.OWN_ENGINE, R.NOT_CALIBRATED)),
     ({"own_engine_streams": 1}, Asked(), Load(streams=1), NOT_YET, None, OWN_K, 5,
@@ -75,6 +91,7 @@ def test_each_route_runs_in_the_precision_the_host_measured(route, precision, kv
     assert (spec.inference_precision, spec.kv_cache_precision, spec.dynamic_quantization) == (precision, kv, quantized)
     uncalibrated = pair_spec(pair=pair(**OWN), route=route, calibration=NOT_YET)
     assert uncalibrated == pair_spec(pair=pair(**OWN), route=route)
+    assert pair_spec(pair=pair(**OWN), route=ALONE, calibration=LIBRARY_ALWAYS).inference_precision == "bf16"
 
 
 RESULTS = {
@@ -87,7 +104,7 @@ RESULTS = {
     "own_main_alone": {"tokens_per_s": 9.8},
     "ks": {"2": {"tokens_per_s": 13.0, "identical": 2, "answers": 2},
            "3": {"tokens_per_s": 14.0, "identical": 2, "answers": 2}},
-    "best_k": {"1": 3},
+    "best_k": {"1": 3}, "library_alone": {"1": False, "4": True},
 }
 
 
