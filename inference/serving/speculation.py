@@ -1,7 +1,7 @@
 """How a request is served — which route (limits.Route: which engine, drafting or not), which K, and why —
 decided when it joins a worker's batch, from what it asked, the pair's settings, its calibration on the host
 and measured profile, the worker's load then and its live figures: `plan` is a pure function of those;
-`handover` moves a running answer.
+`handover.py` moves a running answer.
 
 Both sides use it: the web side to validate a request with the settings it would get, the worker to
 decide for real (it knows its load). Two promises shape it: a sampled request runs on the own engine
@@ -199,7 +199,7 @@ def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None 
     First the library's plan (from the request, the figures, else the calibration, else the profile, else the
     pair's defaults), then adjusted to the batch running here, then moved to the pair's own engine where it
     serves; the main alone runs in the configuration the host measured fastest."""
-    planned = _on_the_library(pair=pair, asked=asked, load=load.streams, live=live, calibration=calibration)
+    planned = on_the_library(pair=pair, asked=asked, load=load.streams, live=live, calibration=calibration)
     planned = _join_running_batch(pair=pair, asked=asked, planned=planned, load=load)
     planned = _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
     return planned if calibration is None else _on_the_host(asked=asked, planned=planned, load=load.streams,
@@ -221,7 +221,7 @@ def _on_the_host(*, asked: Asked, planned: Plan, load: int, calibration: HostFig
     return planned.because(Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[config].label}))
 
 
-def _on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None,
+def on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None,
                     calibration: HostFigures | None = None) -> Plan:
     """The plan on openvino-genai's pipelines (or the own engine for exact sampling). A greedy answer with a
     draft on a pair in the fast mode says so (FAST_MODE)."""
@@ -365,53 +365,3 @@ def _for_alternatives(*, pair: ModelPair, planned: Plan) -> Plan:
         own, k = Route.OWN_SPECULATIVE, planned.k or pair.num_assistant_tokens or DEFAULT_K
     why = tuple(why for why in planned.why if why.code != Reason.INEXACT_ALLOWED)  # exact on the own engine
     return Plan(route=own, sampled=planned.sampled, k=k, why=(*why, Why(Reason.ALTERNATIVES)))
-
-
-# A running answer moves to the other pipeline only while the pair's batch here is this small: it must
-# prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins
-# (measured: docs/speculation.md, "Live figures"). By the profile an answer moves from the main alone to
-# speculation (a burst's last request otherwise ends alone at the main's 1-stream speed); by this worker's
-# recent figures, either way.
-HANDOVER_MAX_STREAMS = 2
-HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the prefill
-
-
-def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
-             live: LiveFigures | None = None) -> Plan | None:
-    """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
-    for greedy answers the profile or the figures planned, and off the own engine for sampled ones (the
-    library cannot change a request's K, so moving is a new request that goes on from the answer so far;
-    its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way).
-    An answer the pair's own engine serves (or that asked alternatives) stays there."""
-    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over or pair.own_engine_streams:
-        return None
-    if planned.route.is_own_engine():
-        if asked.alternatives:
-            return None
-        return _off_the_own_engine(pair=pair, asked=asked, planned=planned, load=load, generated=generated)
-    if planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not left_to_the_profile(asked):
-        return None
-    now = _on_the_library(pair=pair, asked=asked, load=load, live=live)
-    if now.route == planned.route or (now.route.speculates() and now.k is None):
-        return None
-    if load > HANDOVER_MAX_STREAMS or (now.route.is_main_alone() and not now.measured_here):
-        return None
-    return replace(now, why=(*planned.why, _handed_over(now, generated=generated, load=load)))
-
-
-def _off_the_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int) -> Plan | None:
-    """A sampled answer the profile sent to the own engine goes on with the main alone as soon as the
-    profile says the main alone at the load, whatever the load: the own engine runs each request on its
-    own, beside the main alone's batch on the same cores, which slows the whole burst (docs/speculation.md)."""
-    if not asked.speculative or asked.k is not None or asked.threshold is not None:
-        return None  # the request asked for this engine
-    now = _on_the_library(pair=pair, asked=asked, load=load, live=None)
-    if not now.route.is_main_alone():
-        return None
-    return Plan(route=now.route, sampled=asked.sampled,
-                why=(*planned.why, _handed_over(now, generated=generated, load=load)))
-
-
-def _handed_over(now: Plan, *, generated: int, load: int) -> Why:
-    return Why(Reason.HANDED_OVER, {"to_k": now.k if now.route.speculates() else None, "token": generated + 1,
-                                    "load": load, "then": now.why})

@@ -25,7 +25,7 @@ from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason, Route, SpeculativeMode
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
-from inference.serving import calibrated, speculation
+from inference.serving import calibrated, handover, speculation
 from inference.serving.records import (
     NOT_SAVED,
     fail_generation,
@@ -189,7 +189,7 @@ OVERRUN_GRACE_S = 10  # an answer past settings.MAX_ANSWER_S whose engine has no
 class Answer:
     """One generation being streamed: its request's steps go to the generation's Redis Stream (batched
     for STREAM_FLUSH_MS), its record is written at the end. While it runs, it may be handed over to
-    another engine of the pair when the load changes (speculation.handover): the request there goes on
+    another engine of the pair when the load changes (serving/handover.py): the request there goes on
     from the prompt and the tokens so far, and the reader sees one answer."""
 
     def __init__(self, *, generation: Generation, writer: transport.StreamWriter, params: DecodingParams,
@@ -292,9 +292,9 @@ class Answer:
         rates, running = STATE.engines.rates_of(slug), STATE.engines.active_requests(slug=slug)
         rates.note_load(running)
         load = rates.recent_peak() or running  # the load a request joining now plans for (0: live figures off)
-        if load > speculation.HANDOVER_MAX_STREAMS and not exact:
+        if load > handover.HANDOVER_MAX_STREAMS and not exact:
             return  # no move at this load: not worth working out figures (or starting an exploration) for
-        self.moving_to = speculation.handover(
+        self.moving_to = handover.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
             live=speculation.live_figures(rates, asked=self.asked, load=load))

@@ -6,8 +6,9 @@ import pytest
 from inference.engines.rates import StepRates
 from inference.limits import SpeculativeMode
 from inference.models import Generation
+from inference.serving.handover import handover
 from inference.serving.reasons import Reason
-from inference.serving.speculation import Asked, Load, handover, plan
+from inference.serving.speculation import Asked, Load, plan
 from tests.unit.serving.planning import ALONE, FAST, LIB, LOOKS, LOOKUP, OWN, OWN_ALONE, OWN_K, PROFILED, live, pair
 
 R = Reason
