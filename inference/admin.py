@@ -124,9 +124,7 @@ class ModelPairAdmin(admin.ModelAdmin):
     def calibrations(self, pair: ModelPair) -> str:
         """Each host's latest calibration: where the figures the pair is served with come from."""
         shown = [calibrated.summary(c) for c in selectors.pair_calibrations(pair=pair)] if pair.pk else []
-        if not shown:
-            return "none yet: a worker calibrates the pair when it loads it on a new host"
-        return format_html_join("", "<div class='calibration'>{}</div>", ((calibration_html(c),) for c in shown))
+        return render_to_string("admin/inference/hostcalibration/summary.html", {"calibrations": shown})
 
     @admin.action(description="Run benchmark on a worker", permissions=["change"])
     def run_benchmark(self, request, queryset):
@@ -158,23 +156,6 @@ class ModelPairAdmin(admin.ModelAdmin):
             pending = format_html("<p>Run #{} is {}: {}</p>", latest.id, latest.status,
                                   latest.error or latest.progress or "waiting for a worker")
         return format_html("{}{}", pending, benchmark_html(runs.latest_finished_run(pair=pair)))
-
-
-def calibration_html(shown: dict) -> str:
-    """One host's calibration: the host, its state (a progress bar while it runs), its verdict and figures."""
-    head = format_html("<p><b>{}</b> — {}{}</p>", shown["host"] or "a worker's host (not started yet)",
-                       shown["status"], f", {shown['measured_at'][:16].replace('T', ' ')} UTC"
-                       if shown["measured_at"] else "")
-    done, _, total = shown["progress"].partition(":")[0].partition("/")
-    if shown["status"] in ("queued", "running"):
-        bar = format_html("<progress value='{}' max='{}'></progress> {}", done or 0, total or 1, shown["progress"])
-        return format_html("{}{}", head, bar)
-    if shown["error"] or "verdict" not in shown:
-        return format_html("{}<p>{}</p>", head, shown["error"] or "no figures")
-    rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", (
-        (name, *(f"{rate:.1f}" for rate in line.values())) for name, line in shown["main_alone"].items()))
-    return format_html("{}<p>{}</p><table><tr><th>the main alone in</th><th>tok/s, 1 stream</th>"
-                       "<th>tok/s, several at once</th></tr>{}</table>", head, shown["verdict"], rows)
 
 
 @admin.register(Generation)

@@ -156,10 +156,11 @@ class ModelPair(models.Model):
         return {"main": self.device, "draft": self.draft_runs_on if self.draft_dir else None}
 
     def clean(self) -> None:
-        from inference import selectors, transport
-        from inference.pair_checks import (  # they load openvino (and selectors this module): only when used
+        from inference import transport
+        from inference.pair_checks import (  # they load openvino: only when used
             device_errors,
             profile_errors,
+            registrable_devices,
             validate_pair_fields,
         )
 
@@ -179,7 +180,7 @@ class ModelPair(models.Model):
         if stored != (self.device, self.draft_device):  # new or moved: other edits pass while its worker is away
             errors.update(device_errors(device=self.device, draft_device=self.draft_device,
                                         has_draft=bool(self.draft_dir),
-                                        available=selectors.registrable_devices(client=transport.fail_fast_client())))
+                                        available=registrable_devices(client=transport.fail_fast_client())))
         if errors:
             raise ValidationError(errors)
 

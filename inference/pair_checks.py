@@ -13,11 +13,13 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+import redis
 from django.conf import settings
 
 from inference import limits
-from inference.engines.devices import AvailableDevices
+from inference.engines.devices import AvailableDevices, runtime_devices
 from inference.limits import K_MAX, K_MIN
+from inference.transport import live_workers
 
 REQUIRED_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
 PROBE_STRINGS = (
@@ -162,3 +164,15 @@ def profile_errors(profile) -> list[str]:
                 problems.append(f"{mode}[{json.dumps(streams)[:40]}]: K must be 0 (the main alone) or an integer "
                                 f"in [{K_MIN}, {K_MAX}], not {json.dumps(k)[:40]}")
     return problems
+
+
+def registrable_devices(*, client: redis.Redis) -> AvailableDevices:
+    """The devices a pair may name: those the live workers' runtimes list; with none to ask, this process's."""
+    try:
+        workers = live_workers(client=client)
+    except redis.RedisError:
+        workers = []
+    listed = dict.fromkeys(device for worker in workers for device in worker.get("devices", ()))
+    if listed:
+        return AvailableDevices(tuple(listed), "on the live workers")
+    return AvailableDevices(runtime_devices(), "in this server's OpenVINO runtime (no live worker reported its own)")

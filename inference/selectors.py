@@ -2,39 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 from django.conf import settings
 
-from inference.engines.devices import AvailableDevices, runtime_devices
 from inference.limits import LoadState, ServingState
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
-from inference.transport import WORKER_INDEX, WORKER_KEY_PREFIX
+from inference.transport import WORKER_KEY_PREFIX, live_workers
 
-
-def live_workers(*, client: redis.Redis) -> list[dict]:
-    """Heartbeats that have not expired: {name, queues, pairs: {slug: {state, error}}, active, slots, devices}."""
-    names: Any = client.zrangebyscore(WORKER_INDEX, time.time(), "+inf")  # str, with decode_responses
-    if not names:
-        return []
-    heartbeats: Any = client.mget([WORKER_KEY_PREFIX + name for name in names])
-    return [json.loads(raw) for raw in heartbeats if raw]
-
-
-def registrable_devices(*, client: redis.Redis) -> AvailableDevices:
-    """The devices a pair may name: those the live workers' runtimes list; with none to ask, this process's."""
-    try:
-        workers = live_workers(client=client)
-    except redis.RedisError:
-        workers = []
-    listed = dict.fromkeys(device for worker in workers for device in worker.get("devices", ()))
-    if listed:
-        return AvailableDevices(tuple(listed), "on the live workers")
-    return AvailableDevices(runtime_devices(), "in this server's OpenVINO runtime (no live worker reported its own)")
+__all__ = ["live_workers"]  # read from the heartbeats in transport.py; queried with the rest from here
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -89,7 +90,7 @@ def _shared_sync_client(url: str) -> redis.Redis:
 
 def fail_fast_client() -> redis.Redis:
     """This process's client for a read the caller can do without: it does not retry while Redis is away
-    (sync_client's retries wait ~12 s), so registering a pair needs no Redis (selectors.registrable_devices)."""
+    (sync_client's retries wait ~12 s), so registering a pair needs no Redis (pair_checks.registrable_devices)."""
     return _fail_fast_client(settings.REDIS_URL)
 
 
@@ -224,3 +225,12 @@ def valid_entry_id(value: str) -> bool:
     parts = (head, tail) if dash else (head,)
     return all(part.isascii() and part.isdigit() and len(part) <= len(str(2**64)) and int(part) < 2**64
                for part in parts)
+
+
+def live_workers(*, client: redis.Redis) -> list[dict]:
+    """Heartbeats that have not expired: {name, queues, pairs: {slug: {state, error}}, active, slots, devices}."""
+    names: Any = client.zrangebyscore(WORKER_INDEX, time.time(), "+inf")  # str, with decode_responses
+    if not names:
+        return []
+    heartbeats: Any = client.mget([WORKER_KEY_PREFIX + name for name in names])
+    return [json.loads(raw) for raw in heartbeats if raw]

@@ -12,7 +12,7 @@ import redis
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from inference import selectors
+from inference import pair_checks, selectors
 from inference.benchmark.servers import free_port
 from inference.engines.decoding import DecodingParams
 from inference.engines.devices import DeviceUnavailable, runtime_devices
@@ -125,7 +125,7 @@ def test_a_pairs_live_figures_start_afresh_when_its_devices_change():
 def test_with_no_worker_to_ask_a_pair_may_name_what_this_runtime_lists():
     """Redis away, as when `make real-pair` registers a pair: no live worker can be asked."""
     with redis.Redis(port=free_port(), socket_connect_timeout=1) as away:
-        available = selectors.registrable_devices(client=away)
+        available = pair_checks.registrable_devices(client=away)
     assert available.names == runtime_devices() and "OpenVINO runtime" in available.where
 
 
@@ -151,7 +151,7 @@ def test_a_device_a_live_worker_lists_may_be_named(admin_client, redis_client):
     announce_worker(client=redis_client, name=name, payload={"name": name, "queues": [], "devices": ["CPU", "GPU",
                                                                                                     "AUTO"]}, ttl_s=30)
     try:
-        assert "GPU" in selectors.registrable_devices(client=redis_client).names
+        assert "GPU" in pair_checks.registrable_devices(client=redis_client).names
         response = admin_client.post("/admin/inference/modelpair/add/", pair_form(device="GPU"))
         assert response.status_code == 302, response.content[:2000]
     finally:

@@ -28,7 +28,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from inference import jobs, pair_checks, selectors, transport
+from inference import jobs, pair_checks, transport
 from inference.models import ImportJob, ModelPair
 from inference.pairs import gguf
 from inference.pairs.conversion import ImportFailed, ImportProgress, ProgressCallback, dequantize, export
@@ -82,7 +82,7 @@ def request_errors(*, name: str, slug: str, main_source: str, draft_source: str,
     if not errors.keys() & {"device", "draft_device"}:
         errors.update(pair_checks.device_errors(
             device=device, draft_device=draft_device, has_draft=bool(draft_source.strip()),
-            available=selectors.registrable_devices(client=transport.fail_fast_client())))
+            available=pair_checks.registrable_devices(client=transport.fail_fast_client())))
     return errors
 
 

@@ -50,9 +50,10 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
 def summary(calibration: HostCalibration) -> dict:
     """A calibration as the admin and /v1/config show it: whose host, when, and what it decided, in figures
     and in a plain sentence."""
+    done, _, total = calibration.progress.partition(":")[0].partition("/")
     shown = {"host": Host(calibration.host, calibration.host_facts).described if calibration.host else "",
              "host_signature": calibration.host, "status": calibration.status, "progress": calibration.progress,
-             "error": calibration.error,
+             "steps": {"done": int(done or 0), "total": int(total or 0) or 1}, "error": calibration.error,
              "measured_at": calibration.finished_at.isoformat() if calibration.finished_at else None}
     results = calibration.results
     if calibration.status != JobStatus.FINISHED or not results.get("configs"):

@@ -64,7 +64,7 @@ def heartbeat_payload() -> dict:
         "active": STATE.engines.active_requests(),
         "engines": STATE.engines.loaded(),
         "slots": settings.WORKER_SLOTS,
-        "devices": list(runtime_devices()),  # what pairs may name (selectors.registrable_devices)
+        "devices": list(runtime_devices()),  # what pairs may name (pair_checks.registrable_devices)
         # {slug: {streams: {K: tok/s}}}: what the plans follow (engines/rates.py), for /metrics
         "figures": {slug: rates.figures() for slug, rates in STATE.engines.rates.items()},
     }
