@@ -71,6 +71,13 @@ class Route(StrEnum):
         return not self.is_main_alone()
 
 
+class Drafter(StrEnum):
+    """What proposed a step's tokens: each one's proposals and acceptance are counted apart (API usage, /metrics)."""
+
+    DRAFT = "draft"  # the draft model
+    NGRAM = "ngram"  # the answer's own history: the own engine's prompt lookup (engines/ngram.py) or the library's
+
+
 class SpeculativeMode(StrEnum):
     """How an answer was served, stated on every answer (API usage, chat metrics line, admin)."""
 

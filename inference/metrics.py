@@ -10,13 +10,14 @@ from the database when scraped.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
 from django.db.models import Count
 
-from inference.limits import FinishReason
+from inference.limits import Drafter, FinishReason
 from inference.models import Generation
 from inference.selectors import live_workers
 from inference.transport import METRICS_KEY
@@ -62,6 +63,13 @@ FAMILIES = (
     Family("vllm:spec_decode_num_accepted_tokens", "counter", "Proposed tokens the main model accepted."),
     Family("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
            "Accepted tokens by their position in the speculation (0 = first proposed token)."),
+    Family("specchat_spec_decode_num_drafts_by_drafter", "counter",
+           "vllm:spec_decode_num_drafts by what proposed (drafter: draft, the draft model, or ngram, the lookup of "
+           "the answer's own history)."),
+    Family("specchat_spec_decode_num_draft_tokens_by_drafter", "counter",
+           "vllm:spec_decode_num_draft_tokens by what proposed them (drafter: draft or ngram)."),
+    Family("specchat_spec_decode_num_accepted_tokens_by_drafter", "counter",
+           "vllm:spec_decode_num_accepted_tokens by what proposed them (drafter: draft or ngram)."),
     Family("specchat_requests_by_mode", "counter",
            "Generations by how they were served: speculative mode and the K chosen (asked, measured best at the "
            "worker's load, or the pair's default)."),
@@ -123,9 +131,22 @@ def record_generation(*, client: redis.Redis, pair: str, finish_reason: FinishRe
                 count("vllm:spec_decode_num_draft_tokens", figures.draft_tokens)
             for position, accepted in enumerate(figures.accepted_by_position):
                 count("vllm:spec_decode_num_accepted_tokens_per_pos", accepted, {"position": str(position)})
+            _count_by_drafter(count, figures)
         pipe.execute()
     except Exception:
         log.exception("could not record the metrics of a generation of %s", pair)
+
+
+def _count_by_drafter(count: Callable[[str, float, dict], None], figures: SpeculationFigures) -> None:
+    """The speculation counts split between the n-gram lookup and the draft model (the rest)."""
+    shares = (("num_drafts", figures.draft_steps or 0, figures.ngram_draft_steps),
+              ("num_draft_tokens", figures.draft_tokens, figures.ngram_draft_tokens),
+              ("num_accepted_tokens", figures.accepted_tokens, figures.ngram_accepted_tokens))
+    for name, total, ngram in shares:
+        if total is None:
+            continue
+        for drafter, value in ((Drafter.NGRAM, ngram or 0), (Drafter.DRAFT, total - (ngram or 0))):
+            count(f"specchat_spec_decode_{name}_by_drafter", value, {"drafter": drafter})
 
 
 def _queue_gauges() -> dict[str, float]:

@@ -236,6 +236,12 @@ class Generation(models.Model):
     acceptance_rate = models.FloatField(null=True, blank=True)
     mean_accepted_length = models.FloatField(null=True, blank=True)
     accepted_by_position = models.JSONField(default=list, blank=True)
+    ngram_draft_tokens = models.PositiveIntegerField(null=True, blank=True,
+                                                     help_text="of draft_tokens, those the n-gram lookup proposed")
+    ngram_accepted_tokens = models.PositiveIntegerField(null=True, blank=True,
+                                                        help_text="of accepted_tokens, the n-gram lookup's")
+    ngram_draft_steps = models.PositiveIntegerField(null=True, blank=True,
+                                                    help_text="of draft_steps, those that verified the n-gram lookup's")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -12,15 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 from django.conf import settings
 
 from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
 from inference.engines.decoding import DecodingParams
+from inference.engines.drafting import Drafting
 from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
 from inference.engines.kv_cache import KvSequence
+from inference.engines.ngram import PromptLookup
 from inference.engines.spec import PairSpec
+from inference.limits import Drafter
 from inference.selectors import live_workers
 from inference.serving.reasons import SENTENCES, Reason
 from tests.test_api import client
@@ -143,6 +147,81 @@ def test_greedy_answers_with_the_draft_are_the_main_alones_token_for_token(engin
         assert answer(engine, prompt, 3) == alone and answer(engine, prompt, 5) == alone, prompt
 
 
+FUNCTION = '''def moving_average(values, window):
+    total = sum(values[:window])
+    result = [total / window]
+    for i in range(window, len(values)):
+        total += values[i] - values[i - window]
+        result.append(total / window)
+    return result
+'''
+COPYING = ("Repeat this code and add a docstring:\n" + FUNCTION + "\n" + FUNCTION[:70],
+           "# Fix the off-by-one error.\n" + FUNCTION + "\n# Fixed:\n" + FUNCTION[:120])
+
+
+def drafted(engine, prompt: str, k: int, **held) -> tuple[list[int], dict[Drafter | None, int]]:
+    """An answer's tokens, and the tokens each drafter proposed for it."""
+    request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=64, ignore_eos=not held,
+                                                                 num_assistant_tokens=k, **held))
+    tokens: list[int] = []
+    proposed: dict[Drafter | None, int] = {}
+    while not isinstance(event := request.events.get(timeout=120), Finished):
+        tokens += event.token_ids
+        proposed[event.drafter] = proposed.get(event.drafter, 0) + (event.proposed or 0)
+    assert event.finish_reason != "error", event
+    return tokens, proposed
+
+
+@pytest.mark.no_database
+def test_greedy_answers_chained_with_the_prompt_lookup_are_the_main_alones(engine):
+    """Where the answer's history repeats (a prompt's code copied), the prompt lookup proposes up to 8 tokens at no
+    inference, the draft where it has nothing: token for token the main alone's answer, under a grammar too (the
+    lookup's proposals cut at the first token it refuses); with the lookup off, the draft alone proposes."""
+    unchained = OwnEngine(replace(SPEC, slug="unchained", chained_lookup=False))
+    regex = {"grammar_kind": "regex", "grammar_text": r"[a-z_ ().=:\[\]\n+\-/0-9]{20,400}"}  # code, lower case
+    for prompt in COPYING:
+        for held in ({}, regex):
+            alone, _ = drafted(engine, prompt, 0, **held)
+            chained, proposed = drafted(engine, prompt, 3, **held)
+            assert chained == alone, (prompt, held)
+            assert proposed.get(Drafter.NGRAM, 0) > 8 and proposed.get(Drafter.DRAFT, 0) > 0, (prompt, held, proposed)
+        draft_only, proposed = drafted(unchained, prompt, 3)
+        assert draft_only == drafted(engine, prompt, 0)[0] and set(proposed) == {None, Drafter.DRAFT}
+
+
+@pytest.mark.no_database
+def test_the_draft_is_fed_every_token_of_the_answer_once_whatever_proposed_it():
+    """A main that copies the prompt's function with a few tokens changed, verifying greedily: steps of the lookup
+    (the draft infers nothing) and of the draft, proposals kept whole, in part or not at all. The draft's cache
+    then holds the answer's tokens, each once and in order: the logits of a cache fed them afresh (f32: masked
+    slots move only the last bits)."""
+    engine = OwnEngine(replace(SPEC, dynamic_quantization=False))
+    encode = engine.tokenizer.encode
+    history = encode("Repeat this code:\n" + FUNCTION).input_ids.data[0].tolist()
+    rng = np.random.default_rng(2)
+    copy = [int(rng.integers(100, 1000)) if rng.random() < 0.1 else token
+            for token in encode(FUNCTION, add_special_tokens=False).input_ids.data[0].tolist()]
+    drafting = Drafting(KvSequence(engine.draft), lookup=PromptLookup(history), params=DecodingParams(max_new_tokens=99),
+                        rng=rng, constraint=None)
+    drafting.prefill(history)
+    answer = copy[:1]
+    drafting.lookup.extend(answer)
+    seen = set()
+    while len(answer) < len(copy) - 12:
+        last = answer[-1]
+        proposal = drafting.propose(k=3, room=10, last=last)
+        expected = copy[len(answer):len(answer) + len(proposal.tokens) + 1]
+        accepted = next((i for i, (x, y) in enumerate(zip(proposal.tokens, expected, strict=False)) if x != y),
+                        len(proposal.tokens))
+        drafting.settle(last=last, proposal=proposal, accepted=accepted, token=expected[accepted])
+        answer += expected[:accepted + 1]
+        seen.add((proposal.drafter, "all" if accepted == len(proposal.tokens) else "some" if accepted else "none"))
+    assert {(Drafter.NGRAM, "all"), (Drafter.NGRAM, "some"), (Drafter.DRAFT, "some"), (Drafter.DRAFT, "none")} <= seen, seen
+    logits = drafting.draft.feed([*drafting.backlog, answer[-1]])[-1]
+    assert drafting.draft.position == len(history) + len(answer)
+    assert np.allclose(logits, KvSequence(engine.draft).feed(history + answer)[-1], atol=1e-3)
+
+
 SNIPPET = {"type": "object", "properties": {"lang": {"enum": ["python", "rust", "go"]},
                                             "lines": {"type": "integer", "minimum": 1, "maximum": 99}},
            "required": ["lang", "lines"], "additionalProperties": False}
@@ -218,8 +297,8 @@ def test_one_stream_is_served_on_the_own_engine_alone(own_engine_pair, live_serv
     pair, worker = own_engine_pair
     api = client(live_server_url, api_key.secret)
 
-    def ask(**extra) -> tuple[str, dict]:
-        done = api.completions.create(model=pair.slug, prompt=PROMPTS[1], max_tokens=32, extra_body=extra)
+    def ask(prompt: str = PROMPTS[1], **extra) -> tuple[str, dict]:
+        done = api.completions.create(model=pair.slug, prompt=prompt, max_tokens=32, extra_body=extra)
         return done.choices[0].text, done.usage.model_dump()
 
     drafted, with_draft = ask()
@@ -231,6 +310,16 @@ def test_one_stream_is_served_on_the_own_engine_alone(own_engine_pair, live_serv
         "speculative_reason_codes"]
     assert SENTENCES[Reason.OWN_ENGINE] in with_draft["speculative_reason"]  # the sentence made from the codes
     assert with_draft["accepted_tokens"] and without["draft_tokens"] is None
+    assert without["ngram_draft_tokens"] is None
+    copied, by_drafter = ask(COPYING[1])  # the prompt lookup proposes where the answer repeats, the draft elsewhere
+    assert copied == ask(COPYING[1], speculative=False)[0]
+    assert 0 < by_drafter["ngram_accepted_tokens"] <= by_drafter["ngram_draft_tokens"] < by_drafter["draft_tokens"]
+    assert 0 < by_drafter["ngram_draft_steps"] < by_drafter["main_steps"]
+    text = requests.get(f"{live_server_url}/metrics", timeout=30).text
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    for drafter in Drafter:
+        assert float(samples[f'specchat_spec_decode_num_accepted_tokens_by_drafter_total{{model_name="{pair.slug}",'
+                             f'drafter="{drafter}"}}']) > 0, drafter
     sampled = api.completions.create(model=pair.slug, prompt=PROMPTS[1], max_tokens=8, temperature=0.8, seed=3)
     assert sampled.usage.model_dump()["speculative_mode"] == "draft-exact-sampling"
     deadline = time.monotonic() + 10

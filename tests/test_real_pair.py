@@ -156,6 +156,60 @@ def test_greedy_answers_are_the_main_alones_with_and_without_the_draft(live_serv
     assert usage["accepted_tokens"] > 0
 
 
+CHUNKS = """def chunks(items, size):
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch"""
+VOWELS = """def count_vowels(word):
+    count = 0
+    for letter in word:
+        if letter in 'aeiou':
+            count =+ 1
+    return count"""
+SHIPPING = """function shippingCost(order) {
+  let cost = 0;
+  if (order.items.length > 0) {
+    if (order.total < 50) {
+      cost = 5;
+    } else {
+      cost = 0;
+    }
+  }
+  return cost;
+}"""
+EDITS = [f"Add a docstring and type hints to this function; keep its code as it is.\n\n```python\n{CHUNKS}\n```",
+         f"Fix the bug: the function should count the vowels in a word.\n\n```python\n{VOWELS}\n```",
+         f"Rewrite this function with early returns instead of nested ifs.\n\n```javascript\n{SHIPPING}\n```"]
+
+
+@pytest.mark.usefixtures("real_worker")
+def test_code_edits_copied_by_the_prompt_lookup_are_the_main_alones(live_server_url, real_pair, key):
+    """Answers that copy the prompt's function: the own engine's prompt lookup proposes those runs (no draft
+    inference there), the draft the rest; the answer is the main alone's, token for token and in its log
+    probabilities. Each drafter's share is printed (`-s`)."""
+    api = client(live_server_url, key)
+    for request in EDITS:
+        messages = [{"role": "user", "content": request}]
+        plain, chained = (api.chat.completions.create(model=SLUG, messages=messages, max_tokens=160, temperature=0,
+                                                      logprobs=True, extra_body=extra)
+                          for extra in ({"speculative": False}, {}))
+        assert chained.choices[0].message.content == plain.choices[0].message.content, request
+        with_lookup, without = chained.choices[0].logprobs.content, plain.choices[0].logprobs.content
+        assert [e.logprob for e in with_lookup] == pytest.approx([e.logprob for e in without], abs=1e-4)
+        usage = chained.usage.model_dump()
+        assert (usage["speculative_mode"], usage["speculative_route"]) == ("draft", "own-speculative"), usage
+        assert 0 < usage["ngram_accepted_tokens"] <= usage["ngram_draft_tokens"] < usage["draft_tokens"], usage
+        print(f"\nn-gram lookup {usage['ngram_accepted_tokens']} of {usage['ngram_draft_tokens']} kept in "
+              f"{usage['ngram_draft_steps']} steps; draft {usage['accepted_tokens'] - usage['ngram_accepted_tokens']} of "
+              f"{usage['draft_tokens'] - usage['ngram_draft_tokens']}; {usage['completion_tokens']} tokens in "
+              f"{usage['main_steps']} main steps")
+
+
 SNIPPET = {"type": "object", "additionalProperties": False, "required": ["name", "language", "lines", "tags"],
            "properties": {"name": {"type": "string", "maxLength": 40}, "language": {"type": "string", "maxLength": 20},
                           "lines": {"type": "integer", "minimum": 1},

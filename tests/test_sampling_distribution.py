@@ -1,10 +1,11 @@
 """Sampled answers are drawn from the main model's own distribution, on every path the product
-serves them from: the own engine at several K and sampling settings, and an answer it began that
-the main alone goes on with. The library's own sampling with a draft is not, today: a test says so,
+serves them from: the own engine at several K and sampling settings, with the prompt lookup's proposals
+chained before the draft's, and an answer it began that the main alone goes on with. The library's own sampling with a draft is not, today: a test says so,
 and fails the day an upgrade fixes it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
 from inference.engines.library import LibraryEngine
 from inference.engines.spec import PairSpec
+from inference.limits import Drafter
 from tests.distribution import compare, differs, samples
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,17 +28,20 @@ PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
 SPEC = PairSpec(slug="distribution", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"))
 
 
-def sampler(engine, new_tokens: int = NEW_TOKENS, **sampling):
+def sampler(engine, new_tokens: int = NEW_TOKENS, prompt: str = PROMPT, steps: list | None = None, **sampling):
+    """`steps`: each step's (drafter, proposed, accepted) goes there."""
     def sample(seed: int) -> tuple[int, ...]:
         params = DecodingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=seed, **sampling)
-        return drain(engine.submit(prompt=PROMPT, params=params))
+        return drain(engine.submit(prompt=prompt, params=params), steps)
     return sample
 
 
-def drain(request) -> tuple[int, ...]:
+def drain(request, steps: list | None = None) -> tuple[int, ...]:
     tokens: list[int] = []
     while not isinstance(event := request.events.get(timeout=120), Finished):
         tokens += event.token_ids
+        if steps is not None and event.drafter:
+            steps.append((event.drafter, event.proposed, len(event.token_ids) - 1))
     assert event.finish_reason == "length", event
     return tuple(tokens)
 
@@ -68,6 +73,30 @@ def test_exact_engine_samples_follow_the_main_alone(main_alone, exact, sampling)
     report = compare(tested, reference)
     assert not differs(report), report
     assert len(set(tested)) > 20  # a spread-out distribution, or the test would prove little
+
+
+REPEATING = "x = [1, 2, 3, 4]\ny = [1, 2, 3, 4]\nz = [1, 2,"  # the answer's history repeats from its first token
+
+
+@pytest.mark.no_database
+def test_samples_chained_with_the_prompt_lookup_follow_the_main_alone(main_alone, exact):
+    """Where the history repeats, the lookup proposes (a draft whose q is one-hot: each proposal kept with p(x),
+    else the main's token drawn from p without it), the draft where it has nothing: four tokens, each position
+    and the first two together, follow the main alone's, and the lookup's proposals were both kept and refused."""
+    chained = OwnEngine(replace(exact.spec, slug="chained", chained_lookup_sampled=True))
+    sampling = {"temperature": 0.8}
+    steps: list[tuple[Drafter, int, int]] = []
+    reference = samples(sampler(main_alone, new_tokens=4, prompt=REPEATING, **sampling), range(N), threads=16)
+    tested = samples(sampler(chained, new_tokens=4, prompt=REPEATING, steps=steps, num_assistant_tokens=3,
+                             **sampling), range(50_000, 50_000 + N))
+    report = compare(tested, reference, positions=4)
+    assert not differs(report), report
+    assert len(set(tested)) > 20
+    looked_up = [(proposed, accepted) for drafter, proposed, accepted in steps if drafter == Drafter.NGRAM]
+    assert len(looked_up) > len(steps) / 4, f"the lookup proposed at {len(looked_up)} of {len(steps)} steps"
+    assert any(proposed > 1 for proposed, _ in looked_up)
+    kept = sum(accepted for _, accepted in looked_up) / sum(proposed for proposed, _ in looked_up)
+    assert 0.1 < kept < 0.9, f"the lookup's proposals kept {kept:.0%}: the rule's both branches should run"
 
 
 @pytest.mark.no_database

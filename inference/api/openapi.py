@@ -134,8 +134,16 @@ def _usage() -> dict:
             "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
             "total_tokens": {"type": "integer"},
             "draft_tokens": {"type": "integer", **figure,
-                             "description": "Tokens the draft proposed (null in the confidence-threshold mode)."},
+                             "description": "Tokens proposed, by the draft model and the n-gram lookup (null in the "
+                                            "confidence-threshold mode)."},
             "accepted_tokens": {"type": "integer", **figure},
+            "ngram_draft_tokens": {"type": "integer", **figure,
+                                   "description": "Of draft_tokens, those the n-gram lookup proposed (the answer's own "
+                                                  "history read where it repeats): the rest are the draft model's."},
+            "ngram_accepted_tokens": {"type": "integer", **figure,
+                                      "description": "Of accepted_tokens, the n-gram lookup's."},
+            "ngram_draft_steps": {"type": "integer", **figure,
+                                  "description": "Main steps that verified the n-gram lookup's proposals."},
             "acceptance_rate": {"type": "number", **figure},
             "mean_accepted_length": {"type": "number", **figure},
             "main_steps": {"type": "integer", "description": "Main-model steps (the prefill included)."},

@@ -228,12 +228,12 @@ def run_once(engine: Engine, *, prompt: str, params: DecodingParams) -> tuple[st
     speculative = engine.spec.uses_draft or engine.spec.uses_prompt_lookup
     fixed_k = params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
     stats = SpeculationStats(num_assistant_tokens=fixed_k if speculative else None, speculative=speculative,
-                             max_new_tokens=params.max_new_tokens)
+                             max_new_tokens=params.max_new_tokens, drafter=engine.spec.drafter)
     text = TextAssembler(engine.tokenizer)
     request = engine.submit(prompt=prompt, params=params)
     try:
         while not isinstance(item := request.events.get(timeout=TOKEN_TIMEOUT_S), Finished):
-            stats.add_step(len(item.token_ids), item.at)
+            stats.add_step(len(item.token_ids), item.at, drafter=item.drafter, proposed=item.proposed)
             text.add(item.token_ids)
     except queue.Empty:
         raise TimeoutError(f"The benchmark stopped: the engine wrote no token for {TOKEN_TIMEOUT_S} s (an "

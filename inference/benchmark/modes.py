@@ -25,7 +25,8 @@ from inference.engines.grammar import Grammar
 from inference.engines.interface import Engine, Finished
 from inference.engines.registry import build_engine
 from inference.engines.spec import PairSpec
-from inference.limits import FinishReason
+from inference.engines.speculation_stats import SpeculationStats
+from inference.limits import Drafter, FinishReason
 
 # Each mode as PairSpec fields ("" precision: the device's default). fast-f32: f32 with the CPU's dynamic int8
 # activations, the fastest main alone on some hosts, where the library's speculation is not exact; own: the same
@@ -53,12 +54,16 @@ class Line:
     looping: int = 0
     answers: int = 0
     speculating: int = 0  # >0: only that many answers of a round speculate, the rest run at K=0 (as a pair ships)
+    lookup: bool = True  # on the own engine: the prompt lookup proposes before the draft (at every temperature)
+    ngram_steps: int = 0
+    ngram_proposed: int = 0
+    ngram_accepted: int = 0
 
     @property
     def name(self) -> str:
         if self.speculating:
             return f"{self.mode} as shipped (K={self.k} for {self.speculating}, the rest the main alone)"
-        return f"{self.mode} {'main alone' if not self.k else f'K={self.k}'}"
+        return f"{self.mode} {'main alone' if not self.k else f'K={self.k}'}{'' if self.lookup else ' draft only'}"
 
     def k_of(self, index: int) -> int:
         """The K of a round's index-th answer."""
@@ -69,52 +74,60 @@ class Line:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_streams: int = 0) -> PairSpec:
+def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_streams: int = 0,
+              lookup: bool = True) -> PairSpec:
     """`speculating_streams`: on the own engine, beyond that many answers speculating ones join the batch (0:
-    never, every answer speculates, the lines that show what speculating alone costs under load)."""
+    never, every answer speculates, the lines that show what speculating alone costs under load). `lookup`: the
+    own engine's prompt lookup before its draft, at every temperature (off: the draft alone proposes)."""
     fields = {"exact_sampling": False, "own_engine": False, "dynamic_quantization": False, **MODES[mode]}
     return replace(spec, speculative=speculative or fields["exact_sampling"], speculating_streams=speculating_streams,
-                   **fields)
+                   chained_lookup=lookup, chained_lookup_sampled=lookup, **fields)
 
 
-def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int,
-           grammar: Grammar | None = None) -> tuple[list[int], float, int]:
-    """Token ids, seconds from submit to the end, and the steps that verified draft tokens."""
+def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int, grammar: Grammar | None = None,
+           temperature: float = 0.0, seed: int = 0) -> tuple[list[int], float, SpeculationStats]:
+    """Token ids, seconds from submit to the end, and the steps' figures."""
     started = time.perf_counter()
     request = engine.submit(prompt=prompt, add_special_tokens=False,
                             params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k,
+                                                  temperature=temperature, seed=seed,
                                                   grammar_kind=grammar.kind if grammar else "",
                                                   grammar_text=grammar.text if grammar else ""))
+    stats = SpeculationStats(num_assistant_tokens=k, speculative=bool(k), max_new_tokens=max_new_tokens)
     tokens: list[int] = []
-    steps = 0
     while not isinstance(event := request.events.get(timeout=600), Finished):
         tokens += event.token_ids
-        steps += 1
+        stats.add_step(len(event.token_ids), event.at, drafter=event.drafter, proposed=event.proposed)
     if event.finish_reason not in {FinishReason.STOP, FinishReason.LENGTH}:
         raise RuntimeError(f"an answer failed: {event.error}")
-    return tokens, time.perf_counter() - started, steps
+    return tokens, time.perf_counter() - started, stats
 
 
 def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], max_new_tokens: int,
                   repeats: int, modes: tuple[str, ...] = tuple(MODES), grammar: Grammar | None = None,
-                  streams: int = 1, own_engine_streams: int = 0, say=print) -> list[Line]:
+                  streams: int = 1, own_engine_streams: int = 0, draft_only: bool = False, temperature: float = 0.0,
+                  say=print) -> list[Line]:
     """`grammar`: every answer held to it (structured output), with and without the draft. `streams`: that
     many prompts answered at once by each line (the library batches them; the own engine runs a thread for
     each, but its answers at K=0 share one batch), and tokens/s is their sum over the wall time. With more
     streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
     burst: that many speculate, the rest run on the main alone, batched (serving/speculation.py, Route.OWN_MAIN_ALONE),
-    and so do the speculating ones once the others have come (engines/exact.py)."""
+    and so do the speculating ones once the others have come (engines/exact.py). `draft_only`: each own K also
+    with the prompt lookup off. `temperature` > 0: sampled answers (seeded; identical then means little)."""
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
     if "own" in modes and 0 < own_engine_streams < streams:
         lines += [Line("own", k, speculating=own_engine_streams) for k in ks]
-    specs = {line.name: mode_spec(spec, line.mode, speculative=bool(line.k), speculating_streams=line.speculating)
-             for line in lines}
+    if "own" in modes and draft_only:
+        lines += [Line("own", k, lookup=False) for k in ks]
+    specs = {line.name: mode_spec(spec, line.mode, speculative=bool(line.k), speculating_streams=line.speculating,
+                                  lookup=line.lookup) for line in lines}
     built = {each: build_engine(each) for each in set(specs.values())}  # the own engine serves both K=0 and K
     engines = {name: built[each] for name, each in specs.items()}
     rounds = [prompts[start:start + streams] for start in range(0, len(prompts), streams)]
     try:
         for line in lines:  # untimed: an engine's first inferences of each shape repack its weights for them
-            _run_round(replace(line), engines[line.name], rounds[0], max_new_tokens=max_new_tokens, grammar=grammar)
+            _run_round(replace(line), engines[line.name], rounds[0], max_new_tokens=max_new_tokens, grammar=grammar,
+                       temperature=temperature)
         for repeat in range(repeats):
             for index, together in enumerate(rounds):
                 order = lines[(repeat + index) % len(lines):] + lines[:(repeat + index) % len(lines)]
@@ -122,7 +135,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
                 for line in order:
                     engine = engines[line.name]
                     texts[line.name] = _run_round(line, engine, together, max_new_tokens=max_new_tokens,
-                                                  grammar=grammar)
+                                                  grammar=grammar, temperature=temperature)
                 for line in lines:
                     line.identical += sum(mine == alone for mine, alone in
                                           zip(texts[line.name], texts[f"{line.mode} main alone"], strict=True))
@@ -135,22 +148,25 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
 
 
 def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens: int,
-               grammar: Grammar | None) -> list[list[int]]:
+               grammar: Grammar | None, temperature: float) -> list[list[int]]:
     """The line's answers to `prompts`, all at once; its figures take them in."""
     started = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
         answers = list(pool.map(lambda index: answer(engine, prompts[index], k=line.k_of(index),
-                                                     max_new_tokens=max_new_tokens, grammar=grammar),
+                                                     max_new_tokens=max_new_tokens, grammar=grammar,
+                                                     temperature=temperature, seed=index),
                                 range(len(prompts))))
     line.seconds += time.perf_counter() - started
-    for index, (tokens, _, steps) in enumerate(answers):
+    for tokens, _, stats in answers:
         line.tokens, line.answers = line.tokens + len(tokens), line.answers + 1
         line.looping += repeated_ngram_share(engine.tokenizer.decode(tokens)) > LOOPING
-        if k := line.k_of(index):
-            decoding = max(steps - 1, 0)  # the first step is the prefill's
-            line.steps += decoding
-            line.accepted += max(len(tokens) - 1 - decoding, 0)
-            line.proposed += decoding * k
+        line.steps += stats.draft_steps
+        line.accepted += stats.accepted
+        line.proposed += stats.proposed
+        if ngram := stats.by_drafter.get(Drafter.NGRAM):
+            line.ngram_steps += ngram.steps
+            line.ngram_proposed += ngram.proposed
+            line.ngram_accepted += ngram.accepted
     return [tokens for tokens, _, _ in answers]
 
 
@@ -184,18 +200,27 @@ def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
     return {n: statistics.median(values) * 1000 for n, values in costs.items()}
 
 
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.2f}" if whole else "-"
+
+
 def report(lines: list[Line], costs: dict[str, dict[int, float]]) -> str:
     fastest = max(line.tokens_per_s for line in lines if not line.k)
     rows = [("| line | tok/s | vs its mode's main alone | vs the fastest main alone | acceptance | tokens per step "
-             "| identical to its mode's main alone | looping |"), "| --- |" + " ---: |" * 7]
+             "| n-gram lookup: steps, acceptance | draft model: acceptance | identical to its mode's main alone "
+             "| looping |"), "| --- |" + " ---: |" * 9]
     for line in lines:
         alone = next(m for m in lines if m.mode == line.mode and not m.k)
-        acceptance = f"{line.accepted / line.proposed:.2f}" if line.proposed and not line.speculating else "-"
+        shown = line.k and not line.speculating
         per_step = ("-" if line.speculating else f"{line.tokens / max(line.steps + line.answers, 1):.2f}" if line.k
                     else "1.00")
+        ngram = (f"{line.ngram_steps / max(line.steps, 1):.0%}, {_share(line.ngram_accepted, line.ngram_proposed)}"
+                 if shown and line.ngram_steps else "-")
+        draft = _share(line.accepted - line.ngram_accepted, line.proposed - line.ngram_proposed) if shown else "-"
         rows.append(f"| {line.name} | {line.tokens_per_s:.1f} | {line.tokens_per_s / alone.tokens_per_s:.2f}x | "
-                    f"{line.tokens_per_s / fastest:.2f}x | {acceptance} | {per_step} | "
-                    f"{line.identical}/{line.answers} | {line.looping}/{line.answers} |")
+                    f"{line.tokens_per_s / fastest:.2f}x | {_share(line.accepted, line.proposed) if shown else '-'} | "
+                    f"{per_step} | {ngram} | {draft} | {line.identical}/{line.answers} | "
+                    f"{line.looping}/{line.answers} |")
     rows += ["", "The main's cost of one inference of n new tokens (ms, and x one token):", "",
              "| mode | " + " | ".join(f"n={n}" for n in next(iter(costs.values()))) + " |",
              "| --- |" + " ---: |" * len(next(iter(costs.values())))]

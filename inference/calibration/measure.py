@@ -22,6 +22,7 @@ from inference.engines.precision import CONFIGS, EXACT_ON_OWN_ENGINE, PrecisionC
 from inference.engines.registry import build_engine
 from inference.engines.spec import PairSpec
 from inference.engines.tokenizer import load_tokenizer
+from inference.limits import Drafter
 
 Progress = Callable[[int, int, str], None]
 SLOWER = 0.85  # a K this much slower than the best so far ends the sweep (beyond a run's spread)
@@ -165,9 +166,11 @@ def _rate(engine, prompts: list[str], *, k: int, streams: int, max_new_tokens: i
         answers = list(pool.map(lambda text: answer(engine, text, k=k, max_new_tokens=max_new_tokens), prompts))
     seconds = time.perf_counter() - began
     tokens = sum(len(ids) for ids, _, _ in answers)
-    verifying = sum(max(steps - 1, 0) for _, _, steps in answers)  # the first step is the prefill's
-    accepted = sum(max(len(ids) - 1 - max(steps - 1, 0), 0) for ids, _, steps in answers)
+    proposed = sum(stats.proposed for _, _, stats in answers)
+    accepted = sum(stats.accepted for _, _, stats in answers)
+    looked_up = [drafted for _, _, stats in answers if (drafted := stats.by_drafter.get(Drafter.NGRAM))]
     return {"tokens_per_s": round(tokens / seconds, 2), "answers": len(answers),
-            "acceptance": round(accepted / (verifying * k), 3) if k and verifying else None,
+            "acceptance": round(accepted / proposed, 3) if k and proposed else None,
+            "lookup_share": round(sum(d.proposed for d in looked_up) / proposed, 3) if k and proposed else None,
             "looping": sum(repeated_ngram_share(engine.tokenizer.decode(ids)) > LOOPING for ids, _, _ in answers),
             "answers_tokens": [ids for ids, _, _ in answers]}

@@ -15,6 +15,8 @@ The words used:
 - bonus token: when every proposal is accepted, one more drawn from p at the position after them.
 So a step delivers its accepted tokens and one recovered or bonus token: 1 to K+1 tokens, distributed as the
 main alone's.
+- fixed proposals: tokens proposed without drawing (prompt lookup, engines/ngram.py): q is one-hot on each,
+  and the rule reads as accept_fixed says.
 """
 
 from __future__ import annotations
@@ -90,4 +92,17 @@ def accept(proposals: list[int], qs: list[np.ndarray], main_logits: np.ndarray, 
             continue
         residual = np.maximum(p - q, 0.0)
         return i, draw(residual / residual.sum(), rng)
+    return len(proposals), draw(probabilities(main_logits[len(proposals)], params), rng)
+
+
+def accept_fixed(proposals: list[int], main_logits: np.ndarray, *, params: Sampling,
+                 rng: np.random.Generator) -> tuple[int, int]:
+    """`accept` for proposals whose q is one-hot (chosen, not drawn): draw y from p at each position and keep
+    the proposal x while y == x; the first y != x is the recovered token, else y after them is the bonus.
+    The same law: P(keep x) = p(x) = min(1, p(x)/q(x)), and a y != x is drawn from p without x, renormalised,
+    which is norm(max(0, p - q)); no one-hot arrays, no residual."""
+    for i, x in enumerate(proposals):
+        token = draw(probabilities(main_logits[i], params), rng)
+        if token != x:
+            return i, token
     return len(proposals), draw(probabilities(main_logits[len(proposals)], params), rng)

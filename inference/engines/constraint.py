@@ -87,3 +87,13 @@ class TokenConstraint:
     def _check(self) -> None:
         if self.matcher.is_error():
             raise ValueError(f"the grammar refused the answer: {self.matcher.get_error()}")
+
+
+def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """The logits with the tokens `allowed` refuses at -inf (`allowed`: a row per position when verifying).
+    Ids past the tokenizer's vocabulary (a model's rows may be wider) are refused."""
+    width = logits.shape[-1]
+    fitted = allowed[..., :width]
+    if fitted.shape[-1] < width:
+        fitted = np.pad(fitted, [(0, 0)] * (fitted.ndim - 1) + [(0, width - fitted.shape[-1])])
+    return np.where(fitted, logits, -np.inf)

@@ -26,17 +26,19 @@ import llguidance as llg
 import numpy as np
 import openvino as ov
 
-from inference.engines.acceptance import accept, draw, greedy_accept, probabilities
+from inference.engines.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
 from inference.engines.batch import SharedBatch
-from inference.engines.constraint import TokenConstraint, load_vocabulary
+from inference.engines.constraint import TokenConstraint, load_vocabulary, masked
 from inference.engines.decoding import DecodingParams
+from inference.engines.drafting import Drafting, Proposal
 from inference.engines.interface import ActiveRequest, Finished, StepTokens
 from inference.engines.kv_cache import KvCache, KvSequence
+from inference.engines.ngram import PromptLookup
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.prefill import PrefillCache
 from inference.engines.spec import PairSpec
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
-from inference.limits import DEFAULT_K, FinishReason
+from inference.limits import DEFAULT_K, Drafter, FinishReason
 
 log = logging.getLogger(__name__)
 COMPACT_MIN_DEAD = 64  # rebuild a cache once this many slots (and more than half) are dead
@@ -161,12 +163,19 @@ class Decoding:
         self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
         self.main: KvCache = (engine.batch.row() if self.k == 0
                               else KvSequence(engine.main, prompts=engine.main_prompts, cut_rejected=True))
-        self.draft = KvSequence(engine.draft, prompts=engine.draft_prompts)
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
-        self.draft_backlog: list[int] = []  # tokens the draft has not seen yet (the last emitted among them)
         grammar = params.grammar
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
+        self.drafting = Drafting(KvSequence(engine.draft, prompts=engine.draft_prompts), lookup=self._lookup(),
+                                 params=params, rng=self.rng, constraint=self.constraint) if self.k else None
+
+    def _lookup(self) -> PromptLookup | None:
+        """The prompt lookup, tried before the draft where the pair chains it at this temperature."""
+        spec = self.engine.spec
+        if not (spec.chained_lookup and (self.params.temperature == 0 or spec.chained_lookup_sampled)):
+            return None
+        return PromptLookup(self.prompt_ids, max_ngram=self.params.max_ngram_size)
 
     def run(self) -> Finished:
         try:
@@ -179,8 +188,10 @@ class Decoding:
         first = draw(probabilities(self._allowed(logits), self.params), self.rng)
         if self.constraint:
             self.constraint.take(first)
-        if self.k:
-            self.draft.prefill(self.prompt_ids)
+        if self.drafting:
+            self.drafting.prefill(self.prompt_ids)
+            if self.drafting.lookup:
+                self.drafting.lookup.extend([first])
         finished = self._emit([first], token_scores([logits], [first], self.params))
         while finished is None:
             if self.request.stop_requested:
@@ -199,83 +210,43 @@ class Decoding:
             return  # already a row of the batch (every answer at K=0 is), or no limit
         row = self.engine.batch.row()
         row.adopt(self.main.live_cache())
-        self.main, self.k, self.draft_backlog = row, 0, []
-        self.draft.request.reset_state()  # not fed again
+        if self.drafting:
+            self.drafting.stop()
+        self.main, self.k, self.drafting = row, 0, None
 
-    def _allowed(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
-        """The logits with the tokens the grammar refuses at -inf: those it refuses now, or by `allowed`
-        (a row per position when verifying); unchanged without a grammar. Ids past the tokenizer's
-        vocabulary (a model's rows may be wider) are refused."""
-        if self.constraint is None:
-            return logits
-        if allowed is None:
-            allowed = self.constraint.allowed()
-        width = logits.shape[-1]
-        fitted = allowed[..., :width]
-        if fitted.shape[-1] < width:
-            fitted = np.pad(fitted, [(0, 0)] * (fitted.ndim - 1) + [(0, width - fitted.shape[-1])])
-        return np.where(fitted, logits, -np.inf)
+    def _allowed(self, logits: np.ndarray) -> np.ndarray:
+        """The logits with the tokens the grammar refuses now at -inf; unchanged without a grammar."""
+        return logits if self.constraint is None else masked(logits, self.constraint.allowed())
 
-    def _step(self) -> tuple[list[int], Scores | None]:
-        """One speculative step: the accepted proposals and the main's own token (and their logprobs)."""
+    def _step(self) -> tuple[list[int], Scores | None, Proposal | None]:
+        """One speculative step: the accepted proposals and the main's own token (and their logprobs), and the
+        proposal (None on the main alone)."""
         last = self.emitted[-1]
-        k = min(self.k, self.params.max_new_tokens - len(self.emitted) - 1)  # never propose past the cap
-        greedy = self.params.temperature == 0
-        proposals, qs, masks = self._propose(k, [*self.draft_backlog, last], greedy=greedy)
+        room = self.params.max_new_tokens - len(self.emitted) - 1  # never propose past the cap
+        proposal = (self.drafting.propose(k=min(self.k, room), room=room, last=last) if self.drafting
+                    else Proposal([], Drafter.DRAFT, [], []))
+        proposals = proposal.tokens
         main_logits = self.main.feed([last, *proposals])
         scored = main_logits
         if self.constraint:  # the main scores each position under the grammar's state there
-            masks.append(self.constraint.allowed())
-            scored = self._allowed(main_logits, np.stack(masks))
-        if greedy:
+            scored = masked(main_logits, np.stack([*proposal.masks, self.constraint.allowed()]))
+        if self.params.temperature == 0:
             accepted, token = greedy_accept(proposals, scored)
+        elif proposal.drafter == Drafter.NGRAM:
+            accepted, token = accept_fixed(proposals, scored, params=self.params, rng=self.rng)
         else:
-            accepted, token = accept(proposals, qs, scored, params=self.params, rng=self.rng)
+            accepted, token = accept(proposals, proposal.qs, scored, params=self.params, rng=self.rng)
         if self.constraint:
             self.constraint.rollback(len(proposals) - accepted)
             self.constraint.take(token)
         self.main.drop_last(len(proposals) - accepted)
+        if self.drafting:
+            self.drafting.settle(last=last, proposal=proposal, accepted=accepted, token=token)
         tokens = [*proposals[:accepted], token]
-        self._catch_up_draft(last, proposals, accepted)
-        return tokens, token_scores(main_logits[:accepted + 1], tokens, self.params)
+        scores = token_scores(main_logits[:accepted + 1], tokens, self.params)
+        return tokens, scores, proposal if self.drafting else None
 
-    def _propose(self, k: int, feed: list[int], *, greedy: bool) -> tuple[list[int], list[np.ndarray], list]:
-        """Up to k draft proposals, drawn from q (the draft's distribution, under the grammar if any); their
-        q's when sampled, and what the grammar allowed before each. Fewer once the grammar has ended."""
-        proposals: list[int] = []
-        qs: list[np.ndarray] = []
-        masks: list[np.ndarray] = []
-        for _ in range(k):
-            if self.constraint and self.constraint.ended:
-                break  # the grammar allows nothing after its end: the main says the last token alone
-            row = self.draft.feed(feed)[-1]
-            if self.constraint:
-                masks.append(self.constraint.allowed())
-                row = self._allowed(row, masks[-1])
-                self.constraint.take(proposal := self._choose(row, qs, greedy=greedy))
-            else:
-                proposal = self._choose(row, qs, greedy=greedy)
-            proposals.append(proposal)
-            feed = [proposal]
-        return proposals, qs, masks
-
-    def _choose(self, row: np.ndarray, qs: list[np.ndarray], *, greedy: bool) -> int:
-        if greedy:
-            return int(np.argmax(row))
-        qs.append(probabilities(row, self.params))
-        return draw(qs[-1], self.rng)
-
-    def _catch_up_draft(self, last: int, proposals: list[int], accepted: int) -> None:
-        """What the draft must be fed next step: it saw every proposal but the last, after `last`."""
-        if not proposals:
-            self.draft_backlog = [*self.draft_backlog, last] if self.k else []  # it saw nothing (none at all: K=0)
-        elif accepted == len(proposals):
-            self.draft_backlog = [proposals[-1]]  # fed to the main, not yet to the draft
-        else:
-            self.draft_backlog = []
-            self.draft.drop_last(len(proposals) - 1 - accepted)
-
-    def _emit(self, tokens: list[int], scores: Scores | None) -> Finished | None:
+    def _emit(self, tokens: list[int], scores: Scores | None, proposal: Proposal | None = None) -> Finished | None:
         """Deliver one step's tokens, cut at EOS, a stop string or the cap; Finished when it ended."""
         params, reason = self.params, None
         if not params.ignore_eos:
@@ -291,7 +262,9 @@ class Decoding:
         self.emitted.extend(tokens)
         if tokens:
             kept = scores.cut(len(tokens)) if scores else Scores(None, None)
-            self.request.events.put(StepTokens(tokens, time.perf_counter(), kept.logprobs, kept.alternatives))
+            self.request.events.put(StepTokens(
+                tokens, time.perf_counter(), kept.logprobs, kept.alternatives,
+                drafter=proposal.drafter if proposal else None, proposed=len(proposal.tokens) if proposal else None))
         return Finished(reason) if reason else None
 
     def _cut_at_stop_string(self, tokens: list[int], reason: FinishReason | None
@@ -314,6 +287,5 @@ class Decoding:
         live = self.prompt_ids + self.emitted[:-1]  # the last emitted token is fed at the next step
         if self.main.dead >= COMPACT_MIN_DEAD and self.main.dead > self.main.position:
             self.main.rebuild(live)
-        if self.draft.dead >= COMPACT_MIN_DEAD and self.draft.dead > self.draft.position:
-            self.draft.rebuild(live)
-            self.draft_backlog = []
+        if self.drafting and (draft := self.drafting.draft).dead >= COMPACT_MIN_DEAD and draft.dead > draft.position:
+            self.drafting.rebuild(live)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from inference.engines.decoding import DecodingParams
 from inference.engines.spec import PairSpec
-from inference.limits import FinishReason
+from inference.limits import Drafter, FinishReason
 
 if TYPE_CHECKING:
     import openvino_genai as og
@@ -27,6 +27,8 @@ class StepTokens(NamedTuple):
     at: float
     logprobs: list[float] | None = None  # when the request asked: log p_main(token) before temperature
     alternatives: list[list[tuple[int, float]]] | None = None  # per token, the top_logprobs most likely (id, logprob)
+    drafter: Drafter | None = None  # what proposed this step's tokens (None: the engine does not say)
+    proposed: int | None = None  # how many it proposed (the accepted ones are all the tokens but the last)
 
 
 class Finished(NamedTuple):

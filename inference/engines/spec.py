@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.engines.devices import AUTO
-from inference.limits import Route
+from inference.limits import Drafter, Route
 
 KEPT_TOKENS = 1024  # prompt tokens kept prefilled per model (engines/prefill.py): ~57 MB for the real main's f32
 # cache, ~25 MB for its draft's (settings.PROMPT_CACHE_TOKENS sets it for a worker's engines)
@@ -38,6 +38,8 @@ class PairSpec:
     speculating_streams: int = 0  # on the own engine: beyond this many answers, speculating ones join the batch
     prompt_cache_tokens: int = KEPT_TOKENS  # on the own engine: prompt tokens kept prefilled per model (0: none)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
+    chained_lookup: bool = True  # on the own engine: the prompt lookup proposes first, the draft where it has nothing
+    chained_lookup_sampled: bool = False  # and so at temperature > 0 too
 
     @property
     def role(self) -> tuple[str, bool, bool]:
@@ -61,6 +63,11 @@ class PairSpec:
     @property
     def uses_prompt_lookup(self) -> bool:
         return self.speculative and not self.draft_dir and self.prompt_lookup
+
+    @property
+    def drafter(self) -> Drafter:
+        """What proposes on this engine where its steps do not say (the own engine's steps say, step by step)."""
+        return Drafter.NGRAM if self.uses_prompt_lookup else Drafter.DRAFT
 
     @property
     def route(self) -> Route:

@@ -201,7 +201,7 @@ class Answer:
         self.stats = SpeculationStats(num_assistant_tokens=self._fixed_k(engine, params),
                                       speculative=(engine.spec.uses_draft or engine.spec.uses_prompt_lookup)
                                       and params.num_assistant_tokens != 0,
-                                      max_new_tokens=params.max_new_tokens)
+                                      max_new_tokens=params.max_new_tokens, drafter=engine.spec.drafter)
         self.text = TextAssembler(engine.tokenizer)
         # [draft text, main text] per step; a third element when asked: [[token, logprob(, alternatives)], ..]
         self.steps: list[list] = []
@@ -234,7 +234,7 @@ class Answer:
             except queue.Empty:
                 item = None
             if isinstance(item, StepTokens):
-                self.stats.add_step(len(item.token_ids), item.at)
+                self.stats.add_step(len(item.token_ids), item.at, drafter=item.drafter, proposed=item.proposed)
                 piece: list = list(self.text.add(item.token_ids))
                 if item.logprobs is not None:  # a third element: each token's text and log probability
                     piece.append(self._scored(item))
@@ -319,7 +319,8 @@ class Answer:
             return Finished(FinishReason.ERROR, f"The answer could not go on ({planned.reason}): {WORKER_FAILED}")
         self.engine, self.request, self.planned = engine, request, planned
         STATE.running[str(self.generation.id)] = request
-        self.stats.hand_over(num_assistant_tokens=self._fixed_k(engine, params), speculative=engine.spec.uses_draft)
+        self.stats.hand_over(num_assistant_tokens=self._fixed_k(engine, params), speculative=engine.spec.uses_draft,
+                             drafter=engine.spec.drafter)
         _record_plan(generation=self.generation, planned=planned)
         return None
 

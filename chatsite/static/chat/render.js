@@ -241,6 +241,10 @@ export function technicalMetrics(m) {
   if (m.ttft_ms != null) parts.push(`first token after ${Math.round(m.ttft_ms)} ms`);
   if (m.acceptance_rate != null) parts.push(`acceptance ${(m.acceptance_rate * 100).toFixed(0)}%`);
   if (m.mean_accepted_length != null) parts.push(`${m.mean_accepted_length.toFixed(2)} tokens/step`);
+  if (m.ngram_draft_tokens) {
+    parts.push(`n-gram lookup: ${m.ngram_accepted_tokens} of ${m.ngram_draft_tokens} kept; draft model: `
+      + `${m.accepted_tokens - m.ngram_accepted_tokens} of ${m.draft_tokens - m.ngram_draft_tokens}`);
+  }
   if (m.completion_tokens != null) parts.push(`${plural(m.completion_tokens, "token")} in ${plural(m.main_steps, "main step")}`);
   if (m.speculative_mode) {
     const k = m.speculative_k != null ? ` K=${m.speculative_k}` : "";

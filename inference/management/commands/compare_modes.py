@@ -30,9 +30,14 @@ class Command(BaseCommand):
                             help="exact,fast (both by default)")
         parser.add_argument("--json-schema", type=Path, help="hold every answer to this JSON schema (a file)")
         parser.add_argument("--streams", type=int, default=1, help="answers each line runs at once")
+        parser.add_argument("--draft-only", action="store_true",
+                            help="each own K also with the prompt lookup off (the draft alone proposes)")
+        parser.add_argument("--temperature", type=float, default=0.0,
+                            help="sampled answers (seeded by their index), every line alike")
         parser.add_argument("--out", type=Path, help="write the figures here as JSON")
 
-    def handle(self, *args, pair, prompts_file, ks, max_new_tokens, repeats, out, json_schema, streams, **options):
+    def handle(self, *args, pair, prompts_file, ks, max_new_tokens, repeats, out, json_schema, streams, draft_only,
+               temperature, **options):
         record = ModelPair.objects.filter(slug=pair).first()
         if record is None or not record.draft_dir:
             raise CommandError(f"No pair '{pair}' with a draft is registered.")
@@ -59,11 +64,13 @@ class Command(BaseCommand):
                  for mode in options["modes"]}
         lines = modes.compare_modes(spec=spec, prompts=prompts, ks=ks, max_new_tokens=max_new_tokens,
                                     repeats=repeats, modes=options["modes"], grammar=grammar, streams=streams,
-                                    own_engine_streams=record.own_engine_streams, say=self.stderr.write)
+                                    own_engine_streams=record.own_engine_streams, draft_only=draft_only,
+                                    temperature=temperature, say=self.stderr.write)
         self.stdout.write(modes.report(lines, costs))
         if out:
             out.write_text(json.dumps({"pair": pair, "prompts": str(prompts_file), "max_new_tokens": max_new_tokens,
                                        "json_schema": str(json_schema or ""), "streams": streams,
+                                       "temperature": temperature,
                                        "repeats": repeats, "costs_ms": costs,
                                        "lines": [{**vars(line), "tokens_per_s": line.tokens_per_s} for line in lines]},
                                       indent=1))

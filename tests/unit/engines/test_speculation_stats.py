@@ -1,6 +1,7 @@
 """An answer's speculation counts, from the steps its engine reports."""
 
 from inference.engines.speculation_stats import SpeculationStats
+from inference.limits import Drafter
 
 
 def test_speculation_counts_at_the_token_cap():
@@ -25,3 +26,21 @@ def test_drafts_count_only_the_steps_that_verified_one_after_a_handover():
         stats.add_step(n_tokens, at)
     summary = stats.summary(started_at=0.0, ended_at=8.0)
     assert summary.main_steps == 8 and summary.draft_steps == 2 and summary.accepted_tokens == 4
+
+
+def test_each_drafters_proposals_and_acceptance_are_counted_apart():
+    """The own engine says what proposed each step and how many tokens (the lookup proposes more than K)."""
+    stats = SpeculationStats(num_assistant_tokens=3, speculative=True, max_new_tokens=64)
+    steps = ((1, None, None), (4, Drafter.DRAFT, 3), (7, Drafter.NGRAM, 8), (1, Drafter.NGRAM, 8), (2, Drafter.DRAFT, 3))
+    for at, (n_tokens, drafter, proposed) in enumerate(steps):
+        stats.add_step(n_tokens, float(at), drafter=drafter, proposed=proposed)
+    summary = stats.summary(started_at=0.0, ended_at=5.0)
+    assert (summary.draft_tokens, summary.accepted_tokens, summary.draft_steps) == (22, 10, 4)
+    assert (summary.ngram_draft_tokens, summary.ngram_accepted_tokens, summary.ngram_draft_steps) == (16, 6, 2)
+    assert summary.accepted_by_position == [3, 2, 2, 1, 1, 1]
+    library = SpeculationStats(num_assistant_tokens=3, speculative=True, max_new_tokens=64, drafter=Drafter.NGRAM)
+    for at, n_tokens in enumerate((1, 4, 2)):  # the library's prompt lookup: its steps say nothing
+        library.add_step(n_tokens, float(at))
+    summary = library.summary(started_at=0.0, ended_at=3.0)
+    assert (summary.ngram_draft_tokens, summary.ngram_accepted_tokens) == (summary.draft_tokens, 4) == (6, 4)
+

@@ -1,0 +1,108 @@
+"""Who proposes a step's tokens on the own engine: the prompt lookup (engines/ngram.py) where the answer's history
+has a match, at no inference, else the draft model, as llama.cpp chains its --spec-type drafters. The main
+verifies either alike (engines/exact.py), so the answer stays the main's.
+
+The draft's cache follows the answer lazily: the tokens it has not seen (those of the lookup's steps, the last
+accepted proposal) wait in a backlog and are fed in one inference the next time it proposes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from inference.engines.acceptance import draw, probabilities
+from inference.engines.constraint import TokenConstraint, masked
+from inference.engines.decoding import DecodingParams
+from inference.engines.kv_cache import KvSequence
+from inference.engines.ngram import PromptLookup
+from inference.limits import Drafter
+
+
+class Proposal(NamedTuple):
+    """A step's proposed tokens and what the rule and the grammar need of them."""
+
+    tokens: list[int]
+    drafter: Drafter
+    qs: list[np.ndarray]  # the draft's q each token was drawn from (sampled draft proposals; else none)
+    masks: list[np.ndarray]  # what the grammar allowed before each token (under a grammar; else none)
+
+
+class Drafting:
+    """One answer's proposers: the draft model on its own cache, and the prompt lookup when it is on."""
+
+    def __init__(self, draft: KvSequence, *, lookup: PromptLookup | None, params: DecodingParams,
+                 rng: np.random.Generator, constraint: TokenConstraint | None):
+        self.draft, self.lookup = draft, lookup
+        self.params, self.rng, self.constraint = params, rng, constraint
+        self.backlog: list[int] = []  # tokens the draft has not seen, before the last emitted one
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        self.draft.prefill(prompt_ids)
+
+    def propose(self, *, k: int, room: int, last: int) -> Proposal:
+        """The lookup's proposals (up to `room`) where it has a match the grammar allows, else up to k of the
+        draft's; `last`: the last emitted token, which the draft is fed with its backlog."""
+        if self.lookup is not None and (looked_up := self._looked_up(room)).tokens:
+            return looked_up
+        return self._drafted(k, [*self.backlog, last])
+
+    def settle(self, *, last: int, proposal: Proposal, accepted: int, token: int) -> None:
+        """After the main's verdict: what the draft must be fed next step, and the history the lookup reads."""
+        tokens = proposal.tokens
+        if self.lookup is not None:
+            self.lookup.extend([*tokens[:accepted], token])
+        if proposal.drafter == Drafter.NGRAM or not tokens:
+            self.backlog = [*self.backlog, last, *tokens[:accepted]]  # the draft saw none of them
+        elif accepted == len(tokens):
+            self.backlog = [tokens[-1]]  # it saw every proposal but the last, after `last`
+        else:
+            self.backlog = []
+            self.draft.drop_last(len(tokens) - 1 - accepted)
+
+    def rebuild(self, live_ids: list[int]) -> None:
+        self.draft.rebuild(live_ids)
+        self.backlog = []
+
+    def stop(self) -> None:
+        """The answer goes on without speculating (the main alone's batch): the draft is not fed again."""
+        self.draft.request.reset_state()
+
+    def _looked_up(self, room: int) -> Proposal:
+        """The lookup's proposals, cut before the first token the grammar refuses (its state follows them)."""
+        tokens = self.lookup.propose(room) if self.lookup is not None else []
+        if self.constraint is None:
+            return Proposal(tokens, Drafter.NGRAM, [], [])
+        kept: list[int] = []
+        masks: list[np.ndarray] = []
+        for token in tokens:
+            if self.constraint.ended or not (allowed := self.constraint.allowed())[token]:
+                break
+            masks.append(allowed)
+            self.constraint.take(token)
+            kept.append(token)
+        return Proposal(kept, Drafter.NGRAM, [], masks)
+
+    def _drafted(self, k: int, feed: list[int]) -> Proposal:
+        """Up to k draft proposals, drawn from q (the draft's distribution, under the grammar if any; its argmax
+        at temperature 0). Fewer once the grammar has ended."""
+        greedy = self.params.temperature == 0
+        proposal = Proposal([], Drafter.DRAFT, [], [])
+        for _ in range(k):
+            if self.constraint and self.constraint.ended:
+                break  # the grammar allows nothing after its end: the main says the last token alone
+            row = self.draft.feed(feed)[-1]
+            if self.constraint:
+                proposal.masks.append(self.constraint.allowed())
+                row = masked(row, proposal.masks[-1])
+            if greedy:
+                token = int(np.argmax(row))
+            else:
+                proposal.qs.append(probabilities(row, self.params))
+                token = draw(proposal.qs[-1], self.rng)
+            if self.constraint:
+                self.constraint.take(token)
+            proposal.tokens.append(token)
+            feed = [token]
+        return proposal

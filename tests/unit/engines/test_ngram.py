@@ -1,0 +1,107 @@
+"""The prompt lookup (engines/ngram.py) proposes what followed the latest earlier occurrence of the history's last
+tokens, kept in an index as tokens come; and the rule for its proposals (accept_fixed) keeps the main's law."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from inference.engines.acceptance import accept, accept_fixed, greedy_accept
+from inference.engines.decoding import Sampling
+from inference.engines.ngram import MIN_NGRAM, PromptLookup
+
+
+def scanned(history: list[int], *, max_ngram: int, length: int, limit: int) -> list[int]:
+    """The same proposal by scanning the whole history backwards: what the index must agree with."""
+    for n in range(max_ngram, MIN_NGRAM - 1, -1):
+        if len(history) <= n:
+            continue
+        suffix = history[-n:]
+        for start in range(len(history) - n - 1, -1, -1):
+            if history[start:start + n] == suffix:
+                return history[start + n:start + n + min(limit, length)]
+    return []
+
+
+def test_what_followed_the_last_tokens_earlier_is_proposed():
+    prompt = [5, 6, 7, 8, 9, 1, 2, 3, 4, 10, 11, 6, 7]
+    assert PromptLookup(prompt, max_ngram=3).propose(8) == [8, 9, 1, 2, 3, 4, 10, 11]
+    assert PromptLookup(prompt, max_ngram=3, length=3).propose(8) == [8, 9, 1]
+    assert PromptLookup(prompt, max_ngram=3).propose(2) == [8, 9]  # the room left before the cap
+    assert PromptLookup(prompt, max_ngram=3).propose(0) == []
+
+
+def test_the_longest_match_wins_over_a_later_shorter_one_and_the_latest_among_equals():
+    history = [1, 2, 3, 40, 9, 2, 3, 50, 1, 2, 3]
+    assert PromptLookup(history, max_ngram=3).propose(8) == [40, 9, 2, 3, 50, 1, 2, 3]  # [1, 2, 3] before 40
+    assert PromptLookup(history, max_ngram=2).propose(8) == [50, 1, 2, 3]  # [2, 3]'s latest, before 50
+    assert PromptLookup([1, 2, 3, 40, 1, 2, 3, 60, 1, 2, 3], max_ngram=3).propose(8) == [60, 1, 2, 3]
+
+
+def test_nothing_is_proposed_without_an_earlier_occurrence():
+    assert PromptLookup([1, 2, 3, 4, 5, 6], max_ngram=3).propose(8) == []
+    assert PromptLookup([7, 7], max_ngram=3).propose(8) == []  # the last tokens are no earlier occurrence of themselves
+    assert PromptLookup([1, 2, 9, 2], max_ngram=3).propose(8) == []  # one token in common is not enough
+    assert PromptLookup([], max_ngram=3).propose(8) == []
+
+
+def test_a_loop_proposes_its_period_up_to_the_newest_token():
+    assert PromptLookup([4, 1, 2, 1, 2], max_ngram=3).propose(8) == [1, 2]
+    assert PromptLookup([7, 7, 7], max_ngram=3).propose(8) == [7]
+
+
+@pytest.mark.parametrize("max_ngram", [1, 2, 3, 4])
+def test_tokens_added_one_by_one_or_in_runs_propose_what_a_scan_finds(max_ngram):
+    rng = np.random.default_rng(max_ngram)
+    history = rng.integers(0, 6, 400).tolist()  # a small vocabulary: matches of every length, often
+    lookup = PromptLookup(history[:50], max_ngram=max_ngram, length=5)
+    position = 50
+    while position < len(history):
+        run = int(rng.integers(1, 6))
+        lookup.extend(history[position:position + run])
+        position = min(position + run, len(history))
+        for limit in (1, 3, 8):
+            assert lookup.propose(limit) == scanned(history[:position], max_ngram=max(max_ngram, MIN_NGRAM),
+                                                    length=5, limit=limit), position
+
+
+def law(p: list[np.ndarray], proposals: list[int]) -> dict[tuple[int, int], float]:
+    """P(accepted, token) of the exact rule for fixed proposals (q one-hot): keep x_i with p_i(x_i), else draw
+    the main's token from p_i without x_i."""
+    outcomes, kept = {}, 1.0
+    for i, x in enumerate(proposals):
+        for y in range(len(p[i])):
+            if y != x:
+                outcomes[(i, y)] = kept * p[i][y]
+        kept *= p[i][x]
+    for y in range(len(p[-1])):
+        outcomes[(len(proposals), y)] = kept * p[-1][y]
+    return outcomes
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_fixed_proposals_are_kept_by_the_main_as_the_rule_with_a_one_hot_q_keeps_them(temperature):
+    """accept_fixed (no one-hot arrays) and accept with one-hot q's both follow the rule's law, outcome by outcome."""
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((3, 6)) * 1.5
+    params = Sampling(temperature=temperature)
+    proposals = [int(np.argmax(logits[0])), int(np.argsort(logits[1])[-2])]  # a likely one, then a second choice
+    shaped = [np.exp(row / temperature) / np.exp(row / temperature).sum() for row in logits.astype(np.float64)]
+    expected = law(shaped, proposals)
+    one_hot = [np.eye(6)[x] for x in proposals]
+    n = 40_000
+    for rule in (lambda r: accept_fixed(proposals, logits, params=params, rng=r),
+                 lambda r: accept(proposals, one_hot, logits, params=params, rng=r)):
+        draws = np.random.default_rng(11)
+        counts = Counter(rule(draws) for _ in range(n))
+        for outcome, probability in expected.items():
+            sigma = np.sqrt(probability * (1 - probability) / n)
+            assert abs(counts[outcome] / n - probability) < 5 * sigma + 1e-4, (outcome, counts[outcome] / n, probability)
+
+
+def test_at_temperature_zero_fixed_proposals_are_kept_while_they_are_the_mains_argmax():
+    logits = np.random.default_rng(5).standard_normal((4, 50))
+    best = logits.argmax(axis=-1).tolist()
+    for proposals in (best[:3], [best[0], best[1], 0 if best[2] else 1], [0 if best[0] else 1, best[1], best[2]]):
+        assert accept_fixed(proposals, logits, params=Sampling(), rng=np.random.default_rng(0)) == greedy_accept(
+            proposals, logits)
