@@ -30,6 +30,7 @@ from inference.engines.acceptance import accept, draw, greedy_accept, probabilit
 from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary
 from inference.engines.decoding import DecodingParams
+from inference.engines.draft_head import WidenedSequence, compile_draft
 from inference.engines.interface import ActiveRequest, Finished, StepTokens
 from inference.engines.kv_cache import KvCache, KvSequence
 from inference.engines.pages import release_freed_heap, release_weight_pages
@@ -94,7 +95,8 @@ class OwnEngine:
         core = ov.Core()
         props = spec.device_properties()
         self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device, props)
-        self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.device, props)
+        self.draft, self.draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
+                                                    device=spec.device, properties=props)
         self.main_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.draft_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.batch = SharedBatch(self.main, prompts=self.main_prompts)
@@ -115,6 +117,12 @@ class OwnEngine:
     @property
     def alive(self) -> bool:
         return True  # it runs in this process
+
+    def draft_sequence(self) -> KvSequence:
+        """A request's draft cache; its rows span the whole vocabulary, however much of it the head keeps."""
+        if self.draft_head is None:
+            return KvSequence(self.draft, prompts=self.draft_prompts)
+        return WidenedSequence(self.draft, self.draft_head, prompts=self.draft_prompts)
 
     def grammar_vocabulary(self) -> llg.LLTokenizer:
         """The main's vocabulary as llguidance reads it, built once (a second or so on 152k tokens)."""
@@ -160,7 +168,7 @@ class Decoding:
         self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
         self.main: KvCache = (engine.batch.row() if self.k == 0
                               else KvSequence(engine.main, prompts=engine.main_prompts, cut_rejected=True))
-        self.draft = KvSequence(engine.draft, prompts=engine.draft_prompts)
+        self.draft = engine.draft_sequence()
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
         self.draft_backlog: list[int] = []  # tokens the draft has not seen yet (the last emitted among them)

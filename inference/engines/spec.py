@@ -13,6 +13,7 @@ from inference.limits import Route
 
 KEPT_TOKENS = 1024  # prompt tokens kept prefilled per model (engines/prefill.py): ~57 MB for the real main's f32
 # cache, ~25 MB for its draft's (settings.PROMPT_CACHE_TOKENS sets it for a worker's engines)
+HEAD_IDS_FILE = "head_vocabulary.npy"  # beside a draft's IR: the ids its head keeps (pairs/head_vocabulary.py)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class PairSpec:
     speculating_streams: int = 0  # on the own engine: beyond this many answers, speculating ones join the batch
     prompt_cache_tokens: int = KEPT_TOKENS  # on the own engine: prompt tokens kept prefilled per model (0: none)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
+    draft_head_ids: str = ""  # on the own engine: a file of the ids the draft's head keeps (engines/draft_head.py)
 
     @property
     def role(self) -> tuple[str, bool, bool]:

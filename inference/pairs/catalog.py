@@ -54,6 +54,7 @@ class RealPair:
     draft: PinnedGguf
     source: str  # where the digests are published
     pair_settings: dict = field(default_factory=dict)  # ModelPair fields set after import
+    draft_head_tokens: int = 0  # on the own engine its draft's head keeps this many tokens (pairs/head_vocabulary.py)
 
 
 QWEN_CODER = RealPair(
