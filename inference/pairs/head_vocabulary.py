@@ -18,7 +18,8 @@ import os
 import platform
 import shutil
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -30,24 +31,32 @@ from inference.engines.tokenizer import load_tokenizer
 ABOUT_FILE = "head_vocabulary.json"
 REPOSITORY = Path(__file__).resolve().parents[2]
 REPOSITORY_PARTS = ("README.md", "docs", "inference", "chatsite", "templates")
-SUFFIXES = {".py", ".md", ".html", ".js", ".css"}
-LEFT_OUT = {"site-packages", "test", "tests", "idle_test", "models"}  # tests' odd data; models: IR folders
+REPOSITORY_SUFFIXES = {".py", ".md", ".html", ".js", ".css"}
+PACKAGE_SUFFIXES = REPOSITORY_SUFFIXES | {".rst", ".txt", ".h", ".hpp", ".c", ".cc", ".cpp"}
+LEFT_OUT = {"site-packages", "test", "tests", "testing", "idle_test"}  # tests hold odd data
 CHUNK_CHARS = 1 << 16
+COUNT_BATCH = 1 << 22  # ids counted at once
 TEMPLATE_TURNS = [{"role": "system", "content": "You are a helpful assistant."},
                   {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."},
                   {"role": "user", "content": "Thanks"}]
 
 
 def corpus_files() -> list[Path]:
-    """The files counted: the standard library's modules, then the repository's code and docs, sorted."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = [path for path in stdlib.rglob("*.py") if not LEFT_OUT & set(path.relative_to(stdlib).parts)]
+    """The files counted, sorted: the standard library's modules; the installed packages' code, headers and docs
+    (this environment's site-packages, which `make real-pair` fills with the train extra); the repository's."""
+    paths = sysconfig.get_paths()
+    stdlib, packages = Path(paths["stdlib"]), Path(paths["purelib"])
+    files = _found(stdlib, stdlib.rglob("*.py"), {".py"})
+    files += _found(packages, packages.rglob("*"), PACKAGE_SUFFIXES, names={"METADATA"})
     for part in REPOSITORY_PARTS:
         root = REPOSITORY / part
-        found = [root] if root.is_file() else root.rglob("*")
-        files += [path for path in found if path.suffix in SUFFIXES and path.is_file()
-                  and not LEFT_OUT & set(path.relative_to(REPOSITORY).parts)]
+        files += _found(REPOSITORY, [root] if root.is_file() else root.rglob("*"), REPOSITORY_SUFFIXES)
     return sorted(set(files))
+
+
+def _found(root: Path, paths: Iterable[Path], suffixes: set[str], names: frozenset | set = frozenset()) -> list[Path]:
+    return [path for path in paths if (path.suffix in suffixes or path.name in names) and path.is_file()
+            and not LEFT_OUT & set(path.relative_to(root).parts)]
 
 
 def chunks(text: str) -> Iterator[str]:
@@ -61,14 +70,24 @@ def chunks(text: str) -> Iterator[str]:
 
 
 def token_counts(model_dir: str | Path, files: list[Path], *, width: int) -> np.ndarray:
-    """How often each token id occurs in the files, tokenized as the pair tokenizes."""
+    """How often each token id occurs in the files, tokenized as the pair tokenizes (a file per thread: the
+    tokenizer lets go of the GIL)."""
     tokenizer = load_tokenizer(model_dir)
+
+    def file_ids(path: Path) -> np.ndarray:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        return np.concatenate([tokenizer.encode(piece, add_special_tokens=False).input_ids.data[0]
+                               for piece in chunks(text)] or [np.zeros(0, dtype=np.int64)])
+
     counts = np.zeros(width, dtype=np.int64)
-    for path in files:
-        for piece in chunks(path.read_text(encoding="utf-8", errors="replace")):
-            ids = tokenizer.encode(piece, add_special_tokens=False).input_ids.data[0]
-            counts += np.bincount(ids, minlength=width)[:width]
-    return counts
+    pending: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for ids in pool.map(file_ids, files):
+            pending.append(ids)
+            if sum(map(len, pending)) > COUNT_BATCH:
+                counts += np.bincount(np.concatenate(pending), minlength=width)[:width]
+                pending = [np.zeros(0, dtype=np.int64)]
+    return counts + np.bincount(np.concatenate(pending), minlength=width)[:width]
 
 
 def essential_ids(model_dir: str | Path) -> set[int]:

@@ -53,7 +53,7 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE) -> P
         speculating_streams=pair.own_engine_streams if pair.draft_dir else 0,
         prompt_cache_tokens=settings.PROMPT_CACHE_TOKENS,
         dynamic_quantization=bool(pair.own_engine_streams) and own,
-        draft_head_ids=str(head_ids) if own and head_ids and head_ids.is_file() else "",
+        draft_head_ids=str(head_ids) if head_ids and head_ids.is_file() else "",  # read by the own engine alone
     )
 
 
