@@ -18,11 +18,15 @@ from django.conf import settings
 from django.core.management import call_command
 
 from inference.engines.decoding import DecodingParams
+from inference.engines.exact import OwnEngine
+from inference.engines.interface import Finished
 from inference.engines.library import LibraryEngine
-from inference.engines.spec import PairSpec
+from inference.engines.spec import HEAD_IDS_FILE, PairSpec
+from inference.limits import Route
 from inference.models import Generation, ModelPair
 from inference.pairs import catalog
 from inference.serving.reasons import Reason
+from inference.serving.records import pair_spec
 from tests.conftest import Worker, in_thread, log_in
 from tests.distribution import compare, differs, samples
 from tests.test_chat_ui import SHOTS
@@ -133,6 +137,32 @@ def test_sampled_answers_through_the_api_follow_the_main_alones_distribution(liv
     report = compare(tested, reference)
     assert not differs(report), report
     assert len(set(tested)) > 10, "a spread-out distribution, or the test would prove little"
+
+
+# ------------------------------------------------------------------ greedy identity with the draft's head cut
+def test_the_own_engines_draft_with_its_head_cut_speculates_and_changes_no_greedy_token(real_pair):
+    """`make real-pair` writes the ids the draft's head keeps beside its IR (pairs/head_vocabulary.py), and the
+    pair's own engine loads the draft with its head cut to them (engines/draft_head.py): its greedy answers at K=3
+    are the main alone's, token for token, and the draft still speculates (most of its proposals accepted)."""
+    spec = pair_spec(pair=real_pair, route=Route.OWN_SPECULATIVE)
+    assert spec.draft_head_ids == str(FOLDER / "draft" / HEAD_IDS_FILE), spec
+    engine = OwnEngine(spec)
+    assert engine.draft_head is not None and len(engine.draft_head.ids) < engine.draft_head.width / 3
+    tokens = steps = 0
+    for request in REQUESTS:
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": request}], add_generation_prompt=True)
+        answers = {}
+        for k in (0, 3):
+            submitted = engine.submit(prompt=prompt, add_special_tokens=False,
+                                      params=DecodingParams(max_new_tokens=96, num_assistant_tokens=k))
+            answers[k] = []
+            while not isinstance(event := submitted.events.get(timeout=300), Finished):
+                answers[k].append(event.token_ids)
+            assert event.finish_reason in {"length", "stop"}, event
+        drafted = [token for step in answers[3] for token in step]
+        assert drafted == [token for step in answers[0] for token in step], request
+        tokens, steps = tokens + len(drafted), steps + len(answers[3])
+    assert tokens / steps > 2.5, f"{tokens} tokens in {steps} steps of K=3"
 
 
 # ------------------------------------------------------------------ greedy identity and the API, through the live stack

@@ -21,6 +21,7 @@ import openvino as ov
 
 from inference.benchmark.prompts import repeated_ngram_share
 from inference.engines.decoding import DecodingParams
+from inference.engines.draft_head import compile_draft
 from inference.engines.grammar import Grammar
 from inference.engines.interface import Engine, Finished
 from inference.engines.registry import build_engine
@@ -38,6 +39,8 @@ MODES: dict[str, dict] = {
     "fast-f32": {**EXACT, "dynamic_quantization": True},
     "own": {**EXACT, "dynamic_quantization": True, "exact_sampling": True, "own_engine": True},
 }
+MODES["own-whole-head"] = {**MODES["own"], "draft_head_ids": ""}  # the own engine's draft with its head whole
+DEFAULT_MODES = ("exact", "fast", "fast-f32", "own")
 LOOPING = 0.5  # an answer whose 4-grams are mostly repeats is stuck in a loop
 
 
@@ -181,30 +184,50 @@ def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
     the stateful IR as exported, compiled with `props`): the cost of verifying K = n - 1 draft tokens."""
     request = ov.Core().compile_model(str(Path(main_dir) / "openvino_model.xml"), device, props).create_infer_request()
     rng = np.random.default_rng(0)
-
-    def infer(ids: np.ndarray, start: int) -> float:
-        began = time.perf_counter()
-        request.infer({"input_ids": ids, "attention_mask": np.ones((1, start + ids.shape[1]), np.int64),
-                       "position_ids": np.arange(start, start + ids.shape[1])[None], "beam_idx": np.zeros(1, np.int32)})
-        return time.perf_counter() - began
-
     costs: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats // 4):
         request.reset_state()
-        infer(rng.integers(100, 20_000, size=(1, context)), 0)
+        _infer_seconds(request, rng.integers(100, 20_000, size=(1, context)), 0)
         position = context
         for _ in range(4):  # sizes interleaved, so drift hits all alike
             for n in sizes:
-                costs[n].append(infer(rng.integers(100, 20_000, size=(1, n)), position))
+                costs[n].append(_infer_seconds(request, rng.integers(100, 20_000, size=(1, n)), position))
                 position += n
     return {n: statistics.median(values) * 1000 for n, values in costs.items()}
+
+
+def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 48) -> dict[str, float]:
+    """Median ms of one draft token on a warm cache of `context` tokens, with its head whole and cut to the
+    pair's list (engines/draft_head.py), a token each in turn so drift hits both alike."""
+    props = mode_spec(spec, mode, speculative=True).device_properties(device=spec.draft_runs_on)
+    core, rng = ov.Core(), np.random.default_rng(0)
+    heads = {"whole head": "", "cut head": spec.draft_head_ids} if spec.draft_head_ids else {"whole head": ""}
+    requests = {name: compile_draft(core, draft_dir=spec.draft_dir, head_ids=ids, device=spec.draft_runs_on,
+                                    properties=props)[0].create_infer_request() for name, ids in heads.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in requests}
+    prompt = rng.integers(100, 20_000, size=(1, context))
+    for request in requests.values():
+        _infer_seconds(request, prompt, 0)
+    for position in range(context, context + tokens):
+        token = rng.integers(100, 20_000, size=(1, 1))
+        for name, request in requests.items():
+            seconds[name].append(_infer_seconds(request, token, position))
+    return {name: statistics.median(values) * 1000 for name, values in seconds.items()}
+
+
+def _infer_seconds(request: ov.InferRequest, ids: np.ndarray, start: int) -> float:
+    began = time.perf_counter()
+    request.infer({"input_ids": ids, "attention_mask": np.ones((1, start + ids.shape[1]), np.int64),
+                   "position_ids": np.arange(start, start + ids.shape[1])[None], "beam_idx": np.zeros(1, np.int32)})
+    return time.perf_counter() - began
 
 
 def _share(part: int, whole: int) -> str:
     return f"{part / whole:.2f}" if whole else "-"
 
 
-def report(lines: list[Line], costs: dict[str, dict[int, float]]) -> str:
+def report(lines: list[Line], costs: dict[str, dict[int, float]],
+           draft_costs: dict[str, dict[str, float]] | None = None) -> str:
     fastest = max(line.tokens_per_s for line in lines if not line.k)
     rows = [("| line | tok/s | vs its mode's main alone | vs the fastest main alone | acceptance | tokens per step "
              "| n-gram lookup: steps, acceptance | draft model: acceptance | identical to its mode's main alone "
@@ -226,4 +249,11 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]]) -> str:
              "| --- |" + " ---: |" * len(next(iter(costs.values())))]
     for mode, cost in costs.items():
         rows.append(f"| {mode} | " + " | ".join(f"{ms:.0f} ({ms / cost[1]:.2f}x)" for ms in cost.values()) + " |")
+    if draft_costs:
+        rows += ["", "The draft's cost of one token (ms, and c: x the main's one token in that mode):", "",
+                 "| mode | " + " | ".join(next(iter(draft_costs.values()))) + " |",
+                 "| --- |" + " ---: |" * len(next(iter(draft_costs.values())))]
+        for mode, per_head in draft_costs.items():
+            rows.append(f"| {mode} | " + " | ".join(f"{ms:.1f} (c = {ms / costs[mode][1]:.2f})"
+                                                  for ms in per_head.values()) + " |")
     return "\n".join(rows)

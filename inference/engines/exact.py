@@ -30,6 +30,7 @@ from inference.engines.acceptance import accept, accept_fixed, draw, greedy_acce
 from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary, masked
 from inference.engines.decoding import DecodingParams
+from inference.engines.draft_head import WidenedSequence, compile_draft
 from inference.engines.drafting import Drafting, Proposal
 from inference.engines.interface import ActiveRequest, Finished, StepTokens
 from inference.engines.kv_cache import KvCache, KvSequence
@@ -96,8 +97,9 @@ class OwnEngine:
         core = ov.Core()
         self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device,
                                        spec.device_properties(device=spec.device))
-        self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.draft_runs_on,
-                                        spec.device_properties(device=spec.draft_runs_on))
+        self.draft, self.draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
+                                                    device=spec.draft_runs_on,
+                                                    properties=spec.device_properties(device=spec.draft_runs_on))
         self.main_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.draft_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.batch = SharedBatch(self.main, prompts=self.main_prompts)
@@ -118,6 +120,12 @@ class OwnEngine:
     @property
     def alive(self) -> bool:
         return True  # it runs in this process
+
+    def draft_sequence(self) -> KvSequence:
+        """A request's draft cache; its rows span the whole vocabulary, however much of it the head keeps."""
+        if self.draft_head is None:
+            return KvSequence(self.draft, prompts=self.draft_prompts)
+        return WidenedSequence(self.draft, self.draft_head, prompts=self.draft_prompts)
 
     def grammar_vocabulary(self) -> llg.LLTokenizer:
         """The main's vocabulary as llguidance reads it, built once (a second or so on 152k tokens)."""
@@ -167,7 +175,7 @@ class Decoding:
         self.emitted: list[int] = []
         grammar = params.grammar
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
-        self.drafting = Drafting(KvSequence(engine.draft, prompts=engine.draft_prompts), lookup=self._lookup(),
+        self.drafting = Drafting(engine.draft_sequence(), lookup=self._lookup(),
                                  params=params, rng=self.rng, constraint=self.constraint) if self.k else None
 
     def _lookup(self) -> PromptLookup | None:

@@ -14,6 +14,7 @@ from inference.limits import Drafter, Route
 
 KEPT_TOKENS = 1024  # prompt tokens kept prefilled per model (engines/prefill.py): ~57 MB for the real main's f32
 # cache, ~25 MB for its draft's (settings.PROMPT_CACHE_TOKENS sets it for a worker's engines)
+HEAD_IDS_FILE = "head_vocabulary.npy"  # beside a draft's IR: the ids its head keeps (pairs/head_vocabulary.py)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class PairSpec:
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
     chained_lookup: bool = True  # on the own engine: the prompt lookup proposes first, the draft where it has nothing
     chained_lookup_sampled: bool = False  # and so at temperature > 0 too
+    draft_head_ids: str = ""  # on the own engine: a file of the ids the draft's head keeps (engines/draft_head.py)
 
     @property
     def role(self) -> tuple[str, bool, bool]:

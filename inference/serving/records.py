@@ -21,7 +21,7 @@ from django.utils import timezone
 from inference import limits, selectors, transport
 from inference.engines import precision
 from inference.engines.decoding import DecodingParams
-from inference.engines.spec import PairSpec
+from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import FinishReason, Route
 from inference.models import Generation, ModelPair
 from inference.serving.speculation import HostFigures, Plan
@@ -39,6 +39,7 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE,
     library's speculation keeps the pair's own: its greedy answers are exact only in f32)."""
     root = Path(settings.MODELS_ROOT)
     own = route.is_own_engine()  # whose main alone is its batch, beside the draft
+    head_ids = root / pair.draft_dir / HEAD_IDS_FILE if pair.draft_dir else None  # `make real-pair` writes it
     spec = PairSpec(
         slug=pair.slug,
         main_dir=str(root / pair.main_dir),
@@ -57,6 +58,7 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE,
         speculating_streams=pair.own_engine_streams if pair.draft_dir else 0,
         prompt_cache_tokens=settings.PROMPT_CACHE_TOKENS,
         dynamic_quantization=bool(pair.own_engine_streams) and own,
+        draft_head_ids=str(head_ids) if head_ids and head_ids.is_file() else "",  # read by the own engine alone
     )
     if calibration is None or not calibration.calibrated or (route.speculates() and not own):
         return spec

@@ -6,7 +6,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.models import ModelPair
-from inference.pairs import catalog
+from inference.pairs import catalog, head_vocabulary
 
 
 class Command(BaseCommand):
@@ -43,6 +43,9 @@ class Command(BaseCommand):
                          main_sha256=real.main.sha256, draft_sha256=real.draft.sha256, stdout=self.stdout,
                          **devices)
             catalog.copy_tree(folder, kept)
+        if real.draft_head_tokens:
+            ids = head_vocabulary.place_head_vocabulary(folder=folder, cache=kept, size=real.draft_head_tokens)
+            self.stdout.write(f"the draft's head keeps the {real.draft_head_tokens:,} most frequent tokens: {ids}")
         pair = ModelPair.objects.filter(slug=slug).first() or ModelPair(slug=slug, main_dir=f"{slug}/main",
                                                                       draft_dir=f"{slug}/draft")
         pair.name, pair.description = real.name, real.description
