@@ -19,7 +19,7 @@ from inference.engines.library import LibraryEngine
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter
 from tests.distribution import compare, differs, samples
-from tests.test_draft_head import demo_head_ids
+from tests.test_engines_draft_head import demo_head_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

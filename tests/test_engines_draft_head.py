@@ -21,7 +21,7 @@ from inference.engines.exact import OwnEngine
 from inference.engines.kv_cache import KvSequence
 from inference.engines.spec import PairSpec
 from inference.pairs.head_vocabulary import write_head_vocabulary
-from tests.test_own_engine import CODE, PROMPTS, answer, steps_of
+from tests.test_engines_exact import CODE, PROMPTS, answer, steps_of
 
 pytestmark = pytest.mark.no_database
 
@@ -64,7 +64,7 @@ def test_the_cut_heads_logits_are_the_full_heads_at_the_kept_ids(head_ids, role,
     """Both demo heads are tied to their embedding table, which keeps all its rows."""
     ids = load_head_ids(head_ids)
     core, path = ov.Core(), str(PAIR / role / "openvino_model.xml")
-    props = replace(SPEC, dynamic_quantization=dynamic_quantization).device_properties()
+    props = replace(SPEC, dynamic_quantization=dynamic_quantization).device_properties(device="CPU")
     model = core.read_model(path)
     head = cut_head(model, ids)
     prompt = [5, 100, 200, 300, 999, 17, 40, 2048]
