@@ -260,7 +260,7 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]],
                  "| mode | " + " | ".join(next(iter(draft_costs.values()))) + " |",
                  "| --- |" + " ---: |" * len(next(iter(draft_costs.values())))]
         for mode, per_model in draft_costs.items():
-            shown = [f"{ms:.1f}" + (f" (c = {ms / per_model['main']:.3f})" if name != "main" else "")
+            cells = [f"{ms:.1f}" + (f" (c = {ms / per_model['main']:.3f})" if name != "main" else "")
                      for name, ms in per_model.items()]
-            rows.append(f"| {mode} | " + " | ".join(shown) + " |")
+            rows.append(f"| {mode} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
