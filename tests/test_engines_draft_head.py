@@ -14,6 +14,7 @@ import openvino as ov
 import pytest
 from django.conf import settings
 
+from inference.benchmark.modes import compare_modes, draft_cost
 from inference.engines.constraint import vocabulary
 from inference.engines.decoding import DecodingParams
 from inference.engines.draft_head import WidenedSequence, cut_head, load_head_ids
@@ -108,3 +109,15 @@ def test_under_a_grammar_the_cut_draft_changes_no_token(engine):
         held = {"grammar_kind": "regex", "grammar_text": CODE}
         assert answer(engine, prompt, 3, **held) == answer(engine, prompt, 0, **held), prompt
 
+
+
+def test_the_benchmark_runs_the_own_engine_with_the_drafts_head_whole_and_cut(head_ids):
+    """compare_modes' own-whole-head lines beside own's (the head cut): the same greedy answers; and the draft's
+    cost of one token is measured with each head, beside the main's."""
+    spec = replace(SPEC, draft_head_ids=str(head_ids))
+    lines = compare_modes(spec=spec, prompts=list(PROMPTS[:2]), ks=(3,), max_new_tokens=16, repeats=1,
+                          modes=("own", "own-whole-head"), say=lambda _: None)
+    assert [line.name for line in lines] == ["own main alone", "own K=3", "own-whole-head main alone",
+                                             "own-whole-head K=3"]
+    assert all(line.identical == line.answers == 2 for line in lines)
+    assert set(draft_cost(spec=spec, mode="own", tokens=4)) == {"main", "whole head", "cut head"}

@@ -147,7 +147,7 @@ def test_the_own_engines_draft_with_its_head_cut_speculates_and_changes_no_greed
     spec = pair_spec(pair=real_pair, route=Route.OWN_SPECULATIVE)
     assert spec.draft_head_ids == str(FOLDER / "draft" / HEAD_IDS_FILE), spec
     engine = OwnEngine(spec)
-    assert engine.draft_head is not None and len(engine.draft_head.ids) < engine.draft_head.width / 3
+    assert engine.draft_head is not None and len(engine.draft_head.ids) < engine.draft_head.width / 2
     tokens = steps = 0
     for request in REQUESTS:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": request}], add_generation_prompt=True)

@@ -196,22 +196,28 @@ def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
     return {n: statistics.median(values) * 1000 for n, values in costs.items()}
 
 
-def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 48) -> dict[str, float]:
-    """Median ms of one draft token on a warm cache of `context` tokens, with its head whole and cut to the
-    pair's list (engines/draft_head.py), a token each in turn so drift hits both alike."""
-    props = mode_spec(spec, mode, speculative=True).device_properties(device=spec.draft_runs_on)
+def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 64) -> dict[str, float]:
+    """Median ms of one token of the main, of the draft with its head whole and of the draft with its head cut to
+    the pair's list (engines/draft_head.py), on warm caches of `context` tokens, a token each in turn (the order
+    turned each time) so a busy host's drift hits all alike: c, the draft's cost in main tokens, is their ratio."""
+    spec = mode_spec(spec, mode, speculative=True)
     core, rng = ov.Core(), np.random.default_rng(0)
+    models = {"main": core.compile_model(str(Path(spec.main_dir) / "openvino_model.xml"), spec.device,
+                                         spec.device_properties(device=spec.device))}
     heads = {"whole head": "", "cut head": spec.draft_head_ids} if spec.draft_head_ids else {"whole head": ""}
-    requests = {name: compile_draft(core, draft_dir=spec.draft_dir, head_ids=ids, device=spec.draft_runs_on,
-                                    properties=props)[0].create_infer_request() for name, ids in heads.items()}
+    for name, ids in heads.items():
+        models[name] = compile_draft(core, draft_dir=spec.draft_dir, head_ids=ids, device=spec.draft_runs_on,
+                                     properties=spec.device_properties(device=spec.draft_runs_on))[0]
+    requests = {name: model.create_infer_request() for name, model in models.items()}
     seconds: dict[str, list[float]] = {name: [] for name in requests}
     prompt = rng.integers(100, 20_000, size=(1, context))
     for request in requests.values():
         _infer_seconds(request, prompt, 0)
-    for position in range(context, context + tokens):
+    names = list(requests)
+    for index in range(tokens):
         token = rng.integers(100, 20_000, size=(1, 1))
-        for name, request in requests.items():
-            seconds[name].append(_infer_seconds(request, token, position))
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            seconds[name].append(_infer_seconds(requests[name], token, context + index))
     return {name: statistics.median(values) * 1000 for name, values in seconds.items()}
 
 
@@ -250,10 +256,11 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]],
     for mode, cost in costs.items():
         rows.append(f"| {mode} | " + " | ".join(f"{ms:.0f} ({ms / cost[1]:.2f}x)" for ms in cost.values()) + " |")
     if draft_costs:
-        rows += ["", "The draft's cost of one token (ms, and c: x the main's one token in that mode):", "",
+        rows += ["", "One token of the main and of the draft, in turn (ms; c = the draft's / the main's):", "",
                  "| mode | " + " | ".join(next(iter(draft_costs.values()))) + " |",
                  "| --- |" + " ---: |" * len(next(iter(draft_costs.values())))]
-        for mode, per_head in draft_costs.items():
-            rows.append(f"| {mode} | " + " | ".join(f"{ms:.1f} (c = {ms / costs[mode][1]:.2f})"
-                                                  for ms in per_head.values()) + " |")
+        for mode, per_model in draft_costs.items():
+            cells = [f"{ms:.1f}" + (f" (c = {ms / per_model['main']:.3f})" if name != "main" else "")
+                     for name, ms in per_model.items()]
+            rows.append(f"| {mode} | " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -4,7 +4,8 @@ openvino-genai's verification with a draft is exact only for greedy decoding (do
 its answers are not drawn from the main model's distribution). Here the draft proposes K tokens sampled
 from its own distribution, the main scores all K+1 positions in one inference, and the exact rule
 (engines/acceptance.py, which names its words) keeps some and adds one token, so the answers follow the
-main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output.
+main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output. A draft whose head
+keeps part of the vocabulary (engines/draft_head.py) gives rows widened back to all of it, q = 0 outside.
 
 Rejected tokens leave each model's cache as engines/kv_cache.py says (cut from the main's, masked in the
 draft's); a cache mostly dead is rebuilt once from the live tokens. Each request holds its own pair of

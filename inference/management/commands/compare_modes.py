@@ -60,10 +60,11 @@ class Command(BaseCommand):
                 check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000, requester="compare_modes")
             except GrammarError as exc:
                 raise CommandError(f"{json_schema}: {exc}") from exc
+        measured = [mode for mode in options["modes"] if "draft_head_ids" not in modes.MODES[mode]]  # not own's twin
         costs = {mode: modes.infer_cost(main_dir=spec.main_dir, props=modes.mode_props(main_dir=spec.main_dir,
                                                                                        mode=mode))
-                 for mode in options["modes"]}
-        draft_costs = {mode: modes.draft_cost(spec=spec, mode=mode) for mode in options["modes"]}
+                 for mode in measured}
+        draft_costs = {mode: modes.draft_cost(spec=spec, mode=mode) for mode in measured}
         lines = modes.compare_modes(spec=spec, prompts=prompts, ks=ks, max_new_tokens=max_new_tokens,
                                     repeats=repeats, modes=options["modes"], grammar=grammar, streams=streams,
                                     own_engine_streams=record.own_engine_streams, draft_only=draft_only,
