@@ -36,7 +36,7 @@ LIBRARY_MARGIN = 1.05
 
 @dataclass(frozen=True)
 class Budget:
-    prompts: int = 2  # held-out prompts answered one at a time by each line each round (code, prose, ...)
+    prompts: int = 2  # held-out prompts a line answers one at a time, one a round (code, prose, ...)
     max_new_tokens: int = 48
     streams: int = 4  # answered at once, for the main alone under load
     ks: tuple[int, ...] = (1, 2, 3, 4)
@@ -168,8 +168,8 @@ def _rounds(lines: list[Line], *, prompts: list[str], budget: Budget, started: f
     ran = 0
     while ran < budget.rounds and (not ran or time.monotonic() - started < budget.seconds):
         turned = lines[ran % len(lines):] + lines[:ran % len(lines)]
-        for line in turned:
-            line.run(prompts[:line.streams] if line.streams > 1 else prompts[:budget.prompts],
+        for line in turned:  # one stream: one prompt a round, code and prose in turn
+            line.run(prompts[:line.streams] if line.streams > 1 else [prompts[ran % budget.prompts]],
                      max_new_tokens=budget.max_new_tokens)
         ran += 1
         if ran < budget.rounds:
