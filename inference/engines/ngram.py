@@ -1,42 +1,43 @@
-"""Prompt lookup: proposals that cost no inference, read off the answer's own history (prompt and tokens so far).
+"""Prompt lookup: proposals that cost no inference, read off the prompt (the conversation so far, in a chat).
 
-Code-editing answers copy long runs of their prompt: where the last few tokens occurred before, the tokens that
-followed them then are a good guess of what follows now. The own engine (engines/exact.py) tries this first and
-asks its draft model only where the lookup has nothing; the main verifies either alike, so the answer stays
-the main's (a lookup's proposal is a draft whose q is one-hot: engines/acceptance.py, accept_fixed).
+Code-editing answers copy long runs of their prompt: where the answer's last few tokens occur in the prompt, the
+tokens that follow them there are a good guess of what follows now. The own engine (engines/drafting.py) tries
+this first and asks its draft model only where the lookup has nothing; the main verifies either alike, so the
+answer stays the main's (a lookup's proposal is a draft whose q is one-hot: engines/acceptance.py, accept_fixed).
+
+Only the prompt is looked up, not the answer's own earlier tokens: on the real pair such matches (a phrase said
+twice, a variable named again) were kept for 0.7-1.5 tokens a step, too few to pay for the longer verification
+and for feeding the draft what it skipped, where matches in the prompt were kept for 3-4 (docs/speculation.md).
 """
 
 from __future__ import annotations
 
 MIN_NGRAM = 2  # a single token recurs too often to say anything about what follows it
-# Tokens proposed at most: verifying 9 tokens costs the real main ~1.2x one on AVX-512 but ~2.4x on AVX2
-# (docs/benchmark.md#prompt-lookup); runs copied from a prompt are often longer.
+# Tokens proposed at most: on the real pair 8 beat 4 and 16 (the AVX-512 host: verifying 9 tokens costs the main
+# ~1.5x one, 17 ~2x), and a copied run often outlasts 8 (docs/speculation.md).
 LOOKUP_TOKENS = 8
 
 
 class PromptLookup:
-    """The history's n-grams (MIN_NGRAM to max_ngram tokens), each mapped to the position after its latest
-    occurrence, kept as tokens come: a proposal is a dictionary look-up, not a scan of the history."""
+    """The prompt's n-grams (MIN_NGRAM to max_ngram tokens), each mapped to the position after its latest
+    occurrence there, indexed once: a proposal is a dictionary look-up of the history's last tokens, not a scan."""
 
-    def __init__(self, history: list[int], *, max_ngram: int = 3, length: int = LOOKUP_TOKENS):
+    def __init__(self, prompt: list[int], *, max_ngram: int = 3, length: int = LOOKUP_TOKENS):
         self.sizes = range(max(max_ngram, MIN_NGRAM), MIN_NGRAM - 1, -1)  # longest first
         self.length = length
-        self.history: list[int] = []
+        self.history = list(prompt)
         self.follows: dict[tuple[int, ...], int] = {}
-        self.extend(history)
-
-    def extend(self, tokens: list[int]) -> None:
-        """Tokens added to the history: each completes the n-grams that end just before it."""
-        history, follows = self.history, self.follows
-        for token in tokens:
-            end = len(history)
+        for end in range(MIN_NGRAM, len(prompt)):  # the n-grams that end just before prompt[end]
             for n in self.sizes:
                 if end >= n:
-                    follows[tuple(history[end - n:end])] = end
-            history.append(token)
+                    self.follows[tuple(prompt[end - n:end])] = end
+
+    def extend(self, tokens: list[int]) -> None:
+        """The answer's new tokens: the history's last tokens are what is looked up next."""
+        self.history.extend(tokens)
 
     def propose(self, limit: int) -> list[int]:
-        """What followed the latest earlier occurrence of the history's last n tokens (the longest n that
+        """What followed the latest occurrence in the prompt of the history's last n tokens (the longest n that
         occurred), up to `limit` and the lookup's length; [] where none did."""
         history = self.history
         for n in self.sizes:

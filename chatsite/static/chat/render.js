@@ -224,7 +224,8 @@ export function formatMetrics(m) {
   const speculation = speculationWords(m);
   if (m.acceptance_rate != null && m.main_steps && m.completion_tokens) {
     lines.push(`Speculation (${speculation}): the draft's guesses were kept ${Math.round(m.acceptance_rate * 100)}% `
-      + `of the time, so the main model ran ${plural(m.main_steps, "step")} instead of ${m.completion_tokens}.`);
+      + `of the time, so the main model ran ${plural(m.main_steps, "step")} instead of ${m.completion_tokens}.`
+      + (m.ngram_draft_tokens ? ` ${m.ngram_accepted_tokens} of those kept were copied from the conversation.` : ""));
   } else if (speculation) {
     lines.push(`Speculation: ${speculation}.`);
   }

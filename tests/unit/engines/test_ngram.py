@@ -1,5 +1,5 @@
-"""The prompt lookup (engines/ngram.py) proposes what followed the latest earlier occurrence of the history's last
-tokens, kept in an index as tokens come; and the rule for its proposals (accept_fixed) keeps the main's law."""
+"""The prompt lookup (engines/ngram.py) proposes what followed the history's last tokens where they occur in the
+prompt, from an index built once; and the rule for its proposals (accept_fixed) keeps the main's law."""
 
 from collections import Counter
 
@@ -11,24 +11,32 @@ from inference.engines.decoding import Sampling
 from inference.engines.ngram import MIN_NGRAM, PromptLookup
 
 
-def scanned(history: list[int], *, max_ngram: int, length: int, limit: int) -> list[int]:
-    """The same proposal by scanning the whole history backwards: what the index must agree with."""
+def scanned(prompt: list[int], history: list[int], *, max_ngram: int, length: int, limit: int) -> list[int]:
+    """The same proposal by scanning the prompt backwards: what the index must agree with."""
     for n in range(max_ngram, MIN_NGRAM - 1, -1):
         if len(history) <= n:
             continue
         suffix = history[-n:]
-        for start in range(len(history) - n - 1, -1, -1):
-            if history[start:start + n] == suffix:
+        for start in range(len(prompt) - n - 1, -1, -1):  # an occurrence followed by a token of the prompt
+            if prompt[start:start + n] == suffix:
                 return history[start + n:start + n + min(limit, length)]
     return []
 
 
-def test_what_followed_the_last_tokens_earlier_is_proposed():
+def test_what_followed_the_last_tokens_in_the_prompt_is_proposed():
     prompt = [5, 6, 7, 8, 9, 1, 2, 3, 4, 10, 11, 6, 7]
     assert PromptLookup(prompt, max_ngram=3).propose(8) == [8, 9, 1, 2, 3, 4, 10, 11]
     assert PromptLookup(prompt, max_ngram=3, length=3).propose(8) == [8, 9, 1]
     assert PromptLookup(prompt, max_ngram=3).propose(2) == [8, 9]  # the room left before the cap
     assert PromptLookup(prompt, max_ngram=3).propose(0) == []
+
+
+def test_the_answers_last_tokens_are_looked_up_in_the_prompt_and_run_on_into_the_answer():
+    lookup = PromptLookup([1, 2, 3, 4, 20, 21], max_ngram=3)
+    lookup.extend([2, 3])
+    assert lookup.propose(8) == [4, 20, 21, 2, 3]
+    lookup.extend([4, 5, 6, 7, 5, 6])  # (5, 6) is only in the answer: no proposal from there
+    assert lookup.propose(8) == []
 
 
 def test_the_longest_match_wins_over_a_later_shorter_one_and_the_latest_among_equals():
@@ -51,17 +59,18 @@ def test_a_loop_proposes_its_period_up_to_the_newest_token():
 
 
 @pytest.mark.parametrize("max_ngram", [1, 2, 3, 4])
-def test_tokens_added_one_by_one_or_in_runs_propose_what_a_scan_finds(max_ngram):
+def test_answers_added_one_by_one_or_in_runs_propose_what_a_scan_of_the_prompt_finds(max_ngram):
     rng = np.random.default_rng(max_ngram)
     history = rng.integers(0, 6, 400).tolist()  # a small vocabulary: matches of every length, often
-    lookup = PromptLookup(history[:50], max_ngram=max_ngram, length=5)
-    position = 50
+    prompt = history[:150]
+    lookup = PromptLookup(prompt, max_ngram=max_ngram, length=5)
+    position = len(prompt)
     while position < len(history):
         run = int(rng.integers(1, 6))
         lookup.extend(history[position:position + run])
         position = min(position + run, len(history))
         for limit in (1, 3, 8):
-            assert lookup.propose(limit) == scanned(history[:position], max_ngram=max(max_ngram, MIN_NGRAM),
+            assert lookup.propose(limit) == scanned(prompt, history[:position], max_ngram=max(max_ngram, MIN_NGRAM),
                                                     length=5, limit=limit), position
 
 
