@@ -195,6 +195,13 @@ GRAMMAR_COMPILE_MS = env_int("SPECCHAT_GRAMMAR_COMPILE_MS", 1000)
 # where it measured both the main alone and a K there (inference/engines/rates.py); 0: the profile alone.
 LIVE_FIGURES_S = env_int("SPECCHAT_LIVE_FIGURES_S", 600)
 LIVE_FIGURES_MIN_STEP_MS = env_int("SPECCHAT_LIVE_FIGURES_MIN_STEP_MS", 2000)  # step time a figure needs
+# A worker that loads a pair on a host with no calibration of it measures the host (inference/calibration/):
+# each precision configuration's main alone, the own engine per K, in two rounds. Bounded: no new round starts
+# past CALIBRATION_S; answers CALIBRATION_TOKENS long. Off: the pair's own settings serve until the admin calibrates.
+CALIBRATE_ON_LOAD = env_bool("SPECCHAT_CALIBRATE_ON_LOAD", True)
+CALIBRATION_SECONDS = env_int("SPECCHAT_CALIBRATION_S", 240)
+CALIBRATION_TOKENS = env_int("SPECCHAT_CALIBRATION_TOKENS", 48)
+CALIBRATION_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_KS", "1,2,3,4").split(","))
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin
 CONTROL_QUEUE = "control"  # Celery queue of jobs tied to no pair (imports): consumed by a worker with the train extra
 IMPORT_DISK_RESERVE_GB = env_int("SPECCHAT_IMPORT_DISK_RESERVE_GB", 1)  # an import must leave this much free

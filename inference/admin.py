@@ -21,6 +21,7 @@ from inference.celery_worker import worker_command_line
 from inference.limits import K_MAX, K_MIN
 from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, ModelPair
 from inference.pairs import importer
+from inference.serving import calibrated
 
 
 class ExtraStyle:
@@ -31,18 +32,19 @@ class ExtraStyle:
 
 @admin.register(ModelPair)
 class ModelPairAdmin(admin.ModelAdmin):
-    list_display = ("name", "slug", "main_dir", "draft_dir", "device", "num_assistant_tokens",
+    list_display = ("name", "slug", "main_dir", "draft_dir", "devices", "num_assistant_tokens",
                     "assistant_confidence_threshold", "precision_mode", "enabled", "is_default", "serving_state")
     list_filter = ("enabled", "device")
     prepopulated_fields = {"slug": ("name",)}
     readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark",
-                       "profile_run", "live_figures", "precision_mode")
-    actions = ("load_on_worker", "unload_from_worker", "run_benchmark")
+                       "profile_run", "live_figures", "precision_mode", "calibrations")
+    actions = ("load_on_worker", "unload_from_worker", "run_benchmark", "calibrate")
     Media = ExtraStyle
     fieldsets = (
         (None, {"fields": ("name", "slug", "enabled", "is_default", "description", "completes_text", "serving_state",
                            "load_error")}),
-        ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device")}),
+        ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device",
+                               "draft_device")}),
         ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold",
                                              "allow_inexact_sampling", "speculation_profile", "profile_run",
                                              "live_figures")}),
@@ -50,8 +52,10 @@ class ModelPairAdmin(admin.ModelAdmin):
             "fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens", "prefill_first",
                        "inference_precision", "kv_cache_precision", "precision_mode", "own_engine_streams"),
             "description": "Exact mode (f32 and an f32 KV cache): greedy answers with the draft are the main alone's, "
-                           "token for token. Fast mode (the device's defaults, both empty): the fastest main alone, "
-                           "where answers with the draft can differ in near-ties; they say so."}),
+                           "token for token. Fast mode (the device's defaults, both empty): answers with the draft can "
+                           "differ in near-ties; they say so. On a calibrated host the main alone and the own engine "
+                           "run in the configuration measured fastest there (see the calibration below)."}),
+        ("Calibration on its hosts", {"fields": ("calibrations",)}),
         ("Latest benchmark", {"fields": ("latest_benchmark",)}),
     )
 
@@ -70,6 +74,10 @@ class ModelPairAdmin(admin.ModelAdmin):
         if state.error:
             return f"{state.state} ({state.detail or state.error})"
         return f"{state.state} on {', '.join(state.workers)}"
+
+    @admin.display(description="devices")
+    def devices(self, pair: ModelPair) -> str:
+        return ", ".join(f"{model} {device}" for model, device in pair.devices.items() if device)
 
     @admin.display(description="measured lately on the workers")
     def live_figures(self, pair: ModelPair) -> str:
@@ -100,6 +108,23 @@ class ModelPairAdmin(admin.ModelAdmin):
             else:
                 messages.error(request, f"{pair.slug}: no live worker answered.")
 
+
+    @admin.action(description="Calibrate on its worker's host", permissions=["change"])
+    def calibrate(self, request, queryset):
+        workers = selectors.live_workers(client=transport.sync_client())
+        for pair in queryset:
+            state = selectors.pair_state(pair=pair, workers=workers)
+            if not state.served:
+                messages.error(request, f"Not calibrating {pair.slug}: {state.error}.")
+                continue
+            calibrated.start_calibration(pair=pair)
+            messages.info(request, f"Calibration of {pair.slug} queued on its worker: its page shows the progress.")
+
+    @admin.display(description="calibrations")
+    def calibrations(self, pair: ModelPair) -> str:
+        """Each host's latest calibration: where the figures the pair is served with come from."""
+        shown = [calibrated.summary(c) for c in selectors.pair_calibrations(pair=pair)] if pair.pk else []
+        return render_to_string("admin/inference/hostcalibration/summary.html", {"calibrations": shown})
 
     @admin.action(description="Run benchmark on a worker", permissions=["change"])
     def run_benchmark(self, request, queryset):
@@ -150,12 +175,14 @@ class ImportJobForm(forms.ModelForm):
                                             required=False, initial="")
     kv_cache_precision = forms.ChoiceField(choices=ModelPair.KvPrecision.choices, required=False,
                                            initial=ModelPair._meta.get_field("kv_cache_precision").default)
-    device = forms.ChoiceField(choices=ModelPair.Device.choices, initial=ModelPair.Device.CPU)
+    device = forms.ChoiceField(label="Main device", choices=ModelPair.Device.choices, initial=ModelPair.Device.CPU)
+    draft_device = forms.ChoiceField(label="Draft device", choices=ModelPair.DRAFT_DEVICES,
+                                     required=False, initial="")
 
     class Meta:
         model = ImportJob
         fields = ("name", "slug", "main_source", "draft_source", "weight_format", "draft_weight_format",
-                  "main_sha256", "draft_sha256", "kv_cache_precision", "device")
+                  "main_sha256", "draft_sha256", "kv_cache_precision", "device", "draft_device")
         help_texts = {
             "main_source": "Hugging Face id (downloaded by the worker), a folder or a GGUF file on the worker's "
                            "machine.",

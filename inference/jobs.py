@@ -20,14 +20,14 @@ from django.db import DatabaseError, close_old_connections
 from django.db.models import Q
 from django.utils import timezone
 
-from inference.models import BenchmarkRun, ImportJob, JobStatus
+from inference.models import BenchmarkRun, HostCalibration, ImportJob, JobStatus
 
 log = logging.getLogger(__name__)
 
 LEASE_S = 120  # a job not renewed for this long lost its worker
 RENEW_EVERY_S = 20
 ABANDONED = "The worker running this job stopped; start it again."
-J = TypeVar("J", BenchmarkRun, ImportJob)
+J = TypeVar("J", BenchmarkRun, HostCalibration, ImportJob)
 
 
 def claim(*, model: type[J], job_id: int) -> bool:

@@ -15,9 +15,14 @@ pair_slug = RegexValidator(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*\Z", "Enter a name of le
 
 class ModelPair(models.Model):
     class Device(models.TextChoices):
-        CPU = "CPU"
-        GPU = "GPU"
-        NPU = "NPU"
+        """What an OpenVINO runtime may list (engines/devices.py); a pair may name those a live worker has."""
+
+        CPU = "CPU", "CPU"
+        GPU = "GPU", "GPU"
+        NPU = "NPU", "NPU"
+        AUTO = "AUTO", "AUTO (the runtime picks)"
+
+    DRAFT_DEVICES = [("", "the main's"), *Device.choices]
 
     class Precision(models.TextChoices):
         DEFAULT = "", "device default"
@@ -44,7 +49,12 @@ class ModelPair(models.Model):
     prompt_lookup = models.BooleanField(default=False,
                                         help_text="Without a draft: speculate from n-grams of the prompt.")
     max_ngram_size = models.PositiveSmallIntegerField(default=3, help_text="Prompt lookup only.")
-    device = models.CharField(max_length=8, choices=Device.choices, default=Device.CPU)
+    device = models.CharField("main device", max_length=8, choices=Device.choices, default=Device.CPU,
+                              help_text="Where the main model runs: a device a live worker's OpenVINO runtime lists "
+                                        "(checked when the pair is registered or its devices change).")
+    draft_device = models.CharField("draft device", max_length=8, blank=True, default="",
+                                    choices=DRAFT_DEVICES,
+                                    help_text="Where the draft runs; empty: on the main's device.")
     num_assistant_tokens = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Default K: tokens the draft proposes per step (1-32)."
     )
@@ -130,8 +140,29 @@ class ModelPair(models.Model):
     def is_speculative(self) -> bool:
         return bool(self.draft_dir) or self.prompt_lookup
 
+    @property
+    def draft_runs_on(self) -> str:
+        return self.draft_device or self.device
+
+    @property
+    def runs_on(self) -> str:
+        """Its devices as a host's calibration is keyed by (engines/host.py): "CPU", or "GPU, draft on CPU"."""
+        draft = self.draft_runs_on if self.draft_dir else self.device
+        return self.device if draft == self.device else f"{self.device}, draft on {draft}"
+
+    @property
+    def devices(self) -> dict[str, str | None]:
+        """Where each model runs, as /v1/config and the admin show it (the draft: None without one)."""
+        return {"main": self.device, "draft": self.draft_runs_on if self.draft_dir else None}
+
     def clean(self) -> None:
-        from inference.pair_checks import profile_errors, validate_pair_fields  # they load openvino: only when used
+        from inference import transport
+        from inference.pair_checks import (  # they load openvino: only when used
+            device_errors,
+            profile_errors,
+            registrable_devices,
+            validate_pair_fields,
+        )
 
         errors = validate_pair_fields(
             main_dir=self.main_dir,
@@ -145,6 +176,11 @@ class ModelPair(models.Model):
             errors["speculation_profile"] = "Invalid profile: " + "; ".join(problems) + "."
         if self.own_engine_streams and not (self.draft_dir and self.precision_mode == self.EXACT):
             errors["own_engine_streams"] = "The own engine needs a draft model and the exact mode (f32)."
+        stored = ModelPair.objects.filter(pk=self.pk).values_list("device", "draft_device").first()
+        if stored != (self.device, self.draft_device):  # new or moved: other edits pass while its worker is away
+            errors.update(device_errors(device=self.device, draft_device=self.draft_device,
+                                        has_draft=bool(self.draft_dir),
+                                        available=registrable_devices(client=transport.fail_fast_client())))
         if errors:
             raise ValidationError(errors)
 
@@ -277,6 +313,21 @@ class BenchmarkRun(Job):
         return f"Benchmark #{self.pk} of {self.pair.name} ({self.status})"
 
 
+class HostCalibration(Job):
+    """What a pair measured on one host (serving/calibration.py): the main alone in each precision
+    configuration the device offers, the own engine per K, and the cost of verifying n tokens. A worker serves
+    a pair from the calibration of its own host; a host never seen is calibrated when the pair loads there."""
+
+    pair = models.ForeignKey(ModelPair, on_delete=models.CASCADE, related_name="calibrations")
+    host = models.CharField(max_length=64, db_index=True, help_text="The host's signature: CPU model, ISA flags, "
+                            "cores, runtime version and device, hashed.")
+    host_facts = models.JSONField(default=dict, blank=True, help_text="What the signature is made of.")
+    results = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"calibration of {self.pair.slug} on {self.host_facts.get('cpu', self.host[:12])} ({self.status})"
+
+
 class ImportJob(Job):
     """Export of a main/draft pair (Hugging Face or GGUF) to OpenVINO IR and its registration, run by a worker."""
 
@@ -290,7 +341,8 @@ class ImportJob(Job):
                                    help_text="A GGUF file's published sha256; the import refuses other bytes.")
     draft_sha256 = models.CharField(max_length=64, blank=True)
     kv_cache_precision = models.CharField(max_length=8, blank=True)
-    device = models.CharField(max_length=8, default="CPU")
+    device = models.CharField("main device", max_length=8, default="CPU")
+    draft_device = models.CharField("draft device", max_length=8, blank=True, help_text="Empty: the main's device.")
     log = models.TextField(blank=True)
     pair = models.ForeignKey(ModelPair, null=True, blank=True, on_delete=models.SET_NULL)
 

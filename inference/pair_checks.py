@@ -1,5 +1,5 @@
-"""Checks that a main/draft pair can be served: folders, files, one shared tokenizer, and a valid
-speculation profile. Below the models and the serving code that call them.
+"""Checks that a main/draft pair can be served: folders, files, one shared tokenizer, devices a worker
+has, and a valid speculation profile. Below the models and the serving code that call them.
 
 openvino-genai's own check encodes one sentence and compares token counts and special ids, which
 two different vocabularies can pass; here the vocabularies, special ids and a set of probe strings
@@ -13,10 +13,13 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+import redis
 from django.conf import settings
 
 from inference import limits
+from inference.engines.devices import AvailableDevices, runtime_devices
 from inference.limits import K_MAX, K_MIN
+from inference.transport import live_workers
 
 REQUIRED_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
 PROBE_STRINGS = (
@@ -129,6 +132,13 @@ def validate_pair_fields(
     return errors
 
 
+def device_errors(*, device: str, draft_device: str, has_draft: bool, available: AvailableDevices) -> dict[str, str]:
+    """Field ("device": the main's, "draft_device") -> why no worker can run that model on the device it names."""
+    wanted = {"main": device, **({"draft": draft_device} if has_draft and draft_device else {})}
+    fields = {"main": "device", "draft": "draft_device"}
+    return {fields[model]: message for model, message in available.refusals(wanted).items()}
+
+
 PROFILE_MODES = ("greedy", "sampled")
 
 
@@ -154,3 +164,15 @@ def profile_errors(profile) -> list[str]:
                 problems.append(f"{mode}[{json.dumps(streams)[:40]}]: K must be 0 (the main alone) or an integer "
                                 f"in [{K_MIN}, {K_MAX}], not {json.dumps(k)[:40]}")
     return problems
+
+
+def registrable_devices(*, client: redis.Redis) -> AvailableDevices:
+    """The devices a pair may name: those the live workers' runtimes list; with none to ask, this process's."""
+    try:
+        workers = live_workers(client=client)
+    except redis.RedisError:
+        workers = []
+    listed = dict.fromkeys(device for worker in workers for device in worker.get("devices", ()))
+    if listed:
+        return AvailableDevices(tuple(listed), "on the live workers")
+    return AvailableDevices(runtime_devices(), "in this server's OpenVINO runtime (no live worker reported its own)")

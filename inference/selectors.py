@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,17 +9,10 @@ import redis
 from django.conf import settings
 
 from inference.limits import LoadState, ServingState
-from inference.models import Generation, ModelPair
-from inference.transport import WORKER_INDEX, WORKER_KEY_PREFIX
+from inference.models import Generation, HostCalibration, JobStatus, ModelPair
+from inference.transport import WORKER_KEY_PREFIX, live_workers
 
-
-def live_workers(*, client: redis.Redis) -> list[dict]:
-    """Heartbeats that have not expired: {name, queues, pairs: {slug: {state, error}}, active, slots}."""
-    names: Any = client.zrangebyscore(WORKER_INDEX, time.time(), "+inf")  # str, with decode_responses
-    if not names:
-        return []
-    heartbeats: Any = client.mget([WORKER_KEY_PREFIX + name for name in names])
-    return [json.loads(raw) for raw in heartbeats if raw]
+__all__ = ["live_workers"]  # read from the heartbeats in transport.py; queried with the rest from here
 
 
 @dataclass(frozen=True)
@@ -75,3 +66,17 @@ def worker_is_alive(*, client: redis.Redis, name: str) -> bool:
 
 def generation_for_user(*, generation_id, user) -> Generation | None:
     return Generation.objects.filter(id=generation_id, user=user).select_related("pair").first()
+
+
+def finished_calibration(*, pair: ModelPair, host: str) -> HostCalibration | None:
+    """The pair's latest finished calibration on the host with this signature."""
+    return (HostCalibration.objects.filter(pair=pair, host=host, status=JobStatus.FINISHED)
+            .order_by("-finished_at").first())
+
+
+def pair_calibrations(*, pair: ModelPair) -> list[HostCalibration]:
+    """The pair's latest calibration per host, newest first (what the admin and /v1/config show)."""
+    latest: dict[str, HostCalibration] = {}
+    for calibration in pair.calibrations.order_by("-created_at"):
+        latest.setdefault(calibration.host, calibration)
+    return list(latest.values())

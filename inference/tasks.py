@@ -6,7 +6,7 @@ from celery import shared_task
 
 from inference.serving.tasks import generate
 
-__all__ = ["benchmark", "generate", "import_pair"]
+__all__ = ["benchmark", "calibrate", "generate", "import_pair"]
 
 
 @shared_task(name="inference.import_pair")
@@ -23,3 +23,11 @@ def benchmark(run_id: int) -> None:
     from inference.benchmark import runs
 
     runs.execute_benchmark_run(run_id=run_id)
+
+
+@shared_task(name="inference.calibrate")
+def calibrate(calibration_id: int) -> None:
+    """A pair's calibration on this worker's host (the task is routed to the pair's queue)."""
+    from inference.calibration import runs
+
+    runs.execute_calibration(calibration_id=calibration_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -85,6 +86,18 @@ def sync_client() -> redis.Redis:
 def _shared_sync_client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, decode_responses=True, driver_info=_DRIVER, retry_on_error=list(REDIS_ERRORS),
                                 retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES))
+
+
+def fail_fast_client() -> redis.Redis:
+    """This process's client for a read the caller can do without: it does not retry while Redis is away
+    (sync_client's retries wait ~12 s), so registering a pair needs no Redis (pair_checks.registrable_devices)."""
+    return _fail_fast_client(settings.REDIS_URL)
+
+
+@functools.cache
+def _fail_fast_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, driver_info=_DRIVER, socket_connect_timeout=2,
+                                socket_timeout=5)
 
 
 def async_client() -> aioredis.Redis:
@@ -212,3 +225,12 @@ def valid_entry_id(value: str) -> bool:
     parts = (head, tail) if dash else (head,)
     return all(part.isascii() and part.isdigit() and len(part) <= len(str(2**64)) and int(part) < 2**64
                for part in parts)
+
+
+def live_workers(*, client: redis.Redis) -> list[dict]:
+    """Heartbeats that have not expired: {name, queues, pairs: {slug: {state, error}}, active, slots, devices}."""
+    names: Any = client.zrangebyscore(WORKER_INDEX, time.time(), "+inf")  # str, with decode_responses
+    if not names:
+        return []
+    heartbeats: Any = client.mget([WORKER_KEY_PREFIX + name for name in names])
+    return [json.loads(raw) for raw in heartbeats if raw]

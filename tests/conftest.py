@@ -89,6 +89,8 @@ def stack_env(django_db_setup, redis_client) -> dict[str, str]:
         "SPECCHAT_MODELS_ROOT": str(settings.MODELS_ROOT),
         "SPECCHAT_STALL_TIMEOUT_S": str(settings.STALL_TIMEOUT_S),
         "SPECCHAT_LIVE_FIGURES_S": "0",  # plans follow the profile a test sets, whatever earlier tests ran
+        "SPECCHAT_CALIBRATE_ON_LOAD": "0",  # likewise (tests/test_calibration.py turns it on for its own worker)
+        "SPECCHAT_CALIBRATION_TOKENS": "8", "SPECCHAT_CALIBRATION_KS": "1,2",  # the demo pair's, in seconds
         "PYTHONPATH": str(ROOT),
         "PGAPPNAME": outages.STACK_APPLICATION_NAME,  # libpq's: a test can tell the stack's connections from its own
     }

@@ -65,7 +65,7 @@ def test_a_json_schema_streams_the_same_answer_as_without_the_draft(live_server_
 @pytest.mark.usefixtures("celery_worker")
 def test_a_sampled_answer_under_a_grammar_speculates_on_the_exact_engine(live_server_url, demo_pair, api_key):
     """The library's speculative sampling is not exact: a sampled answer under a grammar runs on the exact
-    engine, which holds the draft and the main to it (tests/test_distribution.py checks the distribution)."""
+    engine, which holds the draft and the main to it (tests/test_sampling_distribution.py checks the distribution)."""
     api = client(live_server_url, api_key.secret)
     for seed in range(4):
         answer = complete(api, PROMPT, temperature=0.9, seed=seed, extra_body={"regex": CODE})

@@ -60,5 +60,5 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     page.locator("#stop").click()
     second.locator(".meta").filter(has_text="stopped").wait_for()
     assert "draft off, as asked" in second.locator(".meta").inner_text()
-    assert "speculation: off (speculative: false was asked)" in second.locator(".meta").get_attribute("title")
+    assert "speculation: off (speculative: false was asked" in second.locator(".meta").get_attribute("title")
     assert not page.locator("#send").is_disabled()

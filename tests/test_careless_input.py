@@ -10,7 +10,7 @@ from django.test import AsyncClient, override_settings
 
 from inference.models import Generation
 from tests.api_client import MESSAGES, PROMPT, post
-from tests.test_robustness_chat import logged_in_socket
+from tests.test_chat_consumers import logged_in_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HUGE = 10**400  # an integer no float holds
@@ -47,6 +47,9 @@ BAD_BODIES = [
     ("/v1/completions", completion(logprobs=HUGE), "logprobs"),
     ("/v1/chat/completions", chat(logprobs=True, top_logprobs=HUGE), "top_logprobs"),
     ("/v1/completions", json.dumps(completion())[:-1] + ', "temperature": 1e400}', "temperature"),  # a float: inf
+    # a role that is an object (found by the fuzzer: it was looked up in a dict, 500)
+    ("/v1/chat/completions", chat(messages=[{"role": {}, "content": "hi"}]), "messages[0].role"),
+    ("/v1/chat/completions", chat(messages=[{"role": ["user"], "content": "hi"}]), "messages[0].role"),
     # row 3: a tool call's arguments nested 5,000 deep
     ("/v1/chat/completions", chat(messages=CALLED, tools=[WEATHER]), "messages[2].tool_calls[0].function.arguments"),
     # row 4: tool_choice's function given as a string

@@ -18,7 +18,7 @@ from chatsite.chat.consumers import ACTIONS
 from inference.models import Generation
 from tests.api_client import PROMPT
 from tests.test_api_fuzz import HOSTILE, nested
-from tests.test_robustness_chat import logged_in_socket
+from tests.test_chat_consumers import logged_in_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EXAMPLES = 150

@@ -18,11 +18,15 @@ from django.conf import settings
 from django.core.management import call_command
 
 from inference.engines.decoding import DecodingParams
+from inference.engines.exact import OwnEngine
+from inference.engines.interface import Finished
 from inference.engines.library import LibraryEngine
-from inference.engines.spec import PairSpec
+from inference.engines.spec import HEAD_IDS_FILE, PairSpec
+from inference.limits import Route
 from inference.models import Generation, ModelPair
 from inference.pairs import catalog
 from inference.serving.reasons import Reason
+from inference.serving.records import pair_spec
 from tests.conftest import Worker, in_thread, log_in
 from tests.distribution import compare, differs, samples
 from tests.test_chat_ui import SHOTS
@@ -112,7 +116,7 @@ def drain(request) -> list[int]:
 def test_sampled_answers_through_the_api_follow_the_main_alones_distribution(live_server_url, real_pair, key):
     """At T = 0.8 through the API, one request at a time (the pair's own engine): the first three tokens
     with the draft (K=3, the exact rule) against `speculative: false` (drawn from the main's distribution
-    directly), by the permutation test of tests/test_distribution.py, on the 151,936-token vocabulary."""
+    directly), by the permutation test of tests/test_sampling_distribution.py, on the 151,936-token vocabulary."""
     api = client(live_server_url, key)
     messages = [{"role": "user", "content": "Name a programming language and say why people like it."}]
 
@@ -133,6 +137,32 @@ def test_sampled_answers_through_the_api_follow_the_main_alones_distribution(liv
     report = compare(tested, reference)
     assert not differs(report), report
     assert len(set(tested)) > 10, "a spread-out distribution, or the test would prove little"
+
+
+# ------------------------------------------------------------------ greedy identity with the draft's head cut
+def test_the_own_engines_draft_with_its_head_cut_speculates_and_changes_no_greedy_token(real_pair):
+    """`make real-pair` writes the ids the draft's head keeps beside its IR (pairs/head_vocabulary.py), and the
+    pair's own engine loads the draft with its head cut to them (engines/draft_head.py): its greedy answers at K=3
+    are the main alone's, token for token, and the draft still speculates (most of its proposals accepted)."""
+    spec = pair_spec(pair=real_pair, route=Route.OWN_SPECULATIVE)
+    assert spec.draft_head_ids == str(FOLDER / "draft" / HEAD_IDS_FILE), spec
+    engine = OwnEngine(spec)
+    assert engine.draft_head is not None and len(engine.draft_head.ids) < engine.draft_head.width / 2
+    tokens = steps = 0
+    for request in REQUESTS:
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": request}], add_generation_prompt=True)
+        answers = {}
+        for k in (0, 3):
+            submitted = engine.submit(prompt=prompt, add_special_tokens=False,
+                                      params=DecodingParams(max_new_tokens=96, num_assistant_tokens=k))
+            answers[k] = []
+            while not isinstance(event := submitted.events.get(timeout=300), Finished):
+                answers[k].append(event.token_ids)
+            assert event.finish_reason in {"length", "stop"}, event
+        drafted = [token for step in answers[3] for token in step]
+        assert drafted == [token for step in answers[0] for token in step], request
+        tokens, steps = tokens + len(drafted), steps + len(answers[3])
+    assert tokens / steps > 2.5, f"{tokens} tokens in {steps} steps of K=3"
 
 
 # ------------------------------------------------------------------ greedy identity and the API, through the live stack
@@ -227,7 +257,7 @@ TASKS = ["reverses a string in Python", "counts words in Rust", "finds duplicate
 def test_twenty_answers_held_to_a_json_schema_are_valid_and_the_main_alones(live_server_url, real_pair, key):
     """Speculation stays exact under a grammar: the main's tokens are masked alike with and without the draft.
     Left to the pair, one stream runs on its own engine, which masks the draft too (K=3); sampled answers
-    under the schema speculate there as well (the distribution under a grammar: tests/test_distribution.py)."""
+    under the schema speculate there as well (the distribution under a grammar: tests/test_sampling_distribution.py)."""
     import json
 
     import jsonschema_rs
@@ -380,7 +410,8 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
 
         def held() -> list[dict]:
             time.sleep(3)  # a heartbeat after the last answer
-            return next(beat["engines"] for beat in live_workers(client=redis_client) if beat["name"] == name)
+            return [{key: engine[key] for key in ("slug", "speculative", "exact_sampling")} for engine in next(
+                beat["engines"] for beat in live_workers(client=redis_client) if beat["name"] == name)]
 
         with ThreadPoolExecutor(2) as pool:
             plans = list(pool.map(ask, range(50)))

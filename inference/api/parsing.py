@@ -224,7 +224,7 @@ def _chat_messages(data: dict) -> list[dict]:
         if not isinstance(message, dict):
             raise errors.InvalidType("Each message must be an object.", param=f"messages[{index}]")
         role = message.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:  # an object or a list cannot be looked up
             raise errors.InvalidValue(f"role must be one of {', '.join(CHAT_ROLES)}; got {json.dumps(role)[:40]}.",
                         param=f"messages[{index}].role")
         calls = _tool_calls(message, index) if role == "assistant" else []

@@ -23,7 +23,7 @@ from inference.api.shapes import Shape, error_body, usage
 from inference.engines.spec import context_length
 from inference.metrics import exposition
 from inference.models import Generation, ModelPair
-from inference.serving import readers, web
+from inference.serving import calibrated, readers, web
 
 log = logging.getLogger(__name__)
 
@@ -166,16 +166,20 @@ async def models(request):
 
 
 def _config() -> dict:
-    states = selectors.pair_states(client=transport.sync_client())
-    return {slug: {"model_version_status": [{
+    """OVMS's shape, each pair's devices, and its calibration per host: which host its figures come from, when."""
+    workers = selectors.live_workers(client=transport.sync_client())
+    states = {pair: selectors.pair_state(pair=pair, workers=workers) for pair in ModelPair.objects.all()}
+    return {pair.slug: {"model_version_status": [{
         "version": "1", "state": state.state,
         "status": {"error_code": "UNAVAILABLE" if state.error else "OK", "error_message": state.error or "OK"},
-    }]} for slug, state in states.items()}
+    }], "devices": pair.devices,
+        "calibrations": [calibrated.summary(each) for each in selectors.pair_calibrations(pair=pair)]}
+        for pair, state in states.items()}
 
 
 @api_view("GET")
 async def config(request):
-    """Each pair's state in OpenVINO Model Server's /v1/config shape."""
+    """Each pair's state in OpenVINO Model Server's /v1/config shape, and the devices its models run on."""
     return JsonResponse(await sync_to_async(_config)())
 
 

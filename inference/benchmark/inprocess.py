@@ -188,8 +188,9 @@ class Engines:
     engine for a spec (a worker passes its registry's); without it each is built once here and
     freed by `close`."""
 
-    def __init__(self, spec: PairSpec, get: Callable[[PairSpec], Engine] | None = None):
+    def __init__(self, spec: PairSpec, get: Callable[[PairSpec], Engine] | None = None, alone: PairSpec | None = None):
         self.spec = spec
+        self.alone = alone  # the main alone as the host serves it (the fastest configuration measured there)
         self._get = get
         self._built: dict[PairSpec, Engine] = {}
 
@@ -202,7 +203,10 @@ class Engines:
             self._built[spec] = build_engine(spec)
         return self._built[spec]
 
-    def pair(self, *, speculative: bool, exact_sampling: bool = False) -> Engine:
+    def pair(self, *, speculative: bool, exact_sampling: bool = False, as_served: bool = True) -> Engine:
+        """`as_served`: the main alone in the configuration the host serves it in, else in the pair's own."""
+        if not speculative and not exact_sampling and self.alone and as_served:
+            return self._engine(self.alone)
         return self._engine(replace(self.spec, speculative=speculative,
                                     exact_sampling=exact_sampling and bool(self.spec.draft_dir)))
 
@@ -333,7 +337,7 @@ def draft_cost_ratio(*, spec: PairSpec | None = None, engines: Engines | None = 
     """Time per token of the draft alone over the main alone (plain pipelines, same settings), interleaved."""
     engines, own = _engines_for(spec, engines)
     try:
-        alone = {"main": engines.pair(speculative=False), "draft": engines.draft_alone()}
+        alone = {"main": engines.pair(speculative=False, as_served=False), "draft": engines.draft_alone()}
         times: dict[str, list[float]] = {"main": [], "draft": []}
         params = DecodingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
         for engine in alone.values():  # warm-up

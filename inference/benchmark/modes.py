@@ -21,6 +21,7 @@ import openvino as ov
 
 from inference.benchmark.prompts import repeated_ngram_share
 from inference.engines.decoding import DecodingParams
+from inference.engines.draft_head import compile_draft
 from inference.engines.grammar import Grammar
 from inference.engines.interface import Engine, Finished
 from inference.engines.registry import build_engine
@@ -38,6 +39,8 @@ MODES: dict[str, dict] = {
     "fast-f32": {**EXACT, "dynamic_quantization": True},
     "own": {**EXACT, "dynamic_quantization": True, "exact_sampling": True, "own_engine": True},
 }
+MODES["own-whole-head"] = {**MODES["own"], "draft_head_ids": ""}  # the own engine's draft with its head whole
+DEFAULT_MODES = ("exact", "fast", "fast-f32", "own")
 LOOPING = 0.5  # an answer whose 4-grams are mostly repeats is stuck in a loop
 
 
@@ -170,37 +173,67 @@ def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens
     return [tokens for tokens, _, _ in answers]
 
 
-def infer_cost(*, main_dir: str, mode: str, sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256,
-               repeats: int = 12) -> dict[int, float]:
+def mode_props(*, main_dir: str, mode: str) -> dict[str, str]:
+    """A mode's device properties (what infer_cost compiles the main with)."""
+    return mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties(device="CPU")
+
+
+def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
+               sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256, repeats: int = 12) -> dict[int, float]:
     """Median ms of one inference of n new tokens on a warm KV cache of `context` tokens (raw OpenVINO,
-    the stateful IR as exported): the cost of verifying K = n - 1 draft tokens."""
-    props = mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties()
-    request = ov.Core().compile_model(str(Path(main_dir) / "openvino_model.xml"), "CPU", props).create_infer_request()
+    the stateful IR as exported, compiled with `props`): the cost of verifying K = n - 1 draft tokens."""
+    request = ov.Core().compile_model(str(Path(main_dir) / "openvino_model.xml"), device, props).create_infer_request()
     rng = np.random.default_rng(0)
-
-    def infer(ids: np.ndarray, start: int) -> float:
-        began = time.perf_counter()
-        request.infer({"input_ids": ids, "attention_mask": np.ones((1, start + ids.shape[1]), np.int64),
-                       "position_ids": np.arange(start, start + ids.shape[1])[None], "beam_idx": np.zeros(1, np.int32)})
-        return time.perf_counter() - began
-
     costs: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats // 4):
         request.reset_state()
-        infer(rng.integers(100, 20_000, size=(1, context)), 0)
+        _infer_seconds(request, rng.integers(100, 20_000, size=(1, context)), 0)
         position = context
         for _ in range(4):  # sizes interleaved, so drift hits all alike
             for n in sizes:
-                costs[n].append(infer(rng.integers(100, 20_000, size=(1, n)), position))
+                costs[n].append(_infer_seconds(request, rng.integers(100, 20_000, size=(1, n)), position))
                 position += n
     return {n: statistics.median(values) * 1000 for n, values in costs.items()}
+
+
+def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 64) -> dict[str, float]:
+    """Median ms of one token of the main, of the draft with its head whole and of the draft with its head cut to
+    the pair's list (engines/draft_head.py), on warm caches of `context` tokens, a token each in turn (the order
+    turned each time) so a busy host's drift hits all alike: c, the draft's cost in main tokens, is their ratio."""
+    spec = mode_spec(spec, mode, speculative=True)
+    core, rng = ov.Core(), np.random.default_rng(0)
+    models = {"main": core.compile_model(str(Path(spec.main_dir) / "openvino_model.xml"), spec.device,
+                                         spec.device_properties(device=spec.device))}
+    heads = {"whole head": "", "cut head": spec.draft_head_ids} if spec.draft_head_ids else {"whole head": ""}
+    for name, ids in heads.items():
+        models[name] = compile_draft(core, draft_dir=spec.draft_dir, head_ids=ids, device=spec.draft_runs_on,
+                                     properties=spec.device_properties(device=spec.draft_runs_on))[0]
+    requests = {name: model.create_infer_request() for name, model in models.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in requests}
+    prompt = rng.integers(100, 20_000, size=(1, context))
+    for request in requests.values():
+        _infer_seconds(request, prompt, 0)
+    names = list(requests)
+    for index in range(tokens):
+        token = rng.integers(100, 20_000, size=(1, 1))
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            seconds[name].append(_infer_seconds(requests[name], token, context + index))
+    return {name: statistics.median(values) * 1000 for name, values in seconds.items()}
+
+
+def _infer_seconds(request: ov.InferRequest, ids: np.ndarray, start: int) -> float:
+    began = time.perf_counter()
+    request.infer({"input_ids": ids, "attention_mask": np.ones((1, start + ids.shape[1]), np.int64),
+                   "position_ids": np.arange(start, start + ids.shape[1])[None], "beam_idx": np.zeros(1, np.int32)})
+    return time.perf_counter() - began
 
 
 def _share(part: int, whole: int) -> str:
     return f"{part / whole:.2f}" if whole else "-"
 
 
-def report(lines: list[Line], costs: dict[str, dict[int, float]]) -> str:
+def report(lines: list[Line], costs: dict[str, dict[int, float]],
+           draft_costs: dict[str, dict[str, float]] | None = None) -> str:
     fastest = max(line.tokens_per_s for line in lines if not line.k)
     rows = [("| line | tok/s | vs its mode's main alone | vs the fastest main alone | acceptance | tokens per step "
              "| n-gram lookup: steps, acceptance | draft model: acceptance | identical to its mode's main alone "
@@ -222,4 +255,12 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]]) -> str:
              "| --- |" + " ---: |" * len(next(iter(costs.values())))]
     for mode, cost in costs.items():
         rows.append(f"| {mode} | " + " | ".join(f"{ms:.0f} ({ms / cost[1]:.2f}x)" for ms in cost.values()) + " |")
+    if draft_costs:
+        rows += ["", "One token of the main and of the draft, in turn (ms; c = the draft's / the main's):", "",
+                 "| mode | " + " | ".join(next(iter(draft_costs.values()))) + " |",
+                 "| --- |" + " ---: |" * len(next(iter(draft_costs.values())))]
+        for mode, per_model in draft_costs.items():
+            cells = [f"{ms:.1f}" + (f" (c = {ms / per_model['main']:.3f})" if name != "main" else "")
+                     for name, ms in per_model.items()]
+            rows.append(f"| {mode} | " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -1,5 +1,5 @@
 """The database taken away from a running stack, as a PostgreSQL restart or failover does, or a long
-write lock on SQLite: a fault of the soak and of the robustness tests.
+write lock on SQLite: a fault of the soak and of tests/test_database_outage.py.
 
 The stack's processes name their PostgreSQL connections (libpq's `PGAPPNAME`), so an outage ends theirs
 and leaves the caller's own (the soak's checks, a test's transaction) alone."""

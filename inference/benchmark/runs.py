@@ -43,6 +43,8 @@ from inference.benchmark.inprocess import (
 )
 from inference.benchmark.prompts import Prompt, heldout_prompts
 from inference.benchmark.summary import compare_to_inprocess, loop_warning, summarize
+from inference.engines.precision import CONFIGS
+from inference.limits import Route
 from inference.models import BenchmarkRun, ModelPair
 from inference.serving import speculation
 
@@ -152,6 +154,23 @@ def machine() -> dict:
     return {"cpus": os.cpu_count(), "cpu": openvino.Core().get_property("CPU", "FULL_DEVICE_NAME"),
             "platform": platform.platform(), "load_average": os.getloadavg(),
             "openvino_genai": openvino_genai.__version__}
+
+
+def benchmark_engines(*, pair: ModelPair, get=None) -> tuple[Engines, str]:
+    """The engines a benchmark measures, its baseline the main alone as this host serves it (the fastest
+    configuration its calibration measured), and a note that says which."""
+    from inference.engines.host import this_host
+    from inference.serving.calibrated import host_figures
+    from inference.serving.records import pair_spec
+
+    figures = host_figures(pair=pair, host=this_host(pair.runs_on))
+    alone = pair_spec(pair=pair, route=Route.LIBRARY_MAIN_ALONE, calibration=figures)
+    if figures.calibrated:
+        note = f"The main alone runs in this host's fastest configuration ({CONFIGS[figures.main_alone_config].label})."
+    else:
+        note = (f"{figures.host} has no calibration of the pair: the main alone runs in the pair's own precision, "
+                f"maybe not the fastest here (manage.py calibrate {pair.slug} first).")
+    return Engines(pair_spec(pair=pair), get=get, alone=alone), note
 
 
 def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, stack: StackTarget | None = None,
@@ -329,7 +348,6 @@ def _failure(exc: Exception) -> str:
 def execute_benchmark_run(*, run_id: int) -> None:
     """The worker's side: measure in-process on this worker's own engines for the pair (shared
     with any live traffic, which the notes say), write the report, keep the results."""
-    from inference.serving.records import pair_spec
     from inference.serving.worker import STATE
 
     if not jobs.claim(model=BenchmarkRun, job_id=run_id):
@@ -346,9 +364,9 @@ def execute_benchmark_run(*, run_id: int) -> None:
     try:
         with jobs.leased(model=BenchmarkRun, job_id=run_id):
             options = BenchmarkOptions.from_json(run.options)
-            results = run_benchmark(pair=run.pair, options=options, progress=progress,
-                                    engines=Engines(pair_spec(pair=run.pair), get=STATE.engines.get),
-                                    notes=("Run on a worker's own engines, which live traffic may have shared.",))
+            engines, baseline = benchmark_engines(pair=run.pair, get=STATE.engines.get)
+            results = run_benchmark(pair=run.pair, options=options, progress=progress, engines=engines, notes=(
+                baseline, "Run on a worker's own engines, which live traffic may have shared."))
             report_dir = Path(settings.BENCHMARK_DIR) / f"{run.pair.slug}-{run.id}"
             report.write_report(results, report_dir)
     except Exception as exc:

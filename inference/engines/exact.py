@@ -4,7 +4,8 @@ openvino-genai's verification with a draft is exact only for greedy decoding (do
 its answers are not drawn from the main model's distribution). Here the draft proposes K tokens sampled
 from its own distribution, the main scores all K+1 positions in one inference, and the exact rule
 (engines/acceptance.py, which names its words) keeps some and adds one token, so the answers follow the
-main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output.
+main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output. A draft whose head
+keeps part of the vocabulary (engines/draft_head.py) gives rows widened back to all of it, q = 0 outside.
 
 Rejected tokens leave each model's cache as engines/kv_cache.py says (cut from the main's, masked in the
 draft's); a cache mostly dead is rebuilt once from the live tokens. Each request holds its own pair of
@@ -30,6 +31,7 @@ from inference.engines.acceptance import accept, accept_fixed, draw, greedy_acce
 from inference.engines.batch import SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary, masked
 from inference.engines.decoding import DecodingParams
+from inference.engines.draft_head import WidenedSequence, compile_draft
 from inference.engines.drafting import Drafting, Proposal
 from inference.engines.interface import ActiveRequest, Finished, StepTokens
 from inference.engines.kv_cache import KvCache, KvSequence
@@ -94,9 +96,11 @@ class OwnEngine:
         self.spec = spec
         started = time.perf_counter()
         core = ov.Core()
-        props = spec.device_properties()
-        self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device, props)
-        self.draft = core.compile_model(str(Path(spec.draft_dir, "openvino_model.xml")), spec.device, props)
+        self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device,
+                                       spec.device_properties(device=spec.device))
+        self.draft, self.draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
+                                                    device=spec.draft_runs_on,
+                                                    properties=spec.device_properties(device=spec.draft_runs_on))
         self.main_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.draft_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.batch = SharedBatch(self.main, prompts=self.main_prompts)
@@ -117,6 +121,12 @@ class OwnEngine:
     @property
     def alive(self) -> bool:
         return True  # it runs in this process
+
+    def draft_sequence(self) -> KvSequence:
+        """A request's draft cache; its rows span the whole vocabulary, however much of it the head keeps."""
+        if self.draft_head is None:
+            return KvSequence(self.draft, prompts=self.draft_prompts)
+        return WidenedSequence(self.draft, self.draft_head, prompts=self.draft_prompts)
 
     def grammar_vocabulary(self) -> llg.LLTokenizer:
         """The main's vocabulary as llguidance reads it, built once (a second or so on 152k tokens)."""
@@ -166,7 +176,7 @@ class Decoding:
         self.emitted: list[int] = []
         grammar = params.grammar
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
-        self.drafting = Drafting(KvSequence(engine.draft, prompts=engine.draft_prompts), lookup=self._lookup(),
+        self.drafting = Drafting(engine.draft_sequence(), lookup=self._lookup(),
                                  params=params, rng=self.rng, constraint=self.constraint) if self.k else None
 
     def _lookup(self) -> PromptLookup | None:

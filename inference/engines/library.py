@@ -55,9 +55,10 @@ def build_pipeline(spec: PairSpec) -> og.ContinuousBatchingPipeline:
         scheduler.max_num_batched_tokens = budget
         # the library requires max_num_seqs <= max_num_batched_tokens
         scheduler.max_num_seqs = min(scheduler.max_num_seqs, budget)
-    props: dict = dict(spec.device_properties())
+    props: dict = spec.device_properties(device=spec.device)
     if spec.uses_draft:
-        props["draft_model"] = og.draft_model(spec.draft_dir, spec.device, **spec.device_properties())
+        props["draft_model"] = og.draft_model(spec.draft_dir, spec.draft_runs_on,
+                                              **spec.device_properties(device=spec.draft_runs_on))
     elif spec.uses_prompt_lookup:
         props["prompt_lookup"] = True
     return og.ContinuousBatchingPipeline(spec.main_dir, scheduler, spec.device, props)

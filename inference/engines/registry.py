@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from inference.engines.devices import DeviceUnavailable, on_this_worker
 from inference.engines.exact import OwnEngine
 from inference.engines.interface import Engine
 from inference.engines.library import LibraryEngine, StepObserver
@@ -78,6 +79,8 @@ class EngineRegistry:
                 for folder in filter(None, (spec.main_dir, spec.draft_dir if spec.speculative else "")):
                     if not Path(folder, "openvino_model.xml").is_file():
                         raise FileNotFoundError(f"no openvino_model.xml in {folder}")
+                if refusals := on_this_worker().refusals(spec.devices):
+                    raise DeviceUnavailable(" ".join(refusals.values()))
                 engine = self._build(spec)
             except Exception as exc:
                 if spec.is_pair_default:
@@ -122,6 +125,8 @@ class EngineRegistry:
     def _retire_replaced(self, spec: PairSpec) -> None:
         """An edited pair loads a new engine: the one it replaces is freed once its requests end."""
         for stale in [s for s in self._engines if s.role == spec.role and s != spec]:
+            if stale.devices != spec.devices:
+                self.rates.pop(spec.slug, None)  # figures measured on other devices say nothing of these
             self._engines.pop(stale).close()
 
     def release_idle_extras(self) -> list[PairSpec]:
@@ -151,8 +156,9 @@ class EngineRegistry:
         return released
 
     def loaded(self) -> list[dict]:
-        return [{"slug": s.slug, "speculative": s.speculative, "exact_sampling": s.exact_sampling}
-                for s in self._engines]
+        return [{"slug": s.slug, "speculative": s.speculative, "exact_sampling": s.exact_sampling,
+                 "inference_precision": s.inference_precision, "kv_cache_precision": s.kv_cache_precision,
+                 "dynamic_quantization": s.dynamic_quantization} for s in self._engines]
 
     def unload(self, slug: str) -> None:
         for spec in [s for s in self._engines if s.slug == slug]:

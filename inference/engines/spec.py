@@ -9,10 +9,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.engines.devices import AUTO
 from inference.limits import Drafter, Route
 
 KEPT_TOKENS = 1024  # prompt tokens kept prefilled per model (engines/prefill.py): ~57 MB for the real main's f32
 # cache, ~25 MB for its draft's (settings.PROMPT_CACHE_TOKENS sets it for a worker's engines)
+HEAD_IDS_FILE = "head_vocabulary.npy"  # beside a draft's IR: the ids its head keeps (pairs/head_vocabulary.py)
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,8 @@ class PairSpec:
     main_dir: str
     draft_dir: str = ""
     prompt_lookup: bool = False
-    device: str = "CPU"
+    device: str = "CPU"  # the main's
+    draft_device: str = ""  # "": the main's device
     cache_size_gb: int = 1
     max_num_batched_tokens: int | None = None  # None: the library's default
     prefill_first: bool = False  # whole prompts in steps of their own (the library's dynamic_split_fuse off)
@@ -37,6 +40,7 @@ class PairSpec:
     prompt_cache_tokens: int = KEPT_TOKENS  # on the own engine: prompt tokens kept prefilled per model (0: none)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
     chained_lookup: bool = True  # on the own engine: the prompt lookup proposes first, the draft where it has nothing
+    draft_head_ids: str = ""  # on the own engine: a file of the ids the draft's head keeps (engines/draft_head.py)
 
     @property
     def role(self) -> tuple[str, bool, bool]:
@@ -47,6 +51,15 @@ class PairSpec:
     @property
     def uses_draft(self) -> bool:
         return self.speculative and bool(self.draft_dir)
+
+    @property
+    def draft_runs_on(self) -> str:
+        return self.draft_device or self.device
+
+    @property
+    def devices(self) -> dict[str, str]:
+        """Model ("main", "draft") -> the device this engine runs it on."""
+        return {"main": self.device, **({"draft": self.draft_runs_on} if self.uses_draft else {})}
 
     @property
     def uses_prompt_lookup(self) -> bool:
@@ -85,13 +98,16 @@ class PairSpec:
             return max(self.max_num_batched_tokens or 0, context_length(Path(self.main_dir)))
         return self.max_num_batched_tokens
 
-    def device_properties(self) -> dict[str, str]:
+    def device_properties(self, *, device: str) -> dict[str, str]:
+        """What a model is compiled with on `device`: the precision hints, and the CPU's switch below on the CPU
+        and on AUTO, which hands it to the device it picks (openvino-genai's pipeline ignores a switch scoped to
+        the CPU in DEVICE_PROPERTIES); a GPU or an NPU named never gets it."""
         props = {}
         if self.inference_precision:
             props["INFERENCE_PRECISION_HINT"] = self.inference_precision
         if self.kv_cache_precision:
             props["KV_CACHE_PRECISION"] = self.kv_cache_precision
-        if self.device == "CPU" and self.inference_precision == "f32" and not self.dynamic_quantization:
+        if device in ("CPU", AUTO) and self.inference_precision == "f32" and not self.dynamic_quantization:
             # The CPU quantizes activations of int8/int4-weight matmuls on the fly. Row by row that is bitwise
             # the same for one token and for K+1 (the own engine relies on it), but the library's paged
             # attention is not: its greedy answers with the draft then differ in near-ties

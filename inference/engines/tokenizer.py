@@ -2,7 +2,7 @@
 
 openvino's bindings set up their numpy API on the first tensor turned into numpy, and threads doing that
 at once deadlock the whole process, its heartbeat included (docs/architecture.md, "Engines";
-tests/test_engine_process.py). So it is done here once per process, at import: every engine module imports
+tests/test_engines_library.py). So it is done here once per process, at import: every engine module imports
 this one, and the web side imports it with its first tokenizer, so the import is complete before any thread
 of theirs can hold a tensor.
 """

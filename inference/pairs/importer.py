@@ -28,7 +28,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from inference import jobs, pair_checks
+from inference import jobs, pair_checks, transport
 from inference.models import ImportJob, ModelPair
 from inference.pairs import gguf
 from inference.pairs.conversion import ImportFailed, ImportProgress, ProgressCallback, dequantize, export
@@ -49,8 +49,8 @@ def can_export() -> bool:
 
 
 def request_errors(*, name: str, slug: str, main_source: str, draft_source: str, weight_format: str,
-                   kv_cache_precision: str, device: str, draft_weight_format: str = "", main_sha256: str = "",
-                   draft_sha256: str = "") -> dict[str, str]:
+                   kv_cache_precision: str, device: str, draft_device: str = "", draft_weight_format: str = "",
+                   main_sha256: str = "", draft_sha256: str = "") -> dict[str, str]:
     """ImportJob field -> message for an import that cannot start (empty when it can)."""
     errors: dict[str, str] = {}
     pair = ModelPair(name=name, slug=slug)
@@ -75,8 +75,14 @@ def request_errors(*, name: str, slug: str, main_source: str, draft_source: str,
             errors[field] = "A digest can only be checked for a file (a GGUF source)."
     if kv_cache_precision not in ModelPair.KvPrecision.values:
         errors["kv_cache_precision"] = f"The KV cache precision must be one of {ModelPair.KvPrecision.values}."
-    if device not in ModelPair.Device.values:
-        errors["device"] = f"The device must be one of {', '.join(ModelPair.Device.values)}."
+    for field, value, choices in (("device", device, ModelPair.Device.choices),
+                                  ("draft_device", draft_device, ModelPair.DRAFT_DEVICES)):
+        if value not in dict(choices):
+            errors[field] = f"The device must be one of {', '.join(ModelPair.Device.values)}."
+    if not errors.keys() & {"device", "draft_device"}:
+        errors.update(pair_checks.device_errors(
+            device=device, draft_device=draft_device, has_draft=bool(draft_source.strip()),
+            available=pair_checks.registrable_devices(client=transport.fail_fast_client())))
     return errors
 
 
@@ -222,7 +228,8 @@ def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
                            "(pip install torch==2.13.0 -e '.[train]').")
     errors = request_errors(name=job.name, slug=job.slug, main_source=job.main_source, draft_source=job.draft_source,
                             weight_format=job.weight_format, kv_cache_precision=job.kv_cache_precision,
-                            device=job.device, draft_weight_format=job.draft_weight_format,
+                            device=job.device, draft_device=job.draft_device,
+                            draft_weight_format=job.draft_weight_format,
                             main_sha256=job.main_sha256, draft_sha256=job.draft_sha256)
     if errors:
         raise ImportFailed(" ".join(errors.values()))
@@ -269,6 +276,7 @@ def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
         placed = final
         pair = ModelPair(name=job.name, slug=job.slug, main_dir=f"{job.slug}/main",
                          draft_dir=f"{job.slug}/draft" if draft else "", device=job.device,
+                         draft_device=job.draft_device if draft else "",
                          kv_cache_precision=job.kv_cache_precision,
                          num_assistant_tokens=DEFAULT_NUM_ASSISTANT_TOKENS if draft else None)
         try:

@@ -1,10 +1,10 @@
 """What a Celery worker process does besides running tasks: announce itself and load its pairs.
 
-Every few seconds a worker writes a heartbeat with expiry to Redis: its queues, the state of each
-pair it holds and how many generations it is running. The web side reads these to say which pairs
-are AVAILABLE and to fail fast when nobody serves a pair; the workers read them to fail the
-generations of a worker that died. In the background the worker loads the pairs of the queues it
-consumes, at start and whenever one is registered later (a pair is also loaded on first request).
+Every few seconds a worker writes a heartbeat with expiry to Redis: its queues, the state of each pair it
+holds, how many generations it is running and the devices its OpenVINO runtime lists. The web side reads these
+to say which pairs are AVAILABLE and to fail fast when nobody serves a pair; the workers read them to fail the
+generations of a worker that died. In the background the worker loads the pairs of the queues it consumes, at
+start and whenever one is registered later (a pair is also loaded on first request).
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from inference import jobs, transport
-from inference.models import BenchmarkRun, ModelPair
+from inference.engines.devices import runtime_devices
+from inference.engines.host import this_host
+from inference.models import BenchmarkRun, HostCalibration, ModelPair
 from inference.pairs.importer import fail_abandoned_imports
+from inference.serving import calibrated
 from inference.serving.housekeeping import (
     fail_orphaned_generations,
     fail_unservable_generations,
@@ -61,6 +64,7 @@ def heartbeat_payload() -> dict:
         "active": STATE.engines.active_requests(),
         "engines": STATE.engines.loaded(),
         "slots": settings.WORKER_SLOTS,
+        "devices": list(runtime_devices()),  # what pairs may name (pair_checks.registrable_devices)
         # {slug: {streams: {K: tok/s}}}: what the plans follow (engines/rates.py), for /metrics
         "figures": {slug: rates.figures() for slug, rates in STATE.engines.rates.items()},
     }
@@ -77,6 +81,7 @@ def _beat_forever() -> None:
             reconcile_claimed_generations(worker_name=WORKER_NAME)
             fail_abandoned_imports()
             jobs.fail_abandoned(model=BenchmarkRun)
+            jobs.fail_abandoned(model=HostCalibration)
             if STATE.engines.active_requests() < settings.WORKER_SLOTS:
                 resend_lost_generations(client=client, queues=list(_queues))
             _load_unloaded_pairs()
@@ -126,6 +131,7 @@ def _load(slug: str) -> None:
         pair = ModelPair.objects.filter(slug=slug, enabled=True).first()
         if pair is not None:
             load_engine(pair=pair, route=pair_default_route(pair))
+            calibrated.calibrate_if_missing(pair=pair, host=this_host(pair.runs_on))
     except Exception:
         log.exception("pair %s failed to load", slug)
     finally:

@@ -40,6 +40,10 @@ class Reason(StrEnum):
     ALTERNATIVES = "alternatives"
     HANDED_OVER = "handed-over"
     FAST_MODE = "fast-mode"
+    CALIBRATED_BEST_K = "calibrated-best-k"
+    CALIBRATED_MAIN_ALONE_FASTER = "calibrated-main-alone-faster"
+    FASTEST_CONFIG = "fastest-config"
+    NOT_CALIBRATED = "not-calibrated"
 
 
 # Also the API's refusal of top_logprobs on a pair that cannot give them (api/parsing.py).
@@ -81,6 +85,10 @@ SENTENCES: dict[Reason, str] = {
     Reason.HANDED_OVER: "handed over to {to} from token {token}, {load} running here ({then})",
     # The device's default precision quantizes activations differently for one token and for K+1 verified at once.
     Reason.FAST_MODE: "fast mode: tokens may differ from the main alone's where two are near-tied",
+    Reason.CALIBRATED_BEST_K: "K={k} is fastest for a lone answer on this host (calibrated)",
+    Reason.CALIBRATED_MAIN_ALONE_FASTER: "on this host no K beat the main alone for a lone answer (calibrated)",
+    Reason.FASTEST_CONFIG: "the main alone in its fastest configuration on this host ({config})",
+    Reason.NOT_CALIBRATED: "the pair is not calibrated on this host yet: safe defaults meanwhile",
 }
 
 

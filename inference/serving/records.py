@@ -19,28 +19,34 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from inference import limits, selectors, transport
+from inference.engines import precision
 from inference.engines.decoding import DecodingParams
-from inference.engines.spec import PairSpec
+from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import FinishReason, Route
 from inference.models import Generation, ModelPair
-from inference.serving.speculation import Plan
+from inference.serving.speculation import HostFigures, Plan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 NOT_SAVED = "This answer could not be saved (the database did not answer): send it again."
 
 
-def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE) -> PairSpec:
+def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE,
+              calibration: HostFigures | None = None) -> PairSpec:
     """The spec of the engine that serves a route of the pair (its own engine serves both of its routes; the
-    library's speculative route is the pair's draft or its prompt lookup, or its main alone without either)."""
+    library's speculative route is the pair's draft or its prompt lookup, or its main alone without either).
+    On a calibrated host the main alone and the own engine run in the precision measured fastest there (the
+    library's speculation keeps the pair's own: its greedy answers are exact only in f32)."""
     root = Path(settings.MODELS_ROOT)
     own = route.is_own_engine()  # whose main alone is its batch, beside the draft
-    return PairSpec(
+    head_ids = root / pair.draft_dir / HEAD_IDS_FILE if pair.draft_dir else None  # `make real-pair` writes it
+    spec = PairSpec(
         slug=pair.slug,
         main_dir=str(root / pair.main_dir),
         draft_dir=str(root / pair.draft_dir) if pair.draft_dir else "",
         prompt_lookup=pair.prompt_lookup,
         device=pair.device,
+        draft_device=pair.draft_device,
         cache_size_gb=pair.cache_size_gb,
         max_num_batched_tokens=pair.max_num_batched_tokens,
         prefill_first=pair.prefill_first,
@@ -52,7 +58,12 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE) -> P
         speculating_streams=pair.own_engine_streams if pair.draft_dir else 0,
         prompt_cache_tokens=settings.PROMPT_CACHE_TOKENS,
         dynamic_quantization=bool(pair.own_engine_streams) and own,
+        draft_head_ids=str(head_ids) if head_ids and head_ids.is_file() else "",  # read by the own engine alone
     )
+    if calibration is None or not calibration.calibrated or (route.speculates() and not own):
+        return spec
+    config = precision.CONFIGS.get(calibration.own_config if own else calibration.main_alone_config)
+    return replace(spec, **config.fields) if config else spec
 
 
 def planned_decoding(params: DecodingParams, planned: Plan) -> DecodingParams:

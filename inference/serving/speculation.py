@@ -1,6 +1,7 @@
 """How a request is served — which route (limits.Route: which engine, drafting or not), which K, and why —
-decided when it joins a worker's batch, from what it asked, the pair's settings and measured profile, the
-worker's load then and its live figures: `plan` is a pure function of those; `handover` moves a running answer.
+decided when it joins a worker's batch, from what it asked, the pair's settings, its calibration on the host
+and measured profile, the worker's load then and its live figures: `plan` is a pure function of those;
+`handover.py` moves a running answer.
 
 Both sides use it: the web side to validate a request with the settings it would get, the worker to
 decide for real (it knows its load). Two promises shape it: a sampled request runs on the own engine
@@ -17,8 +18,9 @@ sentence an answer shows is made; no decision reads the sentence.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from inference.engines import precision
 from inference.engines.rates import StepRates
 from inference.limits import DEFAULT_K, Route, SpeculativeMode
 from inference.models import ModelPair
@@ -65,10 +67,28 @@ def live_figures(rates: StepRates, *, asked: Asked, load: int) -> LiveFigures:
 
 
 @dataclass(frozen=True, kw_only=True)
-class HostCalibration:
-    """What a pair measured on this host (issue 35's calibration, not yet built: the planner takes None)."""
+class HostFigures:
+    """What the pair's calibration measured on this worker's host (serving/calibrated.py): the configuration its
+    main alone is fastest in, the one its own engine is exact in, and a lone answer's best K (0: the main alone)."""
 
-    host: str
+    host: str  # the host, described
+    main_alone_config: str = ""  # a precision configuration's name (engines/precision.py); "": not calibrated
+    own_config: str = ""
+    best_k: dict[int, int] = field(default_factory=dict)
+    library_alone: dict[int, bool] = field(default_factory=dict)  # {streams: the library's main alone is faster}
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.main_alone_config)
+
+    def k_at(self, load: int) -> int | None:
+        return self.best_k.get(load)  # it measures lone answers only: None beyond
+
+    def alone_on_library(self, load: int) -> bool:
+        """Whether the main alone is faster on the library's pipeline (in its fastest configuration) than on the
+        own engine's batch, at the most streams measured up to this load."""
+        measured = [streams for streams in self.library_alone if streams <= load]
+        return bool(measured) and self.library_alone[max(measured)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,9 +168,8 @@ def quickest_k(rates: dict[int, float]) -> int:
     return min(k for k, rate in rates.items() if rate >= AS_FAST * top)
 
 
-# This worker's recent figures decide where one path is this much faster than the other at the load
-# (it repays a handover's prefill, and is beyond a burst's run-to-run spread). Closer than that,
-# the two are as good as each other: the request joins the batch that runs, or the main alone.
+# This worker's recent figures decide where one path is this much faster than the other at the load (it repays a
+# handover's prefill, beyond a burst's spread). Closer, the request joins the batch that runs, or the main alone.
 LIVE_MARGIN = 1.10
 
 
@@ -174,26 +193,46 @@ def pair_default_route(pair: ModelPair) -> Route:
 
 
 def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None = None,
-         calibration: HostCalibration | None = None) -> Plan:
+         calibration: HostFigures | None = None) -> Plan:
     """The route, K and reasons of a request joining a worker where `load` runs; `live`: the worker's recent
-    figures at that load. `calibration` is for the host's measured figures (none are measured yet: None).
-    First the library's plan (from the request, the figures, else the profile, else the pair's defaults),
-    then adjusted to the batch running here, then moved to the pair's own engine where it serves."""
-    planned = _on_the_library(pair=pair, asked=asked, load=load.streams, live=live)
+    figures at that load; `calibration`: what the pair measured on the worker's host (None on the web side).
+    First the library's plan (from the request, the figures, else the calibration, else the profile, else the
+    pair's defaults), then adjusted to the batch running here, then moved to the pair's own engine where it
+    serves; the main alone runs in the configuration the host measured fastest."""
+    planned = on_the_library(pair=pair, asked=asked, load=load.streams, live=live, calibration=calibration)
     planned = _join_running_batch(pair=pair, asked=asked, planned=planned, load=load)
-    return _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
+    planned = _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
+    return planned if calibration is None else _on_the_host(asked=asked, planned=planned, load=load.streams,
+                                                            calibration=calibration)
 
 
-def _on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None) -> Plan:
+def _on_the_host(*, asked: Asked, planned: Plan, load: int, calibration: HostFigures) -> Plan:
+    """The main alone where the host measured it fastest: on the library's pipeline rather than the own engine's
+    batch when that was faster there at this load (a second copy of the main's weights, freed when idle)."""
+    if not calibration.calibrated:
+        return planned.because(Why(Reason.NOT_CALIBRATED))
+    if planned.route == Route.OWN_MAIN_ALONE and not asked.alternatives and calibration.alone_on_library(load):
+        own_whys = {Reason.OWN_ENGINE, Reason.OWN_BATCH}
+        planned = replace(planned, route=Route.LIBRARY_MAIN_ALONE,
+                          why=tuple(why for why in planned.why if why.code not in own_whys))
+    if not planned.route.is_main_alone():
+        return planned
+    config = calibration.own_config if planned.route.is_own_engine() else calibration.main_alone_config
+    return planned.because(Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[config].label}))
+
+
+def on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None,
+                    calibration: HostFigures | None = None) -> Plan:
     """The plan on openvino-genai's pipelines (or the own engine for exact sampling). A greedy answer with a
     draft on a pair in the fast mode says so (FAST_MODE)."""
-    planned = _by_the_request(pair=pair, asked=asked, load=load, live=live)
+    planned = _by_the_request(pair=pair, asked=asked, load=load, live=live, calibration=calibration)
     if planned.mode == SpeculativeMode.DRAFT and pair.precision_mode == ModelPair.FAST:
         return planned.because(Why(Reason.FAST_MODE))
     return planned
 
 
-def _by_the_request(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None) -> Plan:
+def _by_the_request(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None,
+                    calibration: HostFigures | None) -> Plan:
     if not asked.speculative:
         return Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled, why=(Why(Reason.ASKED_OFF),))
     if not pair.is_speculative:
@@ -214,11 +253,13 @@ def _by_the_request(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigur
         return replace(drafting, threshold=asked.threshold).because(Why(Reason.THRESHOLD_ASKED))
     if asked.k is not None:
         return replace(drafting, k=asked.k).because(Why(Reason.K_ASKED))
-    return _for_the_load(pair=pair, asked=asked, drafting=drafting, load=load, live=live)
+    return _for_the_load(pair=pair, asked=asked, drafting=drafting, load=load, live=live, calibration=calibration)
 
 
-def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, live: LiveFigures | None) -> Plan:
-    """The plan of a request that leaves K to the pair: from the figures here, else the profile, else the
+def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, live: LiveFigures | None,
+                  calibration: HostFigures | None) -> Plan:
+    """The plan of a request that leaves K to the pair: from the figures here, else the host's calibration
+    (measured on the own engine: for a pair whose own engine serves lone answers), else the profile, else the
     pair's default. `drafting`: the route it drafts on, and why that route."""
     alone = Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled)
     here = None if asked.sampled or live is None else live_k(live.rates)  # the own engine's steps are not measured
@@ -232,6 +273,11 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, l
         return replace(drafting, k=k, measured_here=True).because(Why(Reason.LIVE_K_FASTEST, facts))
     if live is not None and live.exploring and live.rates and drafting.mode == SpeculativeMode.DRAFT:
         return _explore(pair=pair, live=live.rates, load=load)
+    calibrated = calibration.k_at(load) if calibration and pair.own_engine_streams and not asked.sampled else None
+    if calibrated == 0:
+        return alone.because(Why(Reason.CALIBRATED_MAIN_ALONE_FASTER))
+    if calibrated:
+        return replace(drafting, k=calibrated).because(Why(Reason.CALIBRATED_BEST_K, {"k": calibrated}))
     best = measured_k(pair=pair, sampled=asked.sampled, load=load)
     if best is None:
         if (pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None
@@ -319,53 +365,3 @@ def _for_alternatives(*, pair: ModelPair, planned: Plan) -> Plan:
         own, k = Route.OWN_SPECULATIVE, planned.k or pair.num_assistant_tokens or DEFAULT_K
     why = tuple(why for why in planned.why if why.code != Reason.INEXACT_ALLOWED)  # exact on the own engine
     return Plan(route=own, sampled=planned.sampled, k=k, why=(*why, Why(Reason.ALTERNATIVES)))
-
-
-# A running answer moves to the other pipeline only while the pair's batch here is this small: it must
-# prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins
-# (measured: docs/speculation.md, "Live figures"). By the profile an answer moves from the main alone to
-# speculation (a burst's last request otherwise ends alone at the main's 1-stream speed); by this worker's
-# recent figures, either way.
-HANDOVER_MAX_STREAMS = 2
-HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the prefill
-
-
-def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
-             live: LiveFigures | None = None) -> Plan | None:
-    """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
-    for greedy answers the profile or the figures planned, and off the own engine for sampled ones (the
-    library cannot change a request's K, so moving is a new request that goes on from the answer so far;
-    its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way).
-    An answer the pair's own engine serves (or that asked alternatives) stays there."""
-    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over:
-        return None
-    if planned.route.is_own_engine():
-        if pair.own_engine_streams or asked.alternatives:
-            return None
-        return _off_the_own_engine(pair=pair, asked=asked, planned=planned, load=load, generated=generated)
-    if planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not left_to_the_profile(asked):
-        return None
-    now = _on_the_library(pair=pair, asked=asked, load=load, live=live)
-    if now.route == planned.route or (now.route.speculates() and now.k is None):
-        return None
-    if load > HANDOVER_MAX_STREAMS or (now.route.is_main_alone() and not now.measured_here):
-        return None
-    return replace(now, why=(*planned.why, _handed_over(now, generated=generated, load=load)))
-
-
-def _off_the_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int) -> Plan | None:
-    """A sampled answer the profile sent to the own engine goes on with the main alone as soon as the
-    profile says the main alone at the load, whatever the load: the own engine runs each request on its
-    own, beside the main alone's batch on the same cores, which slows the whole burst (docs/speculation.md)."""
-    if not asked.speculative or asked.k is not None or asked.threshold is not None:
-        return None  # the request asked for this engine
-    now = _on_the_library(pair=pair, asked=asked, load=load, live=None)
-    if not now.route.is_main_alone():
-        return None
-    return Plan(route=now.route, sampled=asked.sampled,
-                why=(*planned.why, _handed_over(now, generated=generated, load=load)))
-
-
-def _handed_over(now: Plan, *, generated: int, load: int) -> Why:
-    return Why(Reason.HANDED_OVER, {"to_k": now.k if now.route.speculates() else None, "token": generated + 1,
-                                    "load": load, "then": now.why})

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from inference import selectors, transport
 from inference.engines.decoding import DecodingParams
+from inference.engines.host import this_host
 from inference.engines.interface import ActiveRequest, Engine, Finished, StepTokens
 from inference.engines.registry import EngineRegistry
 from inference.engines.speculation_stats import SpeculationStats
@@ -24,7 +25,7 @@ from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason, Route, SpeculativeMode
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
-from inference.serving import speculation
+from inference.serving import calibrated, handover, speculation
 from inference.serving.records import (
     NOT_SAVED,
     fail_generation,
@@ -61,10 +62,17 @@ NOT_STOPPED = "The answer ran past the server's limit of {limit} s and its worke
 WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
 
 
-def load_engine(*, pair: ModelPair, route: Route) -> Engine:
-    """This worker's engine for the pair's route, loaded on first use; the last load result is kept on the pair."""
+def host_figures(*, pair: ModelPair) -> speculation.HostFigures:
+    """What the pair measured on this worker's host (serving/calibrated.py)."""
+    return calibrated.host_figures(pair=pair, host=this_host(pair.runs_on))
+
+
+def load_engine(*, pair: ModelPair, route: Route, figures: speculation.HostFigures | None = None) -> Engine:
+    """This worker's engine for the pair's route, loaded on first use, in the precision the host's calibration
+    chose; the last load result is kept on the pair."""
     try:
-        engine = STATE.engines.get(pair_spec(pair=pair, route=route))
+        figures = figures or host_figures(pair=pair)
+        engine = STATE.engines.get(pair_spec(pair=pair, route=route, calibration=figures))
     except Exception as exc:
         ModelPair.objects.filter(id=pair.id).update(load_error=f"{type(exc).__name__}: {exc}",
                                                     load_reported_at=timezone.now())
@@ -80,12 +88,13 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         return  # a replayed delivery of a generation that already ran
     asked = speculation.Asked(**generation.params.get("asked", {}))
     load, slug = current_load(pair=generation.pair), generation.pair.slug
+    figures = host_figures(pair=generation.pair)
     planned = speculation.plan(
         pair=generation.pair, asked=asked,
         load=speculation.Load(streams=load,
                               running_speculative=STATE.engines.active_requests(slug=slug, speculative=True),
                               running_alone=STATE.engines.active_requests(slug=slug, speculative=False)),
-        live=speculation.live_figures(STATE.engines.rates_of(slug), asked=asked, load=load))
+        live=speculation.live_figures(STATE.engines.rates_of(slug), asked=asked, load=load), calibration=figures)
     # Held before the row says so: the heartbeat's reconcile fails a running row that no thread holds.
     STATE.claimed.add(str(generation.id))
     try:
@@ -93,14 +102,15 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         if Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
                 status=Generation.Status.RUNNING, worker=worker_name, started_at=timezone.now(),
                 **_plan_fields(generation=generation, planned=planned)):
-            _serve(generation=generation, asked=asked, planned=planned, worker_name=worker_name)
+            _serve(generation=generation, asked=asked, planned=planned, worker_name=worker_name, figures=figures)
     finally:
         STATE.claimed.discard(str(generation.id))
 
 
-def _serve(*, generation: Generation, asked: speculation.Asked, planned: speculation.Plan, worker_name: str) -> None:
+def _serve(*, generation: Generation, asked: speculation.Asked, planned: speculation.Plan, worker_name: str,
+           figures: speculation.HostFigures) -> None:
     try:
-        engine = load_engine(pair=generation.pair, route=planned.route)
+        engine = load_engine(pair=generation.pair, route=planned.route, figures=figures)
     except Exception:  # the details (paths, the library's words) go to the log and the pair's admin page
         log.exception("pair %s failed to load for generation %s", generation.pair.slug, generation.id)
         fail_generation(generation_id=generation.id,
@@ -179,7 +189,7 @@ OVERRUN_GRACE_S = 10  # an answer past settings.MAX_ANSWER_S whose engine has no
 class Answer:
     """One generation being streamed: its request's steps go to the generation's Redis Stream (batched
     for STREAM_FLUSH_MS), its record is written at the end. While it runs, it may be handed over to
-    another engine of the pair when the load changes (speculation.handover): the request there goes on
+    another engine of the pair when the load changes (serving/handover.py): the request there goes on
     from the prompt and the tokens so far, and the reader sees one answer."""
 
     def __init__(self, *, generation: Generation, writer: transport.StreamWriter, params: DecodingParams,
@@ -282,9 +292,9 @@ class Answer:
         rates, running = STATE.engines.rates_of(slug), STATE.engines.active_requests(slug=slug)
         rates.note_load(running)
         load = rates.recent_peak() or running  # the load a request joining now plans for (0: live figures off)
-        if load > speculation.HANDOVER_MAX_STREAMS and not exact:
+        if load > handover.HANDOVER_MAX_STREAMS and not exact:
             return  # no move at this load: not worth working out figures (or starting an exploration) for
-        self.moving_to = speculation.handover(
+        self.moving_to = handover.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
             live=speculation.live_figures(rates, asked=self.asked, load=load))

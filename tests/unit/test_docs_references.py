@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "tests" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PACKAGES = ("inference", "chatsite")
 PATH_STARTS = ("inference/", "chatsite/", "tests/", "templates/", "docs/", "engines/", "serving/", "api/",
                "pairs/", "benchmark/", "demo/")

@@ -8,13 +8,11 @@ from tqdm import tqdm
 
 from inference import errors
 from inference.benchmark import report, runs
-from inference.benchmark.inprocess import Engines
 from inference.benchmark.peer import PeerServer
 from inference.benchmark.prompts import Prompt, prompts_from_file
 from inference.benchmark.servers import StackError, check_served, local_stack, stack_credentials
 from inference.benchmark.stack import StackTarget, StreamError
 from inference.models import ModelPair
-from inference.serving.records import pair_spec
 from inference.serving.web import chat_prompt
 
 
@@ -84,7 +82,8 @@ class Command(BaseCommand):
             prompts = self.prompts(pair=pair, path=o["prompts_file"], history=o["from_history"])
             peer = self.peer(url=o["compare_url"], model=o["compare_model"], key=o["compare_key"],
                              stack=bool(options.clients))
-            engines = Engines(pair_spec(pair=pair))
+            engines, baseline = runs.benchmark_engines(pair=pair)
+            self.stderr.write(baseline)
             with tqdm(total=1, unit="run", dynamic_ncols=True) as bar, closing(engines):
                 def progress(done: int, total: int, label: str) -> None:
                     bar.total = total
@@ -92,7 +91,7 @@ class Command(BaseCommand):
                     bar.update(done - bar.n)
 
                 results = self.run(pair=pair, options=options, engines=engines, url=o["url"], progress=progress,
-                                   prompts=prompts, peer=peer)
+                                   prompts=prompts, peer=peer, notes=(baseline,))
         except (ValueError, OSError, errors.ServiceError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
         files = report.write_report(results, o["out"])
@@ -125,10 +124,10 @@ class Command(BaseCommand):
             raise ValueError("--compare-url measures through the stack: drop --no-stack")
         return PeerServer(base_url=url.rstrip("/"), model=model, api_key=key)
 
-    def run(self, *, pair, options, engines, url, progress, prompts, peer) -> dict:
+    def run(self, *, pair, options, engines, url, progress, prompts, peer, notes) -> dict:
         if not options.clients:
             return runs.run_benchmark(pair=pair, options=options, engines=engines, progress=progress,
-                                      prompts=prompts)
+                                      prompts=prompts, notes=notes)
         threads = max(options.concurrency or (1,)) + 2  # a worker thread per stream, and some to spare
         stack = nullcontext(url) if url else local_stack(pair=pair, worker_threads=threads)
         with stack_credentials(max_concurrent=threads) as credentials, stack as base_url:
@@ -136,4 +135,4 @@ class Command(BaseCommand):
                 check_served(pair=pair)
             target = StackTarget(base_url=base_url, credentials=credentials, pair=pair.slug)
             return runs.run_benchmark(pair=pair, options=options, engines=engines, stack=target,
-                                      progress=progress, prompts=prompts, peer=peer)
+                                      progress=progress, prompts=prompts, peer=peer, notes=notes)

@@ -26,8 +26,9 @@ class Command(BaseCommand):
         parser.add_argument("--ks", type=int_list, default=(2, 3, 4))
         parser.add_argument("--max-new-tokens", type=int, default=128)
         parser.add_argument("--repeats", type=int, default=1)
-        parser.add_argument("--modes", type=lambda text: tuple(text.split(",")), default=tuple(modes.MODES),
-                            help="exact,fast (both by default)")
+        parser.add_argument("--modes", type=lambda text: tuple(text.split(",")), default=modes.DEFAULT_MODES,
+                            help="of exact,fast,fast-f32,own (all four by default) and own-whole-head (the own engine, "
+                                 "its draft's head whole where the pair cuts it)")
         parser.add_argument("--json-schema", type=Path, help="hold every answer to this JSON schema (a file)")
         parser.add_argument("--streams", type=int, default=1, help="answers each line runs at once")
         parser.add_argument("--draft-only", action="store_true",
@@ -59,16 +60,20 @@ class Command(BaseCommand):
                 check(grammar, budget_s=settings.GRAMMAR_COMPILE_MS / 1000, requester="compare_modes")
             except GrammarError as exc:
                 raise CommandError(f"{json_schema}: {exc}") from exc
-        costs = {mode: modes.infer_cost(main_dir=spec.main_dir, mode=mode) for mode in options["modes"]}
+        measured = [mode for mode in options["modes"] if "draft_head_ids" not in modes.MODES[mode]]  # not own's twin
+        costs = {mode: modes.infer_cost(main_dir=spec.main_dir, props=modes.mode_props(main_dir=spec.main_dir,
+                                                                                       mode=mode))
+                 for mode in measured}
+        draft_costs = {mode: modes.draft_cost(spec=spec, mode=mode) for mode in measured}
         lines = modes.compare_modes(spec=spec, prompts=prompts, ks=ks, max_new_tokens=max_new_tokens,
                                     repeats=repeats, modes=options["modes"], grammar=grammar, streams=streams,
                                     own_engine_streams=record.own_engine_streams, draft_only=draft_only,
                                     temperature=temperature, say=self.stderr.write)
-        self.stdout.write(modes.report(lines, costs))
+        self.stdout.write(modes.report(lines, costs, draft_costs))
         if out:
             out.write_text(json.dumps({"pair": pair, "prompts": str(prompts_file), "max_new_tokens": max_new_tokens,
                                        "json_schema": str(json_schema or ""), "streams": streams,
                                        "temperature": temperature,
-                                       "repeats": repeats, "costs_ms": costs,
+                                       "repeats": repeats, "costs_ms": costs, "draft_costs_ms": draft_costs,
                                        "lines": [{**vars(line), "tokens_per_s": line.tokens_per_s} for line in lines]},
                                       indent=1))

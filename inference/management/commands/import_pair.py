@@ -25,14 +25,17 @@ class Command(BaseCommand):
         parser.add_argument("--draft-sha256", default="", help="The same for the draft's GGUF file.")
         parser.add_argument("--kv-cache-precision", choices=[v for v in ModelPair.KvPrecision.values if v],
                             default=ModelPair._meta.get_field("kv_cache_precision").default)
-        parser.add_argument("--device", choices=ModelPair.Device.values, default=ModelPair.Device.CPU)
+        parser.add_argument("--device", choices=ModelPair.Device.values, default=ModelPair.Device.CPU,
+                            help="The main's device: one a live worker's OpenVINO runtime lists.")
+        parser.add_argument("--draft-device", choices=ModelPair.Device.values, default="",
+                            help="The draft's device (default: the main's).")
 
     def handle(self, *args, name, slug, main, draft, weight_format, draft_weight_format, main_sha256, draft_sha256,
-               kv_cache_precision, device, **options):
+               kv_cache_precision, device, draft_device, **options):
         fields = {"name": name, "slug": slug, "main_source": main, "draft_source": draft,
                   "weight_format": weight_format, "draft_weight_format": draft_weight_format,
                   "main_sha256": main_sha256, "draft_sha256": draft_sha256,
-                  "kv_cache_precision": kv_cache_precision, "device": device}
+                  "kv_cache_precision": kv_cache_precision, "device": device, "draft_device": draft_device}
         errors = importer.request_errors(**fields)
         if errors:
             raise CommandError(" ".join(errors.values()))

@@ -6,7 +6,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.models import ModelPair
-from inference.pairs import catalog
+from inference.pairs import catalog, head_vocabulary
 
 
 class Command(BaseCommand):
@@ -17,9 +17,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("slug", choices=sorted(catalog.PAIRS))
         parser.add_argument("--default", action="store_true", help="Make it the chat's default pair.")
+        parser.add_argument("--device", choices=ModelPair.Device.values,
+                            help="The main's device: one a live worker's OpenVINO runtime lists (default: as "
+                                 "registered, else CPU).")
+        parser.add_argument("--draft-device", choices=ModelPair.Device.values,
+                            help="The draft's device (default: as registered, else the main's).")
 
-    def handle(self, *args, slug: str, default: bool, **options):
+    def handle(self, *args, slug: str, default: bool, device: str | None, draft_device: str | None, **options):
         real = catalog.PAIRS[slug]
+        devices = {name: value for name, value in (("device", device), ("draft_device", draft_device)) if value}
         folder, kept = settings.MODELS_ROOT / slug, catalog.converted_ir(real)
         if not (folder / "main" / "openvino_model.xml").is_file() and (kept / "main" / "openvino_model.xml").is_file():
             shutil.rmtree(folder, ignore_errors=True)
@@ -34,19 +40,25 @@ class Command(BaseCommand):
             ModelPair.objects.filter(slug=slug).delete()  # a record whose folder is gone is imported afresh
             call_command("import_pair", name=real.name, slug=slug, main=str(main), draft=str(draft),
                          weight_format=real.main.weight_format, draft_weight_format=real.draft.weight_format,
-                         main_sha256=real.main.sha256, draft_sha256=real.draft.sha256, stdout=self.stdout)
+                         main_sha256=real.main.sha256, draft_sha256=real.draft.sha256, stdout=self.stdout,
+                         **devices)
             catalog.copy_tree(folder, kept)
+        if real.draft_head_tokens:
+            ids = head_vocabulary.place_head_vocabulary(folder=folder, cache=kept, size=real.draft_head_tokens)
+            self.stdout.write(f"the draft's head keeps the {real.draft_head_tokens:,} most frequent tokens: {ids}")
         pair = ModelPair.objects.filter(slug=slug).first() or ModelPair(slug=slug, main_dir=f"{slug}/main",
                                                                       draft_dir=f"{slug}/draft")
         pair.name, pair.description = real.name, real.description
-        for name, value in real.pair_settings.items():
+        for name, value in {**real.pair_settings, **devices}.items():
             setattr(pair, name, value)
         pair.is_default = pair.is_default or default
         try:
             pair.full_clean()
         except ValidationError as exc:
+            folders = exc.message_dict.keys() - {"device", "draft_device"}  # a device refused: the folder is fine
+            again = "; remove that folder and run this again" if folders else ""
             raise CommandError(f"The pair in {settings.MODELS_ROOT / slug} cannot be registered: "
-                               f"{exc.message_dict}; remove that folder and run this again.") from exc
+                               f"{exc.message_dict}{again}.") from exc
         pair.save()
         chosen = ", ".join(f"{name}={value}" for name, value in real.pair_settings.items())
         self.stdout.write(self.style.SUCCESS(f"pair '{slug}' is installed: {real.name}; its catalogue settings "

@@ -1,13 +1,20 @@
-"""Registering pairs: what the admin accepts, what it refuses and why, and that a refusal saves nothing."""
+"""Registering pairs: what the admin accepts, what it refuses and why, and that a refusal saves nothing; a
+speculation profile refused when invalid, and one already stored serving requests on the default K."""
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.test import Client
 
+from inference.limits import K_MAX
 from inference.models import ModelPair
 from inference.pair_checks import validate_pair_fields
+from inference.serving import speculation
+from inference.serving.reasons import Reason
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -99,3 +106,33 @@ def test_admin_shows_form_errors_and_saves_nothing(admin_client, models_root, se
     response = admin_client.post("/admin/inference/modelpair/add/", admin_form(main_dir="../../etc"))
     assert "outside the models root" in response.content.decode()
     assert not ModelPair.objects.exists()
+
+
+INVALID_PROFILES = [{"greedy": {"1": "five"}}, {"greedy": {"one": 2}}, {"greedy": [1, 2]}, {"fast": {"1": 2}},
+                    {"greedy": {"1": K_MAX + 1}}, {"sampled": {"1": True}}, ["greedy"]]
+
+
+@pytest.mark.parametrize("profile", INVALID_PROFILES)
+def test_an_invalid_speculation_profile_is_refused_by_the_pairs_validation(demo_pair, profile):
+    demo_pair.speculation_profile = profile
+    with pytest.raises(ValidationError) as refused:
+        demo_pair.full_clean()
+    assert "speculation_profile" in refused.value.message_dict
+    demo_pair.speculation_profile = {"greedy": {"1": 4, "8": 0}, "sampled": {"1": 3}}
+    demo_pair.full_clean()
+
+
+def test_a_stored_invalid_profile_serves_on_the_default_k(demo_pair, celery_worker, api_key):
+    """Saved around validation (an old row, a script): each request of the pair was a 500."""
+    ModelPair.objects.filter(id=demo_pair.id).update(speculation_profile={"greedy": {"1": "five"}})
+    response = Client().post("/v1/completions", data=json.dumps({
+        "model": demo_pair.slug, "prompt": "def add(a, b):", "max_tokens": 8}), content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api_key.secret}")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["choices"][0]["text"]
+    planned = speculation.plan(pair=ModelPair.objects.get(id=demo_pair.id), asked=speculation.Asked(),
+                               load=speculation.Load(streams=1))
+    assert planned.k == (demo_pair.num_assistant_tokens or 5)
+    assert planned.reasons == (Reason.PAIR_DEFAULT_K_INVALID_PROFILE,)
+    assert "profile is invalid" in planned.reason

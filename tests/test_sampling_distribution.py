@@ -1,7 +1,7 @@
 """Sampled answers are drawn from the main model's own distribution, on every path the product
 serves them from: the own engine at several K and sampling settings, with the prompt lookup's proposals
-chained before the draft's, and an answer it began that the main alone goes on with. The library's own sampling with a draft is not, today: a test says so,
-and fails the day an upgrade fixes it."""
+chained before the draft's, and an answer it began that the main alone goes on with. The library's own
+sampling with a draft is not, today: a test says so, and fails the day an upgrade fixes it."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import pytest
 from django.conf import settings
 
 from inference.engines.decoding import DecodingParams
+from inference.engines.draft_head import load_head_ids
 from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
 from inference.engines.library import LibraryEngine
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter
 from tests.distribution import compare, differs, samples
+from tests.test_engines_draft_head import demo_head_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,6 +55,14 @@ def main_alone():
 @pytest.fixture(scope="module")
 def exact():
     return OwnEngine(PairSpec(**{**SPEC.__dict__, "exact_sampling": True}))
+
+
+@pytest.fixture(scope="module")
+def exact_cut_head(tmp_path_factory):
+    """The own engine, its draft's head cut to the 300 most frequent of the 4,096 tokens (and those every text
+    needs), as `make real-pair` cuts a real pair's (engines/draft_head.py)."""
+    ids = demo_head_ids(tmp_path_factory.mktemp("draft"))
+    return OwnEngine(PairSpec(**{**SPEC.__dict__, "exact_sampling": True, "draft_head_ids": str(ids)}))
 
 
 SETTINGS = [
@@ -95,6 +105,21 @@ def test_samples_chained_with_the_prompt_lookup_follow_the_main_alone(main_alone
     assert any(proposed > 1 for proposed, _ in looked_up)
     kept = sum(accepted for _, accepted in looked_up) / sum(proposed for proposed, _ in looked_up)
     assert 0.1 < kept < 0.9, f"the lookup's proposals kept {kept:.0%}: the rule's both branches should run"
+
+
+@pytest.mark.parametrize("sampling", [SETTINGS[1], SETTINGS[2]])
+@pytest.mark.no_database
+def test_samples_with_the_draft_head_cut_follow_the_main_alone(main_alone, exact_cut_head, sampling):
+    """The draft never proposes a token outside its head (its q is 0 there): about a quarter of the main's sampled
+    tokens here, which the exact rule still draws as often as the main alone does."""
+    reference_settings = {name: value for name, value in sampling.items() if name != "num_assistant_tokens"}
+    reference = samples(sampler(main_alone, **reference_settings), range(N), threads=16)
+    tested = samples(sampler(exact_cut_head, **sampling), range(50_000, 50_000 + N))
+    report = compare(tested, reference)
+    assert not differs(report), report
+    kept = set(load_head_ids(exact_cut_head.spec.draft_head_ids).tolist())
+    outside = [token not in kept for answer in tested for token in answer]
+    assert sum(outside) / len(outside) > 0.1, "too few tokens outside the head for the test to prove much"
 
 
 @pytest.mark.no_database

@@ -28,7 +28,7 @@ from inference.limits import Drafter
 from inference.selectors import live_workers
 from inference.serving.reasons import SENTENCES, Reason
 from tests.test_api import client
-from tests.test_robustness_watchdog import pair_on_a_worker_of_its_own
+from tests.test_engines_library_watchdog import pair_on_a_worker_of_its_own
 
 PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
 SPEC = PairSpec(slug="own", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), exact_sampling=True,
@@ -38,7 +38,7 @@ PROMPTS = ("def quicksort(numbers):", "class Stack:\n    def push(self, item):",
 
 @pytest.fixture(scope="module")
 def engine():
-    assert SPEC.device_properties().get("DYNAMIC_QUANTIZATION_GROUP_SIZE") is None  # the CPU's default: on
+    assert SPEC.device_properties(device="CPU").get("DYNAMIC_QUANTIZATION_GROUP_SIZE") is None  # the CPU's default: on
     return OwnEngine(SPEC)
 
 
@@ -326,5 +326,5 @@ def test_one_stream_is_served_on_the_own_engine_alone(own_engine_pair, live_serv
     while not (engines := next(b["engines"] for b in live_workers(client=redis_client)
                                if b["name"].endswith(f":{worker.proc.pid}"))) and time.monotonic() < deadline:
         time.sleep(0.5)  # the heartbeat after these answers
-    assert engines == [{"slug": pair.slug, "speculative": True, "exact_sampling": True}]
+    assert [(e["slug"], e["speculative"], e["exact_sampling"]) for e in engines] == [(pair.slug, True, True)]
     assert process_tree(worker.proc.pid) == [worker.proc.pid], "a step process holds another copy of the main"

@@ -1,9 +1,8 @@
-"""The adaptive line's verdicts: ratios paired within a repeat, and the path each answer was served on."""
+"""The best K per load a profile stores, and the adaptive line's verdicts: ratios paired within a repeat."""
 
 import pytest
 
-from inference.benchmark.profile import adaptive_bars
-from inference.benchmark.stack import served_path
+from inference.benchmark.profile import adaptive_bars, best_k_by_level
 
 
 def line(variant: str, by_repeat: list[float], paths: dict[str, int]) -> dict:
@@ -34,13 +33,9 @@ def test_a_cell_short_of_the_main_alone_is_a_miss_unless_adaptive_served_the_mai
     assert bars[0]["verdict"] == verdict and not bars[0]["pass"]
 
 
-@pytest.mark.parametrize(("usage", "path"), [
-    ({"speculative_mode": "off", "speculative_k": None, "speculative_reason_codes": ["asked-off"]}, "plain"),
-    ({"speculative_mode": "draft", "speculative_k": 3, "speculative_reason_codes": ["profile-best-k"]}, "K=3"),
-    ({"speculative_mode": "draft-exact-sampling", "speculative_k": 2, "speculative_reason_codes": []}, "K=2"),
-    ({"speculative_mode": "off", "speculative_k": None,
-      "speculative_reason_codes": ["profile-best-k", "handed-over"]}, "moved to plain"),
-    ({"speculative_mode": "draft", "speculative_k": None, "speculative_reason_codes": ["threshold-asked"]}, "draft"),
-])
-def test_the_path_an_answer_was_served_on_is_named_as_the_benchmarks_lines(usage, path):
-    assert served_path(usage) == path
+def test_the_profile_takes_a_k_only_where_it_clearly_beats_the_main_alone():
+    rows = [{"variant": v, "concurrency": c, "throughput": t} for v, c, t in [
+        ("plain", 1, 25.0), ("K=3", 1, 66.0), ("K=5", 1, 84.0),
+        ("plain", 16, 114.0), ("K=3", 16, 120.0), ("K=5", 16, 115.0),  # 5% faster: within one burst's noise
+        ("plain", 4, 73.0), ("K=3", 4, 31.0), ("K=5", 4, 25.0)]]
+    assert best_k_by_level(rows) == {"1": 5, "4": 0, "16": 0}

@@ -1,6 +1,6 @@
 """Background API requests nobody follows reach an end state in bounded time and free their slot: one whose
 pair lost its only worker after it was accepted, and ones whose engine hangs before it takes them. Through the
-live API, real workers, the demo models; faults as the other robustness tests make them (a worker killed,
+live API, real workers, the demo models; faults as the other fault tests make them (a worker killed,
 step processes stopped with SIGSTOP)."""
 
 import contextlib
@@ -16,7 +16,7 @@ from inference.api.auth import set_new_key
 from inference.models import ApiKey, Generation
 from tests.api_client import PROMPT, post, sse_events
 from tests.conftest import wait_until_done
-from tests.test_robustness_watchdog import pair_on_a_worker_of_its_own, step_processes
+from tests.test_engines_library_watchdog import pair_on_a_worker_of_its_own, step_processes
 from tests.test_workers import wait_for_state
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]

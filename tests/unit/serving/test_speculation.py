@@ -3,32 +3,15 @@
 
 import pytest
 
-from inference.engines.rates import StepRates, streams_bucket
-from inference.limits import Route, SpeculativeMode
-from inference.models import Generation, ModelPair
-from inference.serving.reasons import SENTENCES, Reason, Why, sentence
-from inference.serving.records import pair_spec, planned_decoding
-from inference.serving.speculation import Asked, LiveFigures, Load, Plan, handover, plan
+from inference.engines.rates import StepRates
+from inference.limits import SpeculativeMode
+from inference.models import Generation
+from inference.serving.handover import handover
+from inference.serving.reasons import Reason
+from inference.serving.speculation import Asked, Load, plan
+from tests.unit.serving.planning import ALONE, FAST, LIB, LOOKS, LOOKUP, OWN, OWN_ALONE, OWN_K, PROFILED, live, pair
 
-PROFILE = {"greedy": {"1": 4, "4": 2, "16": 0}, "sampled": {"1": 3, "8": 0}}
-
-
-def pair(**fields) -> ModelPair:
-    defaults = {"slug": "p", "main_dir": "m", "draft_dir": "d", "num_assistant_tokens": 5}
-    return ModelPair(**{**defaults, **fields})
-
-
-PROFILED = {"speculation_profile": PROFILE}
-OWN = {"own_engine_streams": 2, "num_assistant_tokens": 3, "speculation_profile": PROFILE}  # its own engine, 2 streams
-FAST = {"inference_precision": "", "kv_cache_precision": "", "speculation_profile": PROFILE}
-LOOKUP = {"draft_dir": "", "prompt_lookup": True}
 R = Reason
-LIB, LOOKS, ALONE, OWN_K, OWN_ALONE = (Route.LIBRARY_SPECULATIVE, Route.PROMPT_LOOKUP, Route.LIBRARY_MAIN_ALONE,
-                                       Route.OWN_SPECULATIVE, Route.OWN_MAIN_ALONE)
-
-
-def live(rates: dict[int, float], *, exploring: bool = False) -> LiveFigures:
-    return LiveFigures(rates=rates, exploring=exploring)
 
 
 # (pair fields, what the request asked, the load as it joins, this worker's live figures at that load)
@@ -142,60 +125,6 @@ def test_the_mode_an_answer_states_follows_its_route_and_whether_it_samples():
     assert mode(OWN, Asked(speculative=False)) == mode(PROFILED, Asked(speculative=False)) == SpeculativeMode.OFF
 
 
-@pytest.mark.parametrize(("route", "speculative", "exact", "quantized", "k"), [
-    (Route.LIBRARY_SPECULATIVE, True, False, False, 4),
-    (Route.LIBRARY_MAIN_ALONE, False, False, False, 4),
-    (Route.OWN_SPECULATIVE, True, True, True, 4),
-    (Route.OWN_MAIN_ALONE, True, True, True, 0),  # the own engine's batch of the main alone: K=0 there
-])
-def test_each_route_names_the_engine_that_serves_it(route, speculative, exact, quantized, k):
-    from inference.engines.decoding import DecodingParams
-
-    spec = pair_spec(pair=pair(own_engine_streams=2), route=route)
-    assert (spec.speculative, spec.exact_sampling, spec.dynamic_quantization) == (speculative, exact, quantized)
-    assert planned_decoding(DecodingParams(max_new_tokens=8), Plan(route=route, k=4)).num_assistant_tokens == k
-
-
-@pytest.mark.parametrize(("fields", "engines"), [
-    # each route asked -> the route of the engine that serves it, and whether that engine is the pair's default
-    (OWN, {OWN_K: (OWN_K, True), OWN_ALONE: (OWN_K, True), LIB: (LIB, False), ALONE: (ALONE, False)}),
-    ({}, {LIB: (LIB, True), OWN_K: (OWN_K, False), ALONE: (ALONE, False)}),
-    (LOOKUP, {LIB: (LOOKS, True), ALONE: (ALONE, False)}),
-    ({"draft_dir": ""}, {LIB: (ALONE, True), ALONE: (ALONE, True)}),  # nothing to draft with: one engine
-])
-def test_the_pairs_default_engine_is_the_one_its_default_route_builds(fields, engines):
-    from inference.serving.speculation import pair_default_route
-
-    each = pair(**fields)
-    assert {route: (pair_spec(pair=each, route=route).route, pair_spec(pair=each, route=route).is_pair_default)
-            for route in engines} == engines
-    assert pair_spec(pair=each, route=pair_default_route(each)).is_pair_default
-
-
-def test_every_reason_has_its_sentence_and_the_sentences_read_as_before():
-    assert set(SENTENCES) == set(Reason)
-    at_two = plan(pair=pair(**PROFILED), asked=Asked(), load=Load(streams=16, running_speculative=3))
-    assert at_two.reason == ("the main alone is faster at 16+ streams (measured); 16 running here; "
-                             "joins the running speculative batch with K=2 (its highest-load K)")
-    figures = plan(pair=pair(), asked=Asked(), load=Load(streams=8), live=live({0: 150.0, 2: 201.0, 5: 206.0}))
-    assert figures.reason == "K=2 is fastest (measured here lately at 8 streams: K=2 201 tok/s, the main alone 150 tok/s)"
-    assert plan(pair=pair(**OWN), asked=Asked(), load=Load(streams=3)).reason == (
-        "3 of the pair's answers running here; the main alone, batched on SpecChat's own engine (more of the pair's "
-        "answers here than it speculates for)")
-    assert sentence((Why(Reason.K_ASKED), Why(Reason.FAST_MODE))) == (
-        "K asked by the request; fast mode: tokens may differ from the main alone's where two are near-tied")
-
-
-def test_the_profile_takes_a_k_only_where_it_clearly_beats_the_main_alone():
-    from inference.benchmark.profile import best_k_by_level
-
-    rows = [{"variant": v, "concurrency": c, "throughput": t} for v, c, t in [
-        ("plain", 1, 25.0), ("K=3", 1, 66.0), ("K=5", 1, 84.0),
-        ("plain", 16, 114.0), ("K=3", 16, 120.0), ("K=5", 16, 115.0),  # 5% faster: within one burst's noise
-        ("plain", 4, 73.0), ("K=3", 4, 31.0), ("K=5", 4, 25.0)]]
-    assert best_k_by_level(rows) == {"1": 5, "4": 0, "16": 0}
-
-
 def test_of_ks_about_as_fast_the_smallest_serves_and_its_shorter_steps_start_joining_requests_sooner():
     """The demo pair's sweep of 2026-11-24 (tok/s, bursts): at 8 streams K=2 is within 3% of K=5, at 4 it is not."""
     from inference.benchmark.profile import best_k_by_level
@@ -261,19 +190,6 @@ def test_an_answer_on_the_main_alone_moves_to_speculation_only_when_the_batch_ha
         assert moved.reason.startswith(busy.reason) and "handed over to K=4 from token 21" in moved.reason
 
 
-def test_recent_figures_count_by_the_streams_a_step_served_and_fade():
-    rates = StepRates(fresh_s=60, min_step_seconds=0.9)
-    assert [streams_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
-    for step in range(10):
-        rates.record(k=0, streams=8, tokens=8, seconds=0.1, at=step)  # 80 tok/s over 1 s of steps
-        rates.record(k=5, streams=7, tokens=14, seconds=0.2, at=step)  # 70 tok/s over 2 s
-        rates.record(k=5, streams=1, tokens=3, seconds=0.05, at=step)  # 0.5 s: too little to say
-    assert rates.at_load(8, now=10) == pytest.approx({0: 80.0, 5: 70.0})
-    assert rates.at_load(1, now=10) == {}
-    assert rates.at_load(8, now=65) == pytest.approx({5: 70.0})  # the first 5 s of samples have faded
-    assert rates.at_load(8, now=200) == {}
-
-
 def test_running_answers_move_once_to_a_clearly_faster_path_while_the_batch_is_small():
     profiled = pair(**PROFILED)
     on_k2 = plan(pair=profiled, asked=Asked(), load=Load(streams=8))
@@ -295,17 +211,6 @@ def test_running_answers_move_once_to_a_clearly_faster_path_while_the_batch_is_s
     to_k2 = handover(pair=profiled, asked=Asked(), planned=on_alone, load=2, generated=3, remaining=60,
                      live=live({0: 80.0, 2: 100.0}))
     assert to_k2 is not None and (to_k2.route, to_k2.k) == (LIB, 2)
-
-
-def test_the_load_a_request_plans_for_remembers_the_last_seconds_unless_live_figures_are_off():
-    rates, off = StepRates(fresh_s=60, min_step_seconds=1.0), StepRates(fresh_s=0, min_step_seconds=1.0)
-    for load in (16, 3):
-        rates.note_load(load)
-        off.note_load(load)
-        off.record(k=0, streams=load, tokens=load, seconds=5.0)
-    assert rates.recent_peak(within_s=5) == 16 and off.recent_peak(within_s=5) == 0
-    assert rates.recent_peak(within_s=0) == 0
-    assert off.at_load(16) == {}
 
 
 def test_a_worker_that_measured_one_path_at_a_load_tries_the_other_once_per_figures_lifetime():

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('inference', '0015_generation_route_and_reason_codes'),
+        ('inference', '0017_pair_draft_device'),
     ]
 
     operations = [

@@ -1,0 +1,211 @@
+"""What a calibration measures, in-process on the worker's host, within a budget of seconds:
+
+1. the main alone (the library's pipeline) in each precision configuration the device offers, at one stream
+   and at several at once: the fastest is the host's baseline, and every route of the main alone serves in it;
+2. the own engine (engines/exact.py) in the faster configuration of those its greedy answers with the draft are
+   exact in (f32 with or without dynamic quantization), at K=0 and each K, beside the fastest main alone again:
+   tokens/s, acceptance and identity;
+3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay).
+
+Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift (these VMs move
+by 2x within minutes) falls on every line alike; the figures are the rounds' sums. From them: the K a lone
+answer gets (0: speculation does not pay on this host, the main alone serves). Prompts are the repository's
+held-out ones (nobody tuned on them), through the pair's chat template."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from inference.benchmark.modes import LOOPING, answer, infer_cost
+from inference.benchmark.prompts import heldout_prompts, repeated_ngram_share
+from inference.engines.interface import Engine
+from inference.engines.precision import CONFIGS, EXACT_ON_OWN_ENGINE, offered
+from inference.engines.registry import build_engine
+from inference.engines.spec import PairSpec
+from inference.engines.tokenizer import load_tokenizer
+from inference.limits import Drafter
+
+Progress = Callable[[int, int, str], None]
+# The main alone leaves the own engine's batch for the library's pipeline (a second copy of its weights) only
+# where the library's was this much faster (beyond a run's spread).
+LIBRARY_MARGIN = 1.05
+
+
+@dataclass(frozen=True)
+class Budget:
+    prompts: int = 2  # held-out prompts a line answers one at a time, one a round (code, prose, ...)
+    max_new_tokens: int = 48
+    streams: int = 4  # answered at once, for the main alone under load
+    ks: tuple[int, ...] = (1, 2, 3, 4)
+    rounds: int = 2
+    cost_sizes: tuple[int, ...] = tuple(range(1, 9))
+    seconds: float = 240  # no new round starts past this
+
+
+@dataclass
+class Line:
+    """One measured line: an engine, a K (0: the main alone) and how many answers at once."""
+
+    engine: Engine
+    k: int = 0
+    streams: int = 1
+    tokens: int = 0
+    seconds: float = 0.0
+    proposed: int = 0
+    accepted: int = 0
+    looked_up: int = 0
+    answers: list[list[int]] = field(default_factory=list)
+    looping: int = 0
+
+    def run(self, prompts: list[str], *, max_new_tokens: int) -> None:
+        began = time.perf_counter()
+        with ThreadPoolExecutor(self.streams) as pool:
+            done = list(pool.map(lambda text: answer(self.engine, text, k=self.k, max_new_tokens=max_new_tokens),
+                                 prompts))
+        self.seconds += time.perf_counter() - began
+        for ids, _, stats in done:
+            self.tokens += len(ids)
+            self.proposed, self.accepted = self.proposed + stats.proposed, self.accepted + stats.accepted
+            if drafted := stats.by_drafter.get(Drafter.NGRAM):
+                self.looked_up += drafted.proposed
+            self.looping += repeated_ngram_share(self.engine.tokenizer.decode(ids)) > LOOPING
+            self.answers.append(ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return round(self.tokens / self.seconds, 2) if self.seconds else 0.0
+
+    def figures(self, *, alone: Line | None = None) -> dict:
+        shown: dict[str, float | int | None] = {"tokens_per_s": self.tokens_per_s, "answers": len(self.answers),
+                                                "looping": self.looping}
+        if self.k:
+            shown |= {"acceptance": round(self.accepted / self.proposed, 3) if self.proposed else None,
+                      "lookup_share": round(self.looked_up / self.proposed, 3) if self.proposed else None}
+        if alone is not None:
+            shown["identical"] = sum(mine == theirs for mine, theirs in zip(self.answers, alone.answers, strict=True))
+        return shown
+
+
+def chat_prompts(main_dir: str, count: int) -> list[str]:
+    """`count` held-out prompts, code and prose alternating, as the chat and the API give them to the model."""
+    code, prose = heldout_prompts(sets=("code",)), heldout_prompts(sets=("prose",))
+    mixed = [prompt.text for pair in zip(code, prose, strict=False) for prompt in pair][:count]
+    tokenizer = load_tokenizer(main_dir)
+    return [str(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+            for text in mixed]
+
+
+def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progress: Progress) -> dict:
+    """The figures a HostCalibration keeps (see the module's docstring)."""
+    started = time.monotonic()
+    prompts = chat_prompts(spec.main_dir, max(budget.prompts, budget.streams))
+    alone = {config.name: replace(spec, speculative=False, exact_sampling=False, own_engine=False, **config.fields)
+             for config in offered(capabilities)}
+    steps = Steps(total=budget.rounds + (budget.rounds + 1 if spec.draft_dir else 0), report=progress)
+    results: dict = {"budget": {**vars(budget), "ks": list(budget.ks), "cost_sizes": list(budget.cost_sizes)},
+                     "prompts": prompts[:budget.prompts], "rounds": {}}
+    engines = {name: build_engine(each) for name, each in alone.items()}
+    try:
+        lines = {name: (Line(engine), Line(engine, streams=budget.streams)) for name, engine in engines.items()}
+        steps.next("the main alone in each configuration")
+        results["rounds"]["configs"] = _rounds([line for pair in lines.values() for line in pair], prompts=prompts,
+                                               budget=budget, started=started, steps=steps)
+        results["configs"] = {name: {"label": CONFIGS[name].label, "tokens_per_s": one.tokens_per_s,
+                                     "streams": budget.streams, "tokens_per_s_streams": many.tokens_per_s}
+                              for name, (one, many) in lines.items()}
+        ranked = sorted(results["configs"], key=lambda name: results["configs"][name]["tokens_per_s"], reverse=True)
+        results["fastest"], results["own_config"] = ranked[0], ""
+        for name in ranked[1:]:
+            engines.pop(name).close()
+        if spec.draft_dir:  # in the faster of the configurations it is exact in
+            own = next(name for name in ranked if name in EXACT_ON_OWN_ENGINE)
+            results |= _own_engine(spec, own, fastest=engines[ranked[0]], prompts=prompts, budget=budget,
+                                   started=started, steps=steps)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    results["best_k"] = {"1": best_k(results)} if results.get("ks") else {}  # none: out of time before any K
+    results["library_alone"] = library_alone(results)
+    results["seconds"] = round(time.monotonic() - started, 1)
+    progress(steps.total, steps.total, "done")
+    return results
+
+
+def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str], budget: Budget, started: float,
+                steps: Steps) -> dict:
+    """The own engine in configuration `name`: its main alone (K=0, and batched at several streams) and each K,
+    in rounds beside the fastest main alone measured again (so that the K is judged against it in one run)."""
+    config = CONFIGS[name]
+    engine = build_engine(replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=0,
+                                  prompt_cache_tokens=0, **config.fields))
+    try:
+        answer(engine, prompts[0], k=budget.ks[0], max_new_tokens=4)  # untimed: the first inferences repack weights
+        reference, alone = Line(fastest), Line(engine)
+        reference_batched, batched = Line(fastest, streams=budget.streams), Line(engine, streams=budget.streams)
+        ks = {k: Line(engine, k=k) for k in budget.ks}
+        steps.next(f"the own engine in {config.label}, K={', '.join(map(str, budget.ks))}")
+        rounds = _rounds([reference, alone, reference_batched, batched, *ks.values()], prompts=prompts, budget=budget,
+                         started=started, steps=steps)
+    finally:
+        engine.close()
+    steps.next(f"the main's cost of verifying 1-{budget.cost_sizes[-1]} tokens in {config.label}")
+    props = replace(spec, **config.fields).device_properties(device=spec.device)
+    costs = infer_cost(main_dir=spec.main_dir, props=props, device=spec.device, sizes=budget.cost_sizes, repeats=8)
+    return {"own_config": name,
+            "fastest_again": reference.figures() | {"tokens_per_s_streams": reference_batched.tokens_per_s},
+            "own_main_alone": alone.figures() | {"tokens_per_s_streams": batched.tokens_per_s},
+            "ks": {str(k): line.figures(alone=alone) for k, line in ks.items()}, "rounds": {"own": rounds},
+            "verify_cost": {str(n): round(ms / costs[1], 3) for n, ms in costs.items()},
+            "verify_ms": round(costs[1], 2)}
+
+
+def _rounds(lines: list[Line], *, prompts: list[str], budget: Budget, started: float, steps: Steps) -> int:
+    """Every line's answers, round after round with the order turned, until the rounds or the seconds run out
+    (the first round always runs). How many rounds ran."""
+    ran = 0
+    while ran < budget.rounds and (not ran or time.monotonic() - started < budget.seconds):
+        turned = lines[ran % len(lines):] + lines[:ran % len(lines)]
+        for line in turned:  # one stream: one prompt a round, code and prose in turn
+            line.run(prompts[:line.streams] if line.streams > 1 else [prompts[ran % budget.prompts]],
+                     max_new_tokens=budget.max_new_tokens)
+        ran += 1
+        if ran < budget.rounds:
+            steps.next(f"round {ran + 1}")
+    return ran
+
+
+def best_k(results: dict) -> int:
+    """The K a lone answer is fastest with, 0 when none beats the fastest main alone (as measured beside the Ks,
+    and the own engine's main alone)."""
+    alone = max(results.get("fastest_again", results["configs"][results["fastest"]])["tokens_per_s"],
+                results.get("own_main_alone", {}).get("tokens_per_s", 0.0))
+    drafted = {int(k): line["tokens_per_s"] for k, line in results.get("ks", {}).items()
+               if line["identical"] == line["answers"]}
+    k = max(drafted, key=drafted.__getitem__, default=0)
+    return k if k and drafted[k] > alone else 0
+
+
+def library_alone(results: dict) -> dict[str, bool]:
+    """{streams: whether the library's main alone, in the configuration it serves in, beat the own engine's}."""
+    own, fastest = results.get("own_main_alone"), results["configs"][results["fastest"]]
+    if not own:
+        return {}
+    again = results.get("fastest_again", fastest)  # measured beside the own engine's lines
+    return {"1": again["tokens_per_s"] > LIBRARY_MARGIN * own["tokens_per_s"],
+            str(fastest["streams"]): again["tokens_per_s_streams"] > LIBRARY_MARGIN * own["tokens_per_s_streams"]}
+
+
+@dataclass
+class Steps:
+    """The calibration's progress: each phase or round started counts one step of `total`."""
+
+    total: int
+    report: Progress
+    done: int = 0
+
+    def next(self, label: str) -> None:
+        self.report(min(self.done, self.total - 1), self.total, label)
+        self.done += 1

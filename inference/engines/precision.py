@@ -1,0 +1,48 @@
+"""The precision configurations a main can run in on a device, as PairSpec fields.
+
+Which one is fastest depends on the host, not on the pair: on an Intel Xeon or AMD Zen 5 the CPU's default
+(bf16) was 1.5x slower than f32 with dynamic int8 activations, on AVX2 hosts the default is f32 already
+(docs/calibration.md). So a host's calibration measures each configuration its device offers, and the main
+alone serves in the fastest one; speculation on the library's pipeline stays in the exact one (`f32`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    name: str
+    label: str  # as the admin and an answer's reason say it
+    inference_precision: str  # "": the device's default
+    kv_cache_precision: str
+    dynamic_quantization: bool
+    needs: str = ""  # the device capability (OPTIMIZATION_CAPABILITIES) it needs, if any
+
+    @property
+    def fields(self) -> dict:
+        """As PairSpec fields."""
+        return {"inference_precision": self.inference_precision, "kv_cache_precision": self.kv_cache_precision,
+                "dynamic_quantization": self.dynamic_quantization}
+
+
+EXACT = PrecisionConfig("f32", "f32, no dynamic quantization", "f32", "f32", False)
+CONFIGS = {config.name: config for config in (
+    EXACT,
+    PrecisionConfig("f32-dynamic", "f32 with dynamic int8 activations", "f32", "f32", True),
+    PrecisionConfig("defaults", "the device's defaults", "", "", True),
+    PrecisionConfig("bf16", "bf16", "bf16", "", True, needs="BF16"),
+    PrecisionConfig("f16", "f16", "f16", "", True, needs="FP16"),
+)}
+# Where the own engine's greedy answers are the main alone's token for token by construction (row by row, the
+# kernels give one token the bits they give K+1: docs/exactness.md); bf16 was not (docs/calibration.md).
+EXACT_ON_OWN_ENGINE = ("f32-dynamic", "f32")
+
+
+def offered(capabilities: list[str]) -> list[PrecisionConfig]:
+    """The configurations a device with these OPTIMIZATION_CAPABILITIES runs."""
+    return [config for config in CONFIGS.values() if not config.needs or config.needs in capabilities]
+
+
+def named(name: str) -> PrecisionConfig | None:
+    return CONFIGS.get(name)

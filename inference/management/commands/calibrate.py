@@ -1,0 +1,36 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.calibration.runs import execute_calibration
+from inference.engines.host import this_host
+from inference.models import HostCalibration, JobStatus, ModelPair
+from inference.serving.calibrated import summary
+
+
+class Command(BaseCommand):
+    help = ("Calibrate a pair on this host, in this process (a worker does it by itself when it loads a pair on a "
+            "host with no calibration): each precision configuration's main alone, the own engine per K, the cost "
+            "of verifying n tokens. Prints what it decided; workers on this host serve from it.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("pair")
+
+    def handle(self, *args, pair, **options):
+        record = ModelPair.objects.filter(slug=pair).first()
+        if record is None:
+            raise CommandError(f"No pair '{pair}'. Known: {', '.join(p.slug for p in ModelPair.objects.all())}")
+        host = this_host(record.runs_on)
+        self.stderr.write(f"Calibrating {record.slug} on {host.described}")
+        calibration = HostCalibration.objects.create(pair=record, host=host.signature, host_facts=host.facts)
+        execute_calibration(calibration_id=calibration.id, say=self.stderr.write)
+        calibration.refresh_from_db()
+        if calibration.status != JobStatus.FINISHED:
+            raise CommandError(f"The calibration failed: {calibration.error}")
+        shown = summary(calibration)
+        rows = [f"| {name} | {line['tokens_per_s']:.1f} | {rate:.1f} |" for name, line in shown["main_alone"].items()
+                for rate in [v for key, v in line.items() if key != "tokens_per_s"]]
+        ks = [f"| K={k} | {line['tokens_per_s']:.1f} | {line['acceptance']} | {line['identical']}/{line['answers']} |"
+              for k, line in calibration.results.get("ks", {}).items()]
+        own = ["| own engine | tok/s | acceptance | identical |", "| --- | ---: | ---: | ---: |", *ks, ""] if ks else []
+        self.stdout.write("\n".join([
+            f"{shown['host']}, {shown['seconds']} s", "", "| the main alone in | tok/s, 1 stream | tok/s, at once |",
+            "| --- | ---: | ---: |", *rows, "", *own, shown["verdict"]]))

@@ -1,0 +1,80 @@
+"""What a worker serves a pair with on its host: the pair's calibration there (inference/calibration/ measures
+it), read as the figures the planner and the engines' specs follow, and the calibration started where there is
+none — from the admin, or by a worker that loads a pair on a host with no calibration of it (the pair is served
+with safe defaults meanwhile, and its answers say so)."""
+
+from __future__ import annotations
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+
+from inference import selectors
+from inference.engines.host import Host
+from inference.models import HostCalibration, JobStatus, ModelPair
+from inference.serving.speculation import HostFigures
+
+
+def start_calibration(*, pair: ModelPair) -> HostCalibration:
+    """Queue a calibration for a worker of the pair's queue: the worker that runs it measures its own host."""
+    calibration = HostCalibration.objects.create(pair=pair)
+    transaction.on_commit(lambda: current_app.send_task("inference.calibrate", args=[calibration.id],
+                                                        queue=pair.queue))
+    return calibration
+
+
+def calibrate_if_missing(*, pair: ModelPair, host: Host) -> HostCalibration | None:
+    """A calibration of the pair queued for this host, unless it has one (finished, queued, running or failed:
+    a failed one is started again from the admin) or calibrating on load is off."""
+    if not settings.CALIBRATE_ON_LOAD or HostCalibration.objects.filter(pair=pair, host=host.signature).exists():
+        return None
+    with transaction.atomic():
+        calibration = start_calibration(pair=pair)
+        HostCalibration.objects.filter(id=calibration.id).update(host=host.signature, host_facts=host.facts)
+    return calibration
+
+
+def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
+    """Its latest finished calibration of the pair on this host, or figures that say there is none yet."""
+    calibration = selectors.finished_calibration(pair=pair, host=host.signature)
+    if calibration is None:
+        return HostFigures(host=host.described)
+    results = calibration.results
+    return HostFigures(host=host.described, main_alone_config=results["fastest"],
+                       own_config=results.get("own_config") or results["fastest"],
+                       best_k={int(streams): int(k) for streams, k in results.get("best_k", {}).items()},
+                       library_alone={int(streams): bool(faster)
+                                      for streams, faster in results.get("library_alone", {}).items()})
+
+
+def summary(calibration: HostCalibration) -> dict:
+    """A calibration as the admin and /v1/config show it: whose host, when, and what it decided, in figures
+    and in a plain sentence."""
+    done, _, total = calibration.progress.partition(":")[0].partition("/")
+    shown = {"host": Host(calibration.host, calibration.host_facts).described if calibration.host else "",
+             "host_signature": calibration.host, "status": calibration.status, "progress": calibration.progress,
+             "steps": {"done": int(done or 0), "total": int(total or 0) or 1}, "error": calibration.error,
+             "measured_at": calibration.finished_at.isoformat() if calibration.finished_at else None}
+    results = calibration.results
+    if calibration.status != JobStatus.FINISHED or not results.get("configs"):
+        return shown
+    configs = results["configs"]
+    fastest = {**configs[results["fastest"]], **results.get("fastest_again", {})}  # as measured beside the Ks
+    k = int(results.get("best_k", {}).get("1", 0))
+    speculating = results.get("ks", {}).get(str(k), {}).get("tokens_per_s") if k else None
+    if speculating:
+        verdict = (f"K={k} makes a lone answer {speculating / fastest['tokens_per_s']:.2f}x as fast as the fastest "
+                   f"main alone ({fastest['label']}, {fastest['tokens_per_s']:.1f} tok/s): the pair speculates.")
+    elif results.get("ks"):
+        verdict = (f"Speculation is slower than the main alone on this host (the fastest: {fastest['label']}, "
+                   f"{fastest['tokens_per_s']:.1f} tok/s): lone answers run on the main alone.")
+    else:
+        verdict = f"The main alone is fastest in {fastest['label']} ({fastest['tokens_per_s']:.1f} tok/s)" + (
+            "; speculation was not measured in time, the pair's own K serves." if results.get("own_config") else ".")
+    return shown | {
+        "main_alone": {name: {"tokens_per_s": line["tokens_per_s"], f"tokens_per_s_{line['streams']}_streams":
+                              line["tokens_per_s_streams"]} for name, line in configs.items()},
+        "fastest_config": results["fastest"], "own_engine_config": results.get("own_config") or None,
+        "best_k": k, "speculation_tokens_per_s": speculating,
+        "speedup": round(speculating / fastest["tokens_per_s"], 2) if speculating else None,
+        "verify_cost": results.get("verify_cost"), "seconds": results.get("seconds"), "verdict": verdict}

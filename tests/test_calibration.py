@@ -1,0 +1,91 @@
+"""A pair calibrated on the host that serves it, with no manual step: a worker that loads a pair on a host with
+no calibration of it measures the host (a calibration made on another host does not count), the admin and
+/v1/config show whose host the figures come from and what they decided, answers follow them (the main alone in
+the configuration measured fastest), and the admin can calibrate again."""
+
+import time
+
+import pytest
+import requests
+
+from inference.engines.precision import CONFIGS
+from inference.models import HostCalibration, JobStatus, ModelPair
+from inference.selectors import live_workers
+from tests.api_client import PROMPT, post
+from tests.conftest import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ELSEWHERE = {"configs": {"bf16": {"label": "bf16", "tokens_per_s": 99.0, "streams": 4, "tokens_per_s_streams": 99.0}},
+             "fastest": "bf16", "own_config": "bf16", "best_k": {"1": 0}}
+
+
+def finished(pair: ModelPair, *, after: int = 0, timeout: float = 300) -> HostCalibration:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = pair.calibrations.filter(id__gt=after).exclude(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).first()
+        if done:
+            assert done.status == JobStatus.FINISHED, done.error
+            return done
+        time.sleep(0.5)
+    raise AssertionError(f"no calibration ended: {list(pair.calibrations.values('status', 'progress'))}")
+
+
+@pytest.fixture
+def pair_on_a_calibrating_worker(demo_pair, stack_env, redis_client, tmp_path):
+    pair = ModelPair.objects.create(name="Calibrated", slug="calibrated", main_dir=demo_pair.main_dir,
+                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=3, own_engine_streams=1)
+    pair.elsewhere = HostCalibration.objects.create(pair=pair, host="another host", host_facts={"cpu": "Elsewhere"},
+                                                    status=JobStatus.FINISHED, results=ELSEWHERE)
+    worker = Worker({**stack_env, "SPECCHAT_CALIBRATE_ON_LOAD": "1"}, pair.queue, tmp_path / "worker.log")
+    try:
+        worker.name = worker.wait_ready(redis_client)
+        yield pair, worker
+    finally:
+        worker.stop()
+
+
+def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calibrating_worker, live_server_url,
+                                                                 api_key, admin_client, redis_client):
+    pair, worker = pair_on_a_calibrating_worker
+    calibration = finished(pair, after=pair.elsewhere.id)
+    assert calibration.host != "another host" and calibration.host_facts["device"] == "CPU"
+    results = calibration.results
+    assert {"f32", "f32-dynamic", "defaults"} <= set(results["configs"])  # every configuration the CPU offers
+    fastest = max(results["configs"], key=lambda name: results["configs"][name]["tokens_per_s"])
+    assert results["fastest"] == fastest and set(results["ks"]) == {"1", "2"}
+    assert all(line["identical"] == line["answers"] for line in results["ks"].values())  # greedy identity, each K
+    assert set(results["verify_cost"]) == {str(n) for n in range(1, 9)} and set(results["library_alone"]) == {"1", "4"}
+
+    page = admin_client.get(f"/admin/inference/modelpair/{pair.id}/change/").content.decode()
+    assert calibration.host_facts["cpu"] in page and "Elsewhere" in page  # each host's own calibration
+    assert "the fastest main alone" in page or "slower than the main alone" in page
+    shown = requests.get(f"{live_server_url}/v1/config", timeout=30).json()["calibrated"]["calibrations"]
+    assert {entry["host_signature"] for entry in shown} == {calibration.host, "another host"}
+    here = next(entry for entry in shown if entry["host_signature"] == calibration.host)
+    assert here["measured_at"] and here["fastest_config"] == fastest
+
+    def ask(**extra) -> dict:
+        answer = post(live_server_url, "/v1/completions", api_key.secret,
+                      {"model": pair.slug, "prompt": PROMPT, "max_tokens": 16, **extra})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["usage"]
+
+    off = ask(speculative=False)  # on the own engine's batch, or the library's pipeline where that was faster
+    on_library = results["library_alone"]["1"]
+    assert off["speculative_route"] == ("library-main-alone" if on_library else "own-main-alone")
+    config = CONFIGS[results["fastest"] if on_library else results["own_config"]]
+    assert f"fastest configuration on this host ({config.label})" in off["speculative_reason"]
+    lone = ask()
+    calibrated_k = results["best_k"]["1"]
+    assert ("calibrated-best-k" if calibrated_k else "calibrated-main-alone-faster") in lone["speculative_reason_codes"]
+    assert lone["speculative_k"] == (calibrated_k or None)
+    time.sleep(3)  # a heartbeat: the engine that ran the main alone, in the configuration the host measured
+    ran = next(engine for beat in live_workers(client=redis_client) if beat["name"] == worker.name
+               for engine in beat["engines"] if engine["slug"] == pair.slug
+               and (engine["speculative"], engine["exact_sampling"]) == ((False, False) if on_library else (True, True)))
+    assert {key: ran[key] for key in config.fields} == config.fields
+
+    response = admin_client.post("/admin/inference/modelpair/", {"action": "calibrate", "_selected_action": [pair.id]})
+    assert response.status_code == 302
+    again = finished(pair, after=calibration.id)
+    assert again.host == calibration.host and again.finished_at > calibration.finished_at

@@ -1,0 +1,21 @@
+"""How the benchmark's summary tells answers that loop (which any draft predicts) from real ones."""
+
+from inference.benchmark.inprocess import Sample, Variant, VariantResult
+from inference.benchmark.prompts import Prompt
+from inference.benchmark.summary import loop_warning
+
+
+def sample(prompt: str, text: str, accepted: int | None = None) -> Sample:
+    return Sample(prompt=Prompt(prompt), text=text, tokens=16, started_at=0, duration_s=1, ttft_ms=10,
+                  token_latency_ms=1, main_steps=8, accepted=accepted, proposed=None if accepted is None else 10)
+
+
+def test_loop_warning_gives_acceptance_on_the_least_repetitive_prompts():
+    looping, fresh = "a = b\n" * 12, "def f(values):\n    return sorted(set(values))[::-1]"
+    plain = VariantResult(Variant("plain", False), [sample("p1", looping), sample("p2", looping), sample("p3", fresh)])
+    k3 = VariantResult(Variant("K=3", True, num_assistant_tokens=3),
+                       [sample("p1", looping, 10), sample("p2", looping, 10), sample("p3", fresh, 4)])
+    warning = loop_warning({"plain": plain, "K=3": k3})
+    assert warning and "Outputs loop" in warning and "K=3 0.40 (all prompts 0.80)" in warning
+    calm = VariantResult(Variant("plain", False), [sample("p3", fresh)])
+    assert loop_warning({"plain": calm, "K=3": k3}) is None

@@ -1,0 +1,126 @@
+"""A host's calibration as the planner and the engines' specs follow it: the table of (pair, request, load,
+calibration) -> (route, K, reason codes), the precision each route's engine runs in, and what the admin and
+/v1/config say of a calibration (its verdict, in figures and in words)."""
+
+import pytest
+from django.utils import timezone
+
+from inference.engines.host import host_of
+from inference.models import HostCalibration, JobStatus
+from inference.serving import calibrated
+from inference.serving.reasons import Reason
+from inference.serving.records import pair_spec
+from inference.serving.speculation import Asked, HostFigures, Load, plan
+from tests.unit.serving.planning import ALONE, LIB, OWN, OWN_ALONE, OWN_K, PROFILED, live, pair
+
+R = Reason
+HOST = "AMD EPYC (family 26 model 2; avx512f), 2 cores"
+SPECULATES = HostFigures(host=HOST, main_alone_config="defaults", own_config="f32-dynamic", best_k={1: 2})
+LOSES = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 0})
+NOT_YET = HostFigures(host=HOST)
+# where the library's pipeline runs the main alone faster (bf16 here) than the own engine's batch, at 4+ streams
+LIBRARY_UNDER_LOAD = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 3},
+                                 library_alone={1: False, 4: True})
+LIBRARY_ALWAYS = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 0},
+                             library_alone={1: True, 4: True})
+
+
+# (pair fields, request, load, calibration, live figures) -> (route, K, the reasons' codes)
+TABLE = [
+    # a lone greedy answer on a pair whose own engine serves it: the calibrated K, or the main alone where no K paid
+    (OWN, Asked(), Load(streams=1), SPECULATES, None, OWN_K, 2, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=1), LOSES, None, OWN_ALONE, None,
+     (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    # beyond the load it measured, the profile decides as before; the main alone still runs in the fastest config
+    (OWN, Asked(), Load(streams=2), SPECULATES, None, OWN_K, 4, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=3), SPECULATES, None, OWN_ALONE, None,
+     (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+    # what the request names outranks the calibration; speculation off runs in the host's fastest configuration
+    (OWN, Asked(k=5), Load(streams=1), LOSES, None, OWN_K, 5, (R.K_ASKED, R.OWN_ENGINE)),
+    (OWN, Asked(speculative=False), Load(streams=1), SPECULATES, None, OWN_ALONE, None,
+     (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (PROFILED, Asked(speculative=False), Load(streams=1), SPECULATES, None, ALONE, None,
+     (R.ASKED_OFF, R.FASTEST_CONFIG)),
+    (PROFILED, Asked(constrained=True), Load(streams=1), SPECULATES, None, ALONE, None,
+     (R.CONSTRAINED, R.FASTEST_CONFIG)),
+    # the calibration measured the own engine: a pair served by the library's pipeline keeps its profile's K
+    (PROFILED, Asked(), Load(streams=1), LOSES, None, LIB, 4, (R.PROFILE_BEST_K,)),
+    # this worker's live figures at the load outrank the calibration
+    (OWN, Asked(), Load(streams=1), LOSES, live({0: 10.0, 3: 20.0}), OWN_K, 3, (R.LIVE_K_FASTEST, R.OWN_ENGINE)),
+    # sampled answers keep their own profile (the calibration measures greedy answers)
+    (OWN, Asked(sampled=True), Load(streams=1), LOSES, None, OWN_K, 3, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
+    # where the library's main alone was faster than the own engine's batch, the main alone runs there
+    (OWN, Asked(), Load(streams=1), LIBRARY_UNDER_LOAD, None, OWN_K, 3, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=3), LIBRARY_UNDER_LOAD, None, OWN_ALONE, None,
+     (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),  # measured at 1 and 4 streams: 1's verdict holds
+    (OWN, Asked(), Load(streams=4), LIBRARY_UNDER_LOAD, None, ALONE, None, (R.BEYOND_OWN_STREAMS, R.FASTEST_CONFIG)),
+    (OWN, Asked(), Load(streams=1), LIBRARY_ALWAYS, None, ALONE, None,
+     (R.CALIBRATED_MAIN_ALONE_FASTER, R.FASTEST_CONFIG)),
+    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_ALWAYS, None, ALONE, None,
+     (R.ASKED_OFF, R.FASTEST_CONFIG)),
+    (OWN, Asked(alternatives=True, speculative=False), Load(streams=9), LIBRARY_ALWAYS, None, OWN_ALONE, None,
+     (R.ASKED_OFF, R.ALTERNATIVES, R.FASTEST_CONFIG)),  # only the own engine computes alternatives
+    # a host with no calibration yet: safe defaults, and the answer says so
+    (OWN, Asked(), Load(streams=1), NOT_YET, None, OWN_K, 4, (R.PROFILE_BEST_K, R.OWN_ENGINE, R.NOT_CALIBRATED)),
+    ({"own_engine_streams": 1}, Asked(), Load(streams=1), NOT_YET, None, OWN_K, 5,
+     (R.PAIR_DEFAULT_K, R.OWN_ENGINE, R.NOT_CALIBRATED)),
+]
+
+
+@pytest.mark.parametrize(("fields", "asked", "load", "calibration", "figures", "route", "k", "codes"), TABLE)
+def test_a_calibrated_host_plans_from_what_it_measured(fields, asked, load, calibration, figures, route, k, codes):
+    planned = plan(pair=pair(**fields), asked=asked, load=load, calibration=calibration, live=figures)
+    assert (planned.route, planned.k, planned.reasons) == (route, k, codes)
+
+
+def test_the_answer_names_the_configuration_its_main_alone_ran_in():
+    planned = plan(pair=pair(**OWN), asked=Asked(speculative=False), load=Load(streams=1), calibration=LOSES)
+    assert "fastest configuration on this host (f32 with dynamic int8 activations)" in planned.reason
+    assert "not calibrated on this host yet" in plan(pair=pair(**OWN), asked=Asked(), load=Load(streams=1),
+                                                     calibration=NOT_YET).reason
+
+
+@pytest.mark.parametrize(("route", "precision", "kv", "quantized"), [
+    (ALONE, "", "", True),  # the main alone in the host's fastest: the device's defaults here
+    (OWN_K, "f32", "f32", True),  # the own engine in the fastest configuration it is exact in
+    (OWN_ALONE, "f32", "f32", True),
+    (LIB, "f32", "f32", False),  # the library's speculation keeps the pair's exact f32: greedy identity
+])
+def test_each_route_runs_in_the_precision_the_host_measured(route, precision, kv, quantized):
+    spec = pair_spec(pair=pair(**OWN), route=route, calibration=SPECULATES)
+    assert (spec.inference_precision, spec.kv_cache_precision, spec.dynamic_quantization) == (precision, kv, quantized)
+    uncalibrated = pair_spec(pair=pair(**OWN), route=route, calibration=NOT_YET)
+    assert uncalibrated == pair_spec(pair=pair(**OWN), route=route)
+    assert pair_spec(pair=pair(**OWN), route=ALONE, calibration=LIBRARY_ALWAYS).inference_precision == "bf16"
+
+
+RESULTS = {
+    "configs": {"f32": {"label": "f32, no dynamic quantization", "tokens_per_s": 7.0, "streams": 4,
+                        "tokens_per_s_streams": 20.0},
+                "f32-dynamic": {"label": "f32 with dynamic int8 activations", "tokens_per_s": 10.0, "streams": 4,
+                                "tokens_per_s_streams": 30.0},
+                "bf16": {"label": "bf16", "tokens_per_s": 7.2, "streams": 4, "tokens_per_s_streams": 21.0}},
+    "fastest": "f32-dynamic", "own_config": "f32-dynamic",
+    "own_main_alone": {"tokens_per_s": 9.8},
+    "ks": {"2": {"tokens_per_s": 13.0, "identical": 2, "answers": 2},
+           "3": {"tokens_per_s": 14.0, "identical": 2, "answers": 2}},
+    "best_k": {"1": 3}, "library_alone": {"1": False, "4": True},
+}
+
+
+def summary_of(results: dict) -> dict:
+    facts = {"cpu": "AMD EPYC", "family": "26", "model": "2", "isa": ["avx2"], "cores": 2, "openvino": "2026.4.1",
+             "device": "CPU"}
+    host = host_of(facts)
+    return calibrated.summary(HostCalibration(host=host.signature, host_facts=facts, status=JobStatus.FINISHED,
+                                              results=results, finished_at=timezone.now()))
+
+
+def test_a_calibration_says_what_it_decided_in_figures_and_words():
+    shown = summary_of(RESULTS)
+    assert (shown["fastest_config"], shown["best_k"], shown["speedup"]) == ("f32-dynamic", 3, 1.4)
+    assert shown["verdict"].startswith("K=3 makes a lone answer 1.40x as fast as the fastest main alone (f32 with")
+    assert "AMD EPYC (family 26 model 2; avx2)" in shown["host"]
+    losing = summary_of({**RESULTS, "best_k": {"1": 0}})
+    assert losing["speedup"] is None
+    assert losing["verdict"].startswith("Speculation is slower than the main alone on this host")
