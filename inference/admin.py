@@ -109,14 +109,22 @@ class ModelPairAdmin(admin.ModelAdmin):
                 messages.error(request, f"{pair.slug}: no live worker answered.")
 
 
-    @admin.action(description="Calibrate on its worker's host", permissions=["change"])
-    def calibrate(self, request, queryset):
+    @staticmethod
+    def _served(request, queryset, *, doing: str) -> list[ModelPair]:
+        """The selected pairs some live worker serves; each of the others is reported as not `doing`."""
         workers = selectors.live_workers(client=transport.sync_client())
+        served = []
         for pair in queryset:
             state = selectors.pair_state(pair=pair, workers=workers)
-            if not state.served:
-                messages.error(request, f"Not calibrating {pair.slug}: {state.error}.")
-                continue
+            if state.served:
+                served.append(pair)
+            else:
+                messages.error(request, f"Not {doing} {pair.slug}: {state.error}.")
+        return served
+
+    @admin.action(description="Calibrate on its worker's host", permissions=["change"])
+    def calibrate(self, request, queryset):
+        for pair in self._served(request, queryset, doing="calibrating"):
             calibrated.start_calibration(pair=pair)
             messages.info(request, f"Calibration of {pair.slug} queued on its worker: its page shows the progress.")
 
@@ -134,12 +142,7 @@ class ModelPairAdmin(admin.ModelAdmin):
             return TemplateResponse(request, "admin/inference/benchmarkrun/start.html", {
                 **self.admin_site.each_context(request), "title": "Run benchmark on a worker", "form": form,
                 "pairs": queryset, "opts": self.model._meta, "action_checkbox_name": ACTION_CHECKBOX_NAME})
-        workers = selectors.live_workers(client=transport.sync_client())
-        for pair in queryset:
-            state = selectors.pair_state(pair=pair, workers=workers)
-            if not state.served:
-                messages.error(request, f"Not benchmarking {pair.slug}: {state.error}.")
-                continue
+        for pair in self._served(request, queryset, doing="benchmarking"):
             run = runs.start_benchmark_run(pair=pair, options=form.cleaned_data["options"])
             messages.info(request, format_html('Benchmark of {} queued on its worker: <a href="{}">run #{}</a>.',
                                                pair.slug, reverse("admin:inference_benchmarkrun_change",
