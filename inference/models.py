@@ -242,6 +242,8 @@ class Generation(models.Model):
                                                         help_text="of accepted_tokens, the n-gram lookup's")
     ngram_draft_steps = models.PositiveIntegerField(null=True, blank=True,
                                                     help_text="of draft_steps, those that verified the n-gram lookup's")
+    undrafted_steps = models.PositiveIntegerField(null=True, blank=True,
+                                                  help_text="main steps with nothing proposed (drafters sat out)")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -23,6 +23,7 @@ from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
 from inference.engines.kv_cache import KvSequence
 from inference.engines.ngram import PromptLookup
+from inference.engines.payoff import WINDOW
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter
 from inference.selectors import live_workers
@@ -190,6 +191,26 @@ def test_greedy_answers_chained_with_the_prompt_lookup_are_the_main_alones(engin
 
 
 @pytest.mark.no_database
+def test_a_draft_that_does_not_pay_sits_out_and_the_answer_stays_the_main_alones(engine):
+    """A draft that agrees with the main on every token but costs more than the main's own step (the demo main
+    widened 4x, function-preserving) slows every step it proposes for: within a few steps it sits out and the main
+    goes on alone, tried again now and then (engines/payoff.py). The answer is the main alone's, token for token."""
+    costly = OwnEngine(replace(SPEC, slug="costly-draft", draft_dir=str(PAIR / "main-large"), chained_lookup=False))
+    params = DecodingParams(max_new_tokens=128, ignore_eos=True, num_assistant_tokens=3)
+    events = []
+    request = costly.submit(prompt=PROMPTS[0], params=params)
+    while not isinstance(event := request.events.get(timeout=120), Finished):
+        events.append(event)
+    proposing = [event.proposed for event in events[1:]]  # after the prompt's token
+    assert proposing[0] == 0, "the first step times the main alone"
+    assert all(len(event.token_ids) == event.proposed + 1 for event in events[1:] if event.proposed)  # all accepted
+    first_pause = proposing.index(0, 1)
+    assert first_pause <= 1 + WINDOW and proposing.count(0) > 2 * len(proposing) // 3, proposing
+    assert flat([event.token_ids for event in events]) == flat(steps_of(
+        engine.submit(prompt=PROMPTS[0], params=replace(params, num_assistant_tokens=0))))
+
+
+@pytest.mark.no_database
 def test_the_draft_is_fed_every_token_of_the_answer_once_whatever_proposed_it():
     """A main that copies the prompt's function with a few tokens changed, verifying greedily: steps of the lookup
     (the draft infers nothing) and of the draft, proposals kept whole, in part or not at all. The draft's cache
@@ -213,7 +234,7 @@ def test_the_draft_is_fed_every_token_of_the_answer_once_whatever_proposed_it():
         expected = copy[len(answer):len(answer) + len(proposal.tokens) + 1]
         accepted = next((i for i, (x, y) in enumerate(zip(proposal.tokens, expected, strict=False)) if x != y),
                         len(proposal.tokens))
-        drafting.settle(last=last, proposal=proposal, accepted=accepted, token=expected[accepted])
+        drafting.settle(last=last, proposal=proposal, accepted=accepted, token=expected[accepted], seconds=0.0)
         answer += expected[:accepted + 1]
         seen.add((proposal.drafter, "all" if accepted == len(proposal.tokens) else "some" if accepted else "none"))
     assert {(Drafter.NGRAM, "all"), (Drafter.NGRAM, "some"), (Drafter.DRAFT, "some"), (Drafter.DRAFT, "none")} <= seen, seen

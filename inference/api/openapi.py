@@ -144,6 +144,10 @@ def _usage() -> dict:
                                       "description": "Of accepted_tokens, the n-gram lookup's."},
             "ngram_draft_steps": {"type": "integer", **figure,
                                   "description": "Main steps that verified the n-gram lookup's proposals."},
+            "undrafted_steps": {"type": "integer", **figure,
+                                "description": "Main steps of a speculating answer that verified no proposal: its "
+                                               "drafters sat out the stretches where they did not pay for themselves "
+                                               "(docs/speculation.md#drafters-that-do-not-pay)."},
             "acceptance_rate": {"type": "number", **figure},
             "mean_accepted_length": {"type": "number", **figure},
             "main_steps": {"type": "integer", "description": "Main-model steps (the prefill included)."},

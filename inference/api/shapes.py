@@ -11,7 +11,7 @@ from inference.limits import FinishReason
 
 # What OpenAI's usage lacks: the speculative figures of the request (null without speculation).
 SPECULATIVE_USAGE = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "main_steps",
-                     "ngram_draft_tokens", "ngram_accepted_tokens", "ngram_draft_steps",
+                     "ngram_draft_tokens", "ngram_accepted_tokens", "ngram_draft_steps", "undrafted_steps",
                      "speculative_mode", "speculative_reason", "speculative_k", "speculative_route",
                      "speculative_reason_codes")
 # stopped by the client: vLLM's name; "stop" and "length" are OpenAI's own

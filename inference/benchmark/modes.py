@@ -40,6 +40,7 @@ MODES: dict[str, dict] = {
     "own": {**EXACT, "dynamic_quantization": True, "exact_sampling": True, "own_engine": True},
 }
 MODES["own-whole-head"] = {**MODES["own"], "draft_head_ids": ""}  # the own engine's draft with its head whole
+MODES["own-fixed-k"] = {**MODES["own"], "drafters_judged": False}  # every step proposes K, paying or not
 DEFAULT_MODES = ("exact", "fast", "fast-f32", "own")
 LOOPING = 0.5  # an answer whose 4-grams are mostly repeats is stuck in a loop
 

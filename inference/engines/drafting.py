@@ -3,7 +3,8 @@ has a match, at no inference, else the draft model, as llama.cpp chains its --sp
 verifies either alike (engines/exact.py), so the answer stays the main's.
 
 The draft's cache follows the answer lazily: the tokens it has not seen (those of the lookup's steps, the last
-accepted proposal) wait in a backlog and are fed in one inference the next time it proposes.
+accepted proposal, the steps it sat out) wait in a backlog and are fed in one inference the next time it proposes.
+Each drafter proposes only while it pays for itself in this answer (engines/payoff.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from inference.engines.constraint import TokenConstraint, masked
 from inference.engines.decoding import DecodingParams
 from inference.engines.kv_cache import KvSequence
 from inference.engines.ngram import PromptLookup
+from inference.engines.payoff import Payoff
 from inference.limits import Drafter
 
 
@@ -33,24 +35,31 @@ class Drafting:
     """One answer's proposers: the draft model on its own cache, and the prompt lookup when it is on."""
 
     def __init__(self, draft: KvSequence, *, lookup: PromptLookup | None, params: DecodingParams,
-                 rng: np.random.Generator, constraint: TokenConstraint | None):
+                 rng: np.random.Generator, constraint: TokenConstraint | None, judged: bool = True):
         self.draft, self.lookup = draft, lookup
         self.params, self.rng, self.constraint = params, rng, constraint
         self.backlog: list[int] = []  # tokens the draft has not seen, before the last emitted one
+        self.payoff = Payoff(judging=judged)  # judged: drafters sit out where they do not pay
 
     def prefill(self, prompt_ids: list[int]) -> None:
         self.draft.prefill(prompt_ids)
 
     def propose(self, *, k: int, room: int, last: int) -> Proposal:
         """The lookup's proposals (up to `room`) where it has a match the grammar allows, else up to k of the
-        draft's; `last`: the last emitted token, which the draft is fed with its backlog."""
-        if self.lookup is not None and (looked_up := self._looked_up(room)).tokens:
+        draft's; none from a drafter sitting out (the step is the main's alone). `last`: the last emitted token,
+        which the draft is fed with its backlog."""
+        if (self.lookup is not None and self.payoff.proposes(Drafter.NGRAM)
+                and (looked_up := self._looked_up(room)).tokens):
             return looked_up
+        if not self.payoff.proposes(Drafter.DRAFT):
+            return Proposal([], Drafter.DRAFT, [], [])
         return self._drafted(k, [*self.backlog, last])
 
-    def settle(self, *, last: int, proposal: Proposal, accepted: int, token: int) -> None:
-        """After the main's verdict: what the draft must be fed next step, and the history the lookup reads."""
+    def settle(self, *, last: int, proposal: Proposal, accepted: int, token: int, seconds: float) -> None:
+        """After the main's verdict: what the draft must be fed next step, the history the lookup reads, and what
+        the step delivered in the `seconds` it took, proposing included (engines/payoff.py)."""
         tokens = proposal.tokens
+        self.payoff.record(proposal.drafter if tokens else None, tokens=accepted + 1, seconds=seconds)
         if self.lookup is not None:
             self.lookup.extend([*tokens[:accepted], token])
         if proposal.drafter == Drafter.NGRAM or not tokens:

@@ -176,8 +176,8 @@ class Decoding:
         self.emitted: list[int] = []
         grammar = params.grammar
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
-        self.drafting = Drafting(engine.draft_sequence(), lookup=self._lookup(),
-                                 params=params, rng=self.rng, constraint=self.constraint) if self.k else None
+        self.drafting = Drafting(engine.draft_sequence(), lookup=self._lookup(), params=params, rng=self.rng,
+                                 constraint=self.constraint, judged=engine.spec.drafters_judged) if self.k else None
 
     def _lookup(self) -> PromptLookup | None:
         """The prompt lookup, tried before the draft where the pair chains it."""
@@ -231,6 +231,7 @@ class Decoding:
         proposal (None on the main alone)."""
         last = self.emitted[-1]
         room = self.params.max_new_tokens - len(self.emitted) - 1  # never propose past the cap
+        started = time.perf_counter()
         proposal = (self.drafting.propose(k=min(self.k, room), room=room, last=last) if self.drafting
                     else Proposal([], Drafter.DRAFT, [], []))
         proposals = proposal.tokens
@@ -249,7 +250,8 @@ class Decoding:
             self.constraint.take(token)
         self.main.drop_last(len(proposals) - accepted)
         if self.drafting:
-            self.drafting.settle(last=last, proposal=proposal, accepted=accepted, token=token)
+            self.drafting.settle(last=last, proposal=proposal, accepted=accepted, token=token,
+                                 seconds=time.perf_counter() - started)
         tokens = [*proposals[:accepted], token]
         scores = token_scores(main_logits[:accepted + 1], tokens, self.params)
         return tokens, scores, proposal if self.drafting else None

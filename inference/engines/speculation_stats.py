@@ -29,6 +29,9 @@ class SpeculationFigures:
     ngram_draft_tokens: int | None
     ngram_accepted_tokens: int | None
     ngram_draft_steps: int | None
+    # Main steps of a speculating answer that verified no proposal: its drafters sat out where they did not pay
+    # (engines/payoff.py), the lookup had no match, or one token was left.
+    undrafted_steps: int | None
 
 
 FIGURES = tuple(f.name for f in fields(SpeculationFigures))
@@ -57,6 +60,7 @@ class SpeculationStats:
     accepted: int = 0
     proposed: int = 0
     draft_steps: int = 0  # main steps that verified the draft's proposal (not plain or prefill ones)
+    undrafted_steps: int = 0  # steps of a speculating answer with nothing proposed (the engine said so)
     accepted_by_position: list[int] = field(default_factory=list)
     by_drafter: dict[Drafter, DrafterCounts] = field(default_factory=dict)
     first_token_at: float | None = None
@@ -77,6 +81,9 @@ class SpeculationStats:
             self.prefill_steps += 1
             return
         if not self.speculative:
+            return
+        if proposed == 0:
+            self.undrafted_steps += 1
             return
         accepted = n_tokens - 1
         if proposed is None:  # the draft proposes no more than the tokens left after the main's own one
@@ -120,4 +127,5 @@ class SpeculationStats:
             ngram_draft_tokens=ngram.proposed if counted else None,
             ngram_accepted_tokens=ngram.accepted if self.speculative else None,
             ngram_draft_steps=ngram.steps if self.speculative else None,
+            undrafted_steps=self.undrafted_steps if self.speculative else None,
         )

@@ -225,7 +225,9 @@ export function formatMetrics(m) {
   if (m.acceptance_rate != null && m.main_steps && m.completion_tokens) {
     lines.push(`Speculation (${speculation}): the draft's guesses were kept ${Math.round(m.acceptance_rate * 100)}% `
       + `of the time, so the main model ran ${plural(m.main_steps, "step")} instead of ${m.completion_tokens}.`
-      + (m.ngram_draft_tokens ? ` ${m.ngram_accepted_tokens} of those kept were copied from the conversation.` : ""));
+      + (m.ngram_draft_tokens ? ` ${m.ngram_accepted_tokens} of those kept were copied from the conversation.` : "")
+      + (m.undrafted_steps ? ` For ${plural(m.undrafted_steps, "step")} nothing was guessed: where guesses did not pay, `
+        + `the main model went on alone.` : ""));
   } else if (speculation) {
     lines.push(`Speculation: ${speculation}.`);
   }
@@ -246,6 +248,7 @@ export function technicalMetrics(m) {
     parts.push(`n-gram lookup: ${m.ngram_accepted_tokens} of ${m.ngram_draft_tokens} kept; draft model: `
       + `${m.accepted_tokens - m.ngram_accepted_tokens} of ${m.draft_tokens - m.ngram_draft_tokens}`);
   }
+  if (m.undrafted_steps) parts.push(`${plural(m.undrafted_steps, "step")} without proposals (drafters sat out)`);
   if (m.completion_tokens != null) parts.push(`${plural(m.completion_tokens, "token")} in ${plural(m.main_steps, "main step")}`);
   if (m.speculative_mode) {
     const k = m.speculative_k != null ? ` K=${m.speculative_k}` : "";

@@ -27,8 +27,9 @@ class Command(BaseCommand):
         parser.add_argument("--max-new-tokens", type=int, default=128)
         parser.add_argument("--repeats", type=int, default=1)
         parser.add_argument("--modes", type=lambda text: tuple(text.split(",")), default=modes.DEFAULT_MODES,
-                            help="of exact,fast,fast-f32,own (all four by default) and own-whole-head (the own engine, "
-                                 "its draft's head whole where the pair cuts it)")
+                            help="of exact,fast,fast-f32,own (all four by default), own-whole-head (the own engine, "
+                                 "its draft's head whole where the pair cuts it) and own-fixed-k (the own engine, its "
+                                 "drafters proposing every step, paying or not: engines/payoff.py)")
         parser.add_argument("--json-schema", type=Path, help="hold every answer to this JSON schema (a file)")
         parser.add_argument("--streams", type=int, default=1, help="answers each line runs at once")
         parser.add_argument("--draft-only", action="store_true",

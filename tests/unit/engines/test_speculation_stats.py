@@ -44,3 +44,14 @@ def test_each_drafters_proposals_and_acceptance_are_counted_apart():
     summary = library.summary(started_at=0.0, ended_at=3.0)
     assert (summary.ngram_draft_tokens, summary.ngram_accepted_tokens) == (summary.draft_tokens, 4) == (6, 4)
 
+
+
+def test_steps_nothing_was_proposed_for_count_apart_from_the_drafts():
+    """The own engine's steps where its drafters sat out (engines/payoff.py) are neither drafts nor rejections."""
+    stats = SpeculationStats(num_assistant_tokens=3, speculative=True, max_new_tokens=64)
+    steps = ((1, None, None), (1, Drafter.DRAFT, 0), (4, Drafter.DRAFT, 3), (1, Drafter.DRAFT, 0), (2, Drafter.NGRAM, 5))
+    for at, (n_tokens, drafter, proposed) in enumerate(steps):
+        stats.add_step(n_tokens, float(at), drafter=drafter, proposed=proposed)
+    summary = stats.summary(started_at=0.0, ended_at=5.0)
+    assert (summary.undrafted_steps, summary.draft_steps, summary.draft_tokens) == (2, 2, 8)
+    assert summary.acceptance_rate == 4 / 8 and summary.mean_accepted_length == 8 / 4
