@@ -1,15 +1,17 @@
 """A running answer moved to another engine of its pair when the load changes: once, between the main alone and
-speculation on the library's pipelines, and off the own engine for sampled answers the profile sent there. A
-pure function of the plan it runs on, the request, the load and the worker's figures, like `speculation.plan`."""
+speculation on the library's pipelines, off the own engine for sampled answers the profile sent there, and off a
+pair's own engine onto the library's main alone when a burst comes where the host measured that faster. A pure
+function of the plan it runs on, the request, the load and the worker's figures, like `speculation.plan`."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from inference.limits import SpeculativeMode
+from inference.engines import precision
+from inference.limits import Route, SpeculativeMode
 from inference.models import ModelPair
 from inference.serving.reasons import Reason, Why
-from inference.serving.speculation import Asked, LiveFigures, Plan, left_to_the_profile, on_the_library
+from inference.serving.speculation import Asked, HostFigures, LiveFigures, Plan, left_to_the_profile, on_the_library
 
 # A running answer moves to the other pipeline only while the pair's batch here is this small: it must
 # prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins
@@ -21,14 +23,18 @@ HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the 
 
 
 def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
-             live: LiveFigures | None = None) -> Plan | None:
+             live: LiveFigures | None = None, calibration: HostFigures | None = None) -> Plan | None:
     """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
     for greedy answers the profile or the figures planned, and off the own engine for sampled ones (the
     library cannot change a request's K, so moving is a new request that goes on from the answer so far;
     its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way).
-    An answer the pair's own engine serves (or that asked alternatives) stays there."""
-    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over or pair.own_engine_streams:
+    An answer the pair's own engine serves stays there, unless a burst comes where the host's `calibration`
+    measured the library's main alone faster (`_beside_a_burst`)."""
+    if remaining < HANDOVER_MIN_TOKENS or planned.handed_over:
         return None
+    if pair.own_engine_streams:
+        return _beside_a_burst(pair=pair, asked=asked, planned=planned, load=load, generated=generated,
+                               calibration=calibration)
     if planned.route.is_own_engine():
         if asked.alternatives:
             return None
@@ -54,6 +60,23 @@ def _off_the_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: i
         return None
     return Plan(route=now.route, sampled=asked.sampled,
                 why=(*planned.why, _handed_over(now, generated=generated, load=load)))
+
+
+def _beside_a_burst(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int,
+                    calibration: HostFigures | None) -> Plan | None:
+    """A lone answer speculating on the pair's own engine when more answers come than the pair speculates for,
+    where the host measured the library's main alone faster at that load: the new answers run there (the plan's
+    `_on_the_host`), and this one would otherwise speculate beside them, a second engine on the same cores (0.84x
+    the main alone's throughput at 4 streams: docs/calibration.md). It joins them, at any load: a burst's answers
+    are prefilling at once anyway."""
+    if (planned.route != Route.OWN_SPECULATIVE or not asked.speculative or asked.alternatives
+            or asked.k is not None or asked.threshold is not None or load <= pair.own_engine_streams
+            or calibration is None or not calibration.alone_on_library(load)):
+        return None
+    fastest = Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[calibration.main_alone_config].label})
+    now = Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled,
+               why=(Why(Reason.BEYOND_OWN_STREAMS, {"load": load}), fastest))
+    return replace(now, why=(*planned.why, _handed_over(now, generated=generated, load=load)))
 
 
 def _handed_over(now: Plan, *, generated: int, load: int) -> Why:

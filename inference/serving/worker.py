@@ -131,7 +131,7 @@ def _serve(*, generation: Generation, asked: speculation.Asked, planned: specula
         writer.send({"type": "start", "prompt_tokens": request.prompt_tokens, "worker": worker_name,
                      **_served(generation)})
         answer = Answer(generation=generation, writer=writer, params=params, asked=asked, planned=planned,
-                        engine=engine, request=request)
+                        engine=engine, request=request, calibration=figures)
         request = None  # the answer owns it (and any engine it is handed over to) from here
         answer.run()
     except Exception:  # whatever went wrong, the reader gets an error instead of waiting forever
@@ -194,9 +194,10 @@ class Answer:
 
     def __init__(self, *, generation: Generation, writer: transport.StreamWriter, params: DecodingParams,
                  asked: speculation.Asked, planned: speculation.Plan, engine: Engine,
-                 request: ActiveRequest):
+                 request: ActiveRequest, calibration: speculation.HostFigures | None = None):
         self.generation, self.writer, self.params = generation, writer, params
         self.asked, self.planned, self.engine, self.request = asked, planned, engine, request
+        self.calibration = calibration  # what the plan read of the host (a burst may move it off the own engine)
         self.prompt_ids, self.started_at = request.prompt_ids, request.added_at
         self.stats = SpeculationStats(num_assistant_tokens=self._fixed_k(engine, params),
                                       speculative=(engine.spec.uses_draft or engine.spec.uses_prompt_lookup)
@@ -292,12 +293,12 @@ class Answer:
         rates, running = STATE.engines.rates_of(slug), STATE.engines.active_requests(slug=slug)
         rates.note_load(running)
         load = rates.recent_peak() or running  # the load a request joining now plans for (0: live figures off)
-        if load > handover.HANDOVER_MAX_STREAMS and not exact:
+        if load > handover.HANDOVER_MAX_STREAMS and not exact and not self.planned.route.is_own_engine():
             return  # no move at this load: not worth working out figures (or starting an exploration) for
         self.moving_to = handover.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
-            live=speculation.live_figures(rates, asked=self.asked, load=load))
+            live=speculation.live_figures(rates, asked=self.asked, load=load), calibration=self.calibration)
         if self.moving_to:
             self.request.stop()
 

@@ -8,6 +8,7 @@ from django.utils import timezone
 from inference.engines.host import host_of
 from inference.models import HostCalibration, JobStatus
 from inference.serving import calibrated
+from inference.serving.handover import handover
 from inference.serving.reasons import Reason
 from inference.serving.records import pair_spec
 from inference.serving.speculation import Asked, HostFigures, Load, plan
@@ -21,6 +22,9 @@ NOT_YET = HostFigures(host=HOST)
 # where the library's pipeline runs the main alone faster (bf16 here) than the own engine's batch, at 4+ streams
 LIBRARY_UNDER_LOAD = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 3},
                                  library_alone={1: False, 4: True})
+# lone answers speculate, but the library's main alone beat the own engine's batch at every load (this Zen 5 host)
+SPECULATES_ALONE = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 3},
+                               library_alone={1: True, 4: True})
 LIBRARY_ALWAYS = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 0},
                              library_alone={1: True, 4: True})
 
@@ -71,6 +75,37 @@ TABLE = [
 def test_a_calibrated_host_plans_from_what_it_measured(fields, asked, load, calibration, figures, route, k, codes):
     planned = plan(pair=pair(**fields), asked=asked, load=load, calibration=calibration, live=figures)
     assert (planned.route, planned.k, planned.reasons) == (route, k, codes)
+
+
+@pytest.mark.parametrize(("asked", "load", "calibration", "moves"), [
+    (Asked(), 3, SPECULATES_ALONE, True),  # a burst: its answers run on the library's main alone, this one joins them
+    (Asked(), 8, SPECULATES_ALONE, True),  # at any load: the burst's answers prefill at once anyway
+    (Asked(sampled=True), 3, SPECULATES_ALONE, True),  # the rest drawn from the main's distribution either way
+    (Asked(), 4, LIBRARY_UNDER_LOAD, True),
+    (Asked(), 3, LIBRARY_UNDER_LOAD, False),  # measured faster only from 4 streams
+    (Asked(), 2, SPECULATES_ALONE, False),  # within the pair's own streams: it goes on speculating
+    (Asked(), 3, SPECULATES, False),  # the own engine's batch was not slower here: the new answers run there
+    (Asked(), 3, NOT_YET, False),
+    (Asked(k=3), 3, SPECULATES_ALONE, False),  # the request named its K
+    (Asked(alternatives=True), 3, SPECULATES_ALONE, False),  # only the own engine gives alternatives
+])
+def test_a_lone_answer_on_the_own_engine_joins_a_burst_where_the_host_measured_the_library_faster(
+        asked, load, calibration, moves):
+    own = pair(**OWN)
+    lone = plan(pair=own, asked=asked, load=Load(streams=1), calibration=calibration)
+    assert lone.route == OWN_K
+    moved = handover(pair=own, asked=asked, planned=lone, load=load, generated=40, remaining=100,
+                     calibration=calibration)
+    assert (moved is not None) == moves
+    if moved:
+        joining = plan(pair=own, asked=asked, load=Load(streams=load), calibration=calibration)
+        assert moved.route == joining.route == ALONE and moved.reasons[-1] == R.HANDED_OVER
+        assert f"handed over to the main alone from token 41, {load} running here" in moved.reason
+        assert "bf16" in moved.reason and moved.handed_over
+        assert handover(pair=own, asked=asked, planned=moved, load=1, generated=60, remaining=80,
+                        calibration=calibration) is None  # once
+    assert handover(pair=own, asked=asked, planned=lone, load=load, generated=40, remaining=20,
+                    calibration=calibration) is None  # too little left to repay the prefill
 
 
 def test_the_answer_names_the_configuration_its_main_alone_ran_in():
