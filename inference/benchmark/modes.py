@@ -62,6 +62,7 @@ class Line:
     ngram_steps: int = 0
     ngram_proposed: int = 0
     ngram_accepted: int = 0
+    undrafted: int = 0  # steps with nothing proposed: the drafters sat out where they did not pay (engines/payoff.py)
 
     @property
     def name(self) -> str:
@@ -164,7 +165,8 @@ def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens
     for tokens, _, stats in answers:
         line.tokens, line.answers = line.tokens + len(tokens), line.answers + 1
         line.looping += repeated_ngram_share(engine.tokenizer.decode(tokens)) > LOOPING
-        line.steps += stats.draft_steps
+        line.steps += stats.draft_steps + stats.undrafted_steps
+        line.undrafted += stats.undrafted_steps
         line.accepted += stats.accepted
         line.proposed += stats.proposed
         if ngram := stats.by_drafter.get(Drafter.NGRAM):
@@ -237,8 +239,8 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]],
            draft_costs: dict[str, dict[str, float]] | None = None) -> str:
     fastest = max(line.tokens_per_s for line in lines if not line.k)
     rows = [("| line | tok/s | vs its mode's main alone | vs the fastest main alone | acceptance | tokens per step "
-             "| n-gram lookup: steps, acceptance | draft model: acceptance | identical to its mode's main alone "
-             "| looping |"), "| --- |" + " ---: |" * 9]
+             "| steps nothing proposed | n-gram lookup: steps, acceptance | draft model: acceptance "
+             "| identical to its mode's main alone | looping |"), "| --- |" + " ---: |" * 10]
     for line in lines:
         alone = next(m for m in lines if m.mode == line.mode and not m.k)
         shown = line.k and not line.speculating
@@ -247,9 +249,10 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]],
         ngram = (f"{line.ngram_steps / max(line.steps, 1):.0%}, {_share(line.ngram_accepted, line.ngram_proposed)}"
                  if shown and line.ngram_steps else "-")
         draft = _share(line.accepted - line.ngram_accepted, line.proposed - line.ngram_proposed) if shown else "-"
+        undrafted = f"{line.undrafted / max(line.steps, 1):.0%}" if shown else "-"
         rows.append(f"| {line.name} | {line.tokens_per_s:.1f} | {line.tokens_per_s / alone.tokens_per_s:.2f}x | "
                     f"{line.tokens_per_s / fastest:.2f}x | {_share(line.accepted, line.proposed) if shown else '-'} | "
-                    f"{per_step} | {ngram} | {draft} | {line.identical}/{line.answers} | "
+                    f"{per_step} | {undrafted} | {ngram} | {draft} | {line.identical}/{line.answers} | "
                     f"{line.looping}/{line.answers} |")
     rows += ["", "The main's cost of one inference of n new tokens (ms, and x one token):", "",
              "| mode | " + " | ".join(f"n={n}" for n in next(iter(costs.values()))) + " |",
