@@ -204,7 +204,7 @@ def test_a_draft_that_does_not_pay_sits_out_and_the_answer_stays_the_main_alones
     proposing = [event.proposed for event in events[1:]]  # after the prompt's token
     assert all(len(event.token_ids) == event.proposed + 1 for event in events[1:] if event.proposed)  # all accepted
     assert proposing.index(0) <= WINDOW, proposing  # a step that times the main alone, then it sits out
-    assert proposing.count(0) > 2 * len(proposing) // 3, proposing
+    assert proposing.count(0) > len(proposing) // 2, proposing
     assert flat([event.token_ids for event in events]) == flat(steps_of(
         engine.submit(prompt=PROMPTS[0], params=replace(params, num_assistant_tokens=0))))
 

@@ -1,6 +1,6 @@
 """Whether each drafter pays for itself in one answer, judged from that answer's own steps: a drafter whose last few
 steps delivered clearly fewer tokens a second than the main alone would sits out a while (its steps are the main's
-alone), then is tried again, as the answer may turn from prose the draft misses to code it predicts. So an answer whose
+alone), then is tried again (judged on fewer steps: it collapsed once), as the answer may turn from prose the draft misses to code it predicts. So an answer whose
 acceptance collapses (a sampled answer at a high temperature, a language the draft never saw) goes on at about the
 main alone's speed within a few steps, where a fixed K would go on paying for proposals the main throws away.
 
@@ -21,7 +21,8 @@ from statistics import median
 
 from inference.limits import Drafter
 
-WINDOW = 4  # a drafter's last steps judged together: "within a few steps", with a step's jitter averaged out
+WINDOW = 8  # a drafter's last steps judged together: a poor stretch of a few steps in a good answer is not a collapse
+PROBE = 4  # the steps a drafter that sat out before is judged on when tried again: it collapsed once, probes cost
 FIRST_PAUSE = 8  # tokens a drafter sits out the first time it does not pay (a poor stretch is often short)
 MAX_PAUSE = 256  # each pause in a row doubles, up to this
 ALONE_STEPS_KEPT = 8  # the main alone's one-token steps whose median is its time a token
@@ -43,6 +44,11 @@ class DrafterRecord:
     resumes_at: int = 0  # the answer's length from which it proposes again
     pause: int = FIRST_PAUSE
     catching_up: bool = False  # its next step feeds the draft what it sat out: not judged
+    sat_out: bool = False  # it has sat out before in this answer: judged on PROBE steps
+
+    @property
+    def judged_on(self) -> int:
+        return PROBE if self.sat_out else WINDOW
 
 
 class Payoff:
@@ -72,13 +78,13 @@ class Payoff:
             record.catching_up = False
             return
         record.steps.append((tokens, seconds, verify_seconds))
-        if not self.judging or len(record.steps) < WINDOW or self._pays(record):
+        if not self.judging or len(record.steps) < record.judged_on or self._pays(record):
             return
         if self.measuring:
             return  # judged once the main alone is timed
         record.resumes_at, record.pause = self.tokens + record.pause, min(2 * record.pause, MAX_PAUSE)
         record.steps.clear()
-        record.catching_up = drafter == Drafter.DRAFT  # the lookup has nothing to catch up on
+        record.sat_out, record.catching_up = True, drafter == Drafter.DRAFT  # the lookup has nothing to catch up on
 
     def _pays(self, record: DrafterRecord) -> bool:
         """Whether its window's tokens a second have not collapsed below the main alone's: against the quickest the
