@@ -1,8 +1,9 @@
 """Whether each drafter pays for itself in one answer, judged from that answer's own steps: a drafter whose last few
 steps delivered clearly fewer tokens a second than the main alone would sits out a while (its steps are the main's
-alone), then is tried again (judged on fewer steps: it collapsed once), as the answer may turn from prose the draft misses to code it predicts. So an answer whose
-acceptance collapses (a sampled answer at a high temperature, a language the draft never saw) goes on at about the
-main alone's speed within a few steps, where a fixed K would go on paying for proposals the main throws away.
+alone), then is tried again (judged on fewer steps: it collapsed once), as the answer may turn from prose the draft
+misses to code it predicts. So an answer whose acceptance collapses (a sampled answer at a high temperature, a
+language the draft never saw) goes on near the main alone's speed, where a fixed K would go on paying for proposals
+the main throws away.
 
 Exactness does not depend on it: whether a step proposes is decided before the step from what came before, and the
 main verifies whatever is proposed by the same rule (engines/acceptance.py).
