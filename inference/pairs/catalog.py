@@ -141,6 +141,19 @@ def converted_ir(real: RealPair) -> Path:
     return settings.CACHE_DIR / "ir" / f"{real.slug}-{hashlib.sha256(made_of.encode()).hexdigest()[:16]}"
 
 
+INSTALLED_FROM = ".installed-from"  # in an installed pair's folder: the name of the kept IR it was copied from
+
+
+def installed_from(folder: Path) -> str:
+    """The kept IR an installed folder came from ("" for none, or a folder installed before the stamp)."""
+    stamp = folder / INSTALLED_FROM
+    return stamp.read_text().strip() if stamp.is_file() else ""
+
+
+def stamp_installed(folder: Path, kept: Path) -> None:
+    (folder / INSTALLED_FROM).write_text(kept.name)
+
+
 def copy_tree(source: Path, target: Path) -> None:
     """`source` to `target`, by hard links where both are on one file system (no second copy of the weights on
     disk; the runtime only reads them), else by copies; written under a temporary name, then renamed."""

@@ -27,6 +27,9 @@ class Command(BaseCommand):
         real = catalog.PAIRS[slug]
         devices = {name: value for name, value in (("device", device), ("draft_device", draft_device)) if value}
         folder, kept = settings.MODELS_ROOT / slug, catalog.converted_ir(real)
+        if folder.is_dir() and catalog.installed_from(folder) != kept.name:
+            shutil.rmtree(folder)  # converted from other files or formats than the catalogue's now: installed again
+            self.stdout.write(f"{folder} came from other files or settings than the catalogue's: installing it again")
         if not (folder / "main" / "openvino_model.xml").is_file() and (kept / "main" / "openvino_model.xml").is_file():
             shutil.rmtree(folder, ignore_errors=True)
             catalog.copy_tree(kept, folder)
@@ -43,6 +46,7 @@ class Command(BaseCommand):
                          main_sha256=real.main.sha256, draft_sha256=real.draft.sha256, stdout=self.stdout,
                          **devices)
             catalog.copy_tree(folder, kept)
+        catalog.stamp_installed(folder, kept)
         if real.draft_head_tokens:
             ids = head_vocabulary.place_head_vocabulary(folder=folder, cache=kept, size=real.draft_head_tokens)
             self.stdout.write(f"the draft's head keeps the {real.draft_head_tokens:,} most frequent tokens: {ids}")
