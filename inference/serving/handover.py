@@ -66,8 +66,8 @@ def _beside_a_burst(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, 
                     calibration: HostFigures | None) -> Plan | None:
     """A lone answer speculating on the pair's own engine when more answers come than the pair speculates for,
     where the host measured the library's main alone faster at that load: the new answers run there (the plan's
-    `_on_the_host`), and this one would otherwise speculate beside them, a second engine on the same cores
-    (docs/calibration.md#under-load). It joins them, at any load: a burst's answers are prefilling at once anyway."""
+    `_on_the_host`), and this one would otherwise speculate beside them, a second engine on the same cores. It
+    joins them, at any load: a burst's answers are prefilling at once anyway."""
     if (planned.route != Route.OWN_SPECULATIVE or not asked.speculative or asked.alternatives
             or asked.k is not None or asked.threshold is not None or load <= pair.own_engine_streams
             or calibration is None or not calibration.alone_on_library(load)):
