@@ -60,7 +60,9 @@ def test_a_conversation_writes_one_answer_at_a_time(demo_pair, user, celery_work
     page.click(".options summary")
     page.uncheck("#speculative")  # the main alone: slower, so the answer is still written meanwhile
     page.press("#prompt", "Control+Enter")
-    page.wait_for_function("() => document.querySelector('article.assistant.streaming .body')?.textContent")
+    # Polled on a timer, not on animation frames: a page behind another tab's window may get none.
+    page.wait_for_function("() => document.querySelector('article.assistant.streaming .body')?.textContent",
+                           polling=50)
     with paused(celery_worker):
         assert page.locator("#stop").is_visible() and page.locator("#send").is_hidden()  # Send became Stop
         page.fill("#prompt", "def merge(a, b):")
