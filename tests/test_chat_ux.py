@@ -57,13 +57,9 @@ def test_a_conversation_writes_one_answer_at_a_time(demo_pair, user, celery_work
 
     page.fill("#prompt", "class Stack:")
     page.fill("#max-tokens", "500")
-    page.click(".options summary")
-    page.uncheck("#speculative")  # the main alone: slower, so the answer is still written meanwhile
-    page.press("#prompt", "Control+Enter")
-    # Polled on a timer, not on animation frames: a page behind another tab's window may get none.
-    page.wait_for_function("() => document.querySelector('article.assistant.streaming .body')?.textContent",
-                           polling=50)
-    with paused(celery_worker):
+    with paused(celery_worker):  # the answer stays in flight however soon the model would end it (EOS)
+        page.press("#prompt", "Control+Enter")
+        page.wait_for_selector("article.assistant.streaming")
         assert page.locator("#stop").is_visible() and page.locator("#send").is_hidden()  # Send became Stop
         page.fill("#prompt", "def merge(a, b):")
         page.press("#prompt", "Control+Enter")  # the shortcut, with Send hidden
@@ -89,9 +85,10 @@ def test_a_conversation_writes_one_answer_at_a_time(demo_pair, user, celery_work
 
     generations = in_thread(answers)
     assert len(generations) == 3
+    assert generations[0].text.strip()
     for before, after in itertools.pairwise(generations):
         assert after.created_at >= before.finished_at  # never two answers written at once
-        assert before.text.strip() and before.text.strip() in after.prompt  # each answer's prompt holds the last
+        assert before.text.strip() in after.prompt  # each answer's prompt holds the last (one stopped early: its part)
 
 
 @pytest.fixture
