@@ -31,7 +31,7 @@ MEASURE_EVERY = 128  # tokens after which the main alone's time is measured agai
 # A verify of K+1 tokens against one token of the main alone, at most: 1.0-1.2x at K=3 on the AVX-512 hosts, 1.45x on
 # AVX2 (docs/calibration.md, docs/speculation-exactness-and-cost in the team's notes).
 VERIFY_AT_MOST = 1.5
-# A window this far below the main alone's speed has collapsed. Closer, the drafter goes on: four steps' times on a
+# A window this far below the main alone's speed has collapsed. Closer, the drafter goes on: a few steps' times on a
 # shared host move more than that, and a poor stretch is often followed by a good one (greedy chat requests on the
 # real pair: sitting out every window below the main alone lost 2% against a fixed K, docs/speculation.md).
 COLLAPSED = 0.9
