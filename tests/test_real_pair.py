@@ -23,7 +23,7 @@ from inference.engines.interface import Finished
 from inference.engines.library import LibraryEngine
 from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import Route
-from inference.models import Generation, ModelPair
+from inference.models import Generation, HostCalibration, JobStatus, ModelPair
 from inference.pairs import catalog
 from inference.serving.reasons import Reason
 from inference.serving.records import pair_spec
@@ -110,6 +110,21 @@ def drain(request) -> list[int]:
     assert event.finish_reason in {"length", "stop"}, event
     return tokens
 
+
+
+def test_a_folder_from_other_files_is_installed_again_and_its_calibrations_dropped(real_pair):
+    """A pair folder converted from other files or formats (an older catalogue's int8 draft, say) is replaced by
+    the kept IR of the catalogue's, and what hosts measured on the old files no longer steers the pair."""
+    HostCalibration.objects.create(pair=real_pair, host="a" * 64, status=JobStatus.FINISHED,
+                                   results={"fastest": "f32-dynamic", "best_k": {"1": 4}})
+    (FOLDER / catalog.INSTALLED_FROM).write_text("qwen2.5-coder-1.5b-an-older-conversion")
+    out = io.StringIO()
+    call_command("install_pair", SLUG, stdout=out)
+    assert "installing it again" in out.getvalue()
+    assert catalog.installed_from(FOLDER) == catalog.converted_ir(catalog.QWEN_CODER).name
+    assert (FOLDER / "main" / "openvino_model.xml").is_file() and (FOLDER / "draft" / HEAD_IDS_FILE).is_file()
+    assert not HostCalibration.objects.filter(pair__slug=SLUG).exists()
+    assert ModelPair.objects.get(slug=SLUG).id == real_pair.id  # the pair and its history stay
 
 # ------------------------------------------------------------------ sampled answers: the own engine's distribution
 @pytest.mark.usefixtures("real_worker")

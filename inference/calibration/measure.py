@@ -109,6 +109,8 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
                      "prompts": prompts[:budget.prompts], "rounds": {}}
     engines = {name: build_engine(each) for name, each in alone.items()}
     try:
+        for engine in engines.values():  # untimed, as the own engine's: the first inferences repack weights
+            answer(engine, prompts[0], k=0, max_new_tokens=4)
         lines = {name: (Line(engine), Line(engine, streams=budget.streams)) for name, engine in engines.items()}
         steps.next("the main alone in each configuration")
         results["rounds"]["configs"] = _rounds([line for pair in lines.values() for line in pair], prompts=prompts,

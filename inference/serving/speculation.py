@@ -84,11 +84,12 @@ class HostFigures:
     def k_at(self, load: int) -> int | None:
         return self.best_k.get(load)  # it measures lone answers only: None beyond
 
-    def alone_on_library(self, load: int) -> bool:
-        """Whether the main alone is faster on the library's pipeline (in its fastest configuration) than on the
-        own engine's batch, at the most streams measured up to this load."""
-        measured = [streams for streams in self.library_alone if streams <= load]
-        return bool(measured) and self.library_alone[max(measured)]
+    @property
+    def alone_on_library(self) -> bool:
+        """Whether the main alone runs on the library's pipeline (in its fastest configuration) rather than the own
+        engine's batch: where that was faster at the most streams measured, the load where the main alone runs most.
+        One engine at every load: two would split a burst between two copies of the weights on the same cores."""
+        return bool(self.library_alone) and self.library_alone[max(self.library_alone)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,16 +203,15 @@ def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None 
     planned = on_the_library(pair=pair, asked=asked, load=load.streams, live=live, calibration=calibration)
     planned = _join_running_batch(pair=pair, asked=asked, planned=planned, load=load)
     planned = _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
-    return planned if calibration is None else _on_the_host(asked=asked, planned=planned, load=load.streams,
-                                                            calibration=calibration)
+    return planned if calibration is None else _on_the_host(asked=asked, planned=planned, calibration=calibration)
 
 
-def _on_the_host(*, asked: Asked, planned: Plan, load: int, calibration: HostFigures) -> Plan:
+def _on_the_host(*, asked: Asked, planned: Plan, calibration: HostFigures) -> Plan:
     """The main alone where the host measured it fastest: on the library's pipeline rather than the own engine's
-    batch when that was faster there at this load (a second copy of the main's weights, freed when idle)."""
+    batch when that was faster there under load (a second copy of the main's weights, freed when idle)."""
     if not calibration.calibrated:
         return planned.because(Why(Reason.NOT_CALIBRATED))
-    if planned.route == Route.OWN_MAIN_ALONE and not asked.alternatives and calibration.alone_on_library(load):
+    if planned.route == Route.OWN_MAIN_ALONE and not asked.alternatives and calibration.alone_on_library:
         own_whys = {Reason.OWN_ENGINE, Reason.OWN_BATCH}
         planned = replace(planned, route=Route.LIBRARY_MAIN_ALONE,
                           why=tuple(why for why in planned.why if why.code not in own_whys))

@@ -30,7 +30,14 @@ class Command(BaseCommand):
                 for rate in [v for key, v in line.items() if key != "tokens_per_s"]]
         ks = [f"| K={k} | {line['tokens_per_s']:.1f} | {line['acceptance']} | {line['identical']}/{line['answers']} |"
               for k, line in calibration.results.get("ks", {}).items()]
+        results = calibration.results
+        for label, line in ((f"{results['fastest']}, again beside the own engine", results.get("fastest_again")),
+                            (f"own engine's main alone ({results.get('own_config')})", results.get("own_main_alone"))):
+            if line:
+                rows.append(f"| {label} | {line['tokens_per_s']:.1f} | {line['tokens_per_s_streams']:.1f} |")
         own = ["| own engine | tok/s | acceptance | identical |", "| --- | ---: | ---: | ---: |", *ks, ""] if ks else []
+        costs = ", ".join(f"{n} {cost:.2f}" for n, cost in (shown.get("verify_cost") or {}).items())
         self.stdout.write("\n".join([
             f"{shown['host']}, {shown['seconds']} s", "", "| the main alone in | tok/s, 1 stream | tok/s, at once |",
-            "| --- | ---: | ---: |", *rows, "", *own, shown["verdict"]]))
+            "| --- | ---: | ---: |", *rows, "", *own, f"Verifying n tokens costs (x one): {costs}" if costs else "",
+            shown["verdict"]]))

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.models import ModelPair
+from inference.models import HostCalibration, ModelPair
 from inference.pairs import catalog, head_vocabulary
 
 
@@ -29,7 +29,9 @@ class Command(BaseCommand):
         folder, kept = settings.MODELS_ROOT / slug, catalog.converted_ir(real)
         if folder.is_dir() and catalog.installed_from(folder) != kept.name:
             shutil.rmtree(folder)  # converted from other files or formats than the catalogue's now: installed again
-            self.stdout.write(f"{folder} came from other files or settings than the catalogue's: installing it again")
+            HostCalibration.objects.filter(pair__slug=slug).delete()  # measured on the files replaced
+            self.stdout.write(f"{folder} came from other files or settings than the catalogue's: installing it again "
+                              "(its hosts' calibrations are dropped: a worker measures the new files on load)")
         if not (folder / "main" / "openvino_model.xml").is_file() and (kept / "main" / "openvino_model.xml").is_file():
             shutil.rmtree(folder, ignore_errors=True)
             catalog.copy_tree(kept, folder)

@@ -22,6 +22,9 @@ NOT_YET = HostFigures(host=HOST)
 # where the library's pipeline runs the main alone faster (bf16 here) than the own engine's batch, at 4+ streams
 LIBRARY_UNDER_LOAD = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 3},
                                  library_alone={1: False, 4: True})
+# the library's main alone faster than the own engine's batch at one stream only (the Intel host, model 167)
+LIBRARY_ALONE_ONLY = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 2},
+                                 library_alone={1: True, 4: False})
 # lone answers speculate, but the library's main alone beat the own engine's batch at every load (this Zen 5 host)
 SPECULATES_ALONE = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 3},
                                library_alone={1: True, 4: True})
@@ -55,9 +58,17 @@ TABLE = [
     (OWN, Asked(sampled=True), Load(streams=1), LOSES, None, OWN_K, 3, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
     # where the library's main alone was faster than the own engine's batch, the main alone runs there
     (OWN, Asked(), Load(streams=1), LIBRARY_UNDER_LOAD, None, OWN_K, 3, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
-    (OWN, Asked(), Load(streams=3), LIBRARY_UNDER_LOAD, None, OWN_ALONE, None,
-     (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),  # measured at 1 and 4 streams: 1's verdict holds
+    (OWN, Asked(), Load(streams=3), LIBRARY_UNDER_LOAD, None, ALONE, None, (R.BEYOND_OWN_STREAMS, R.FASTEST_CONFIG)),
     (OWN, Asked(), Load(streams=4), LIBRARY_UNDER_LOAD, None, ALONE, None, (R.BEYOND_OWN_STREAMS, R.FASTEST_CONFIG)),
+    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_UNDER_LOAD, None, ALONE, None,
+     (R.ASKED_OFF, R.FASTEST_CONFIG)),
+    # one engine for the main alone at every load, whatever won at one stream: a burst is never split in two
+    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_ALONE_ONLY, None, OWN_ALONE, None,
+     (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(speculative=False), Load(streams=3), LIBRARY_ALONE_ONLY, None, OWN_ALONE, None,
+     (R.ASKED_OFF, R.OWN_BATCH, R.FASTEST_CONFIG)),
+    (OWN, Asked(), Load(streams=3), LIBRARY_ALONE_ONLY, None, OWN_ALONE, None,
+     (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
     (OWN, Asked(), Load(streams=1), LIBRARY_ALWAYS, None, ALONE, None,
      (R.CALIBRATED_MAIN_ALONE_FASTER, R.FASTEST_CONFIG)),
     (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_ALWAYS, None, ALONE, None,
@@ -81,8 +92,8 @@ def test_a_calibrated_host_plans_from_what_it_measured(fields, asked, load, cali
     (Asked(), 3, SPECULATES_ALONE, True),  # a burst: its answers run on the library's main alone, this one joins them
     (Asked(), 8, SPECULATES_ALONE, True),  # at any load: the burst's answers prefill at once anyway
     (Asked(sampled=True), 3, SPECULATES_ALONE, True),  # the rest drawn from the main's distribution either way
-    (Asked(), 4, LIBRARY_UNDER_LOAD, True),
-    (Asked(), 3, LIBRARY_UNDER_LOAD, False),  # measured faster only from 4 streams
+    (Asked(), 3, LIBRARY_UNDER_LOAD, True),  # the main alone runs where it was faster under load, at every load
+    (Asked(), 3, LIBRARY_ALONE_ONLY, False),  # faster at one stream only: the burst runs on the own engine's batch
     (Asked(), 2, SPECULATES_ALONE, False),  # within the pair's own streams: it goes on speculating
     (Asked(), 3, SPECULATES, False),  # the own engine's batch was not slower here: the new answers run there
     (Asked(), 3, NOT_YET, False),
