@@ -109,7 +109,7 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
                      "prompts": prompts[:budget.prompts], "rounds": {}}
     engines = {name: build_engine(each) for name, each in alone.items()}
     try:
-        for engine in engines.values():  # untimed, as the own engine's: the first inferences repack weights
+        for engine in engines.values():  # untimed, as the own engine warms itself: first inferences repack weights
             answer(engine, prompts[0], k=0, max_new_tokens=4)
         lines = {name: (Line(engine), Line(engine, streams=budget.streams)) for name, engine in engines.items()}
         steps.next("the main alone in each configuration")
@@ -144,7 +144,6 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
     engine = build_engine(replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=0,
                                   prompt_cache_tokens=0, **config.fields))
     try:
-        answer(engine, prompts[0], k=budget.ks[0], max_new_tokens=4)  # untimed: the first inferences repack weights
         reference, alone = Line(fastest), Line(engine)
         reference_batched, batched = Line(fastest, streams=budget.streams), Line(engine, streams=budget.streams)
         ks = {k: Line(engine, k=k) for k in budget.ks}

@@ -107,12 +107,21 @@ class OwnEngine:
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
         self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
-        self.load_seconds = time.perf_counter() - started
         self._active: dict[int, ActiveRequest] = {}
         self._ids = itertools.count()
         self.submitted = 0  # requests taken: the registry renews an engine after many (see EngineRegistry)
         self._lock = threading.Lock()
+        self._warm()
+        self.load_seconds = time.perf_counter() - started
         log.info("loaded %s (exact sampling) in %.1f s", spec.slug, self.load_seconds)
+
+    def _warm(self) -> None:
+        """Two short answers, speculating and batched, on load: the first inferences of a shape compile kernels and
+        repack weights (1.5 s of the real pair's first answer otherwise), paid here rather than by the first user."""
+        ids = prompt_token_ids(self.tokenizer, prompt="def main():", add_special_tokens=False, prompt_ids=None)
+        for k in (2, 0) if self.draft is not None else (0,):
+            Decoding(self, ActiveRequest(-1, ids, time.perf_counter()), ids,
+                     DecodingParams(max_new_tokens=4, num_assistant_tokens=k)).run()
 
     @property
     def active_count(self) -> int:

@@ -1,14 +1,19 @@
-"""The script behind docs/benchmark.md's Zen 5 table: OpenAI-compatible servers (SpecChat, llama-server lines)
+"""The script behind docs/benchmark.md's peer tables: OpenAI-compatible servers (SpecChat, llama-server lines)
 asked the same chat requests, greedy, at 1 and 4 streams, interleaved. Usage: peer_lines.py LINES_JSON REPEATS TOKENS
-LEVELS, LINES_JSON {name: {"url", "model", "key", "extra"}}."""
+LEVELS [WARM], LINES_JSON {name: {"url", "model", "key", "extra"}}. Each line first answers WARM chat-a requests,
+untimed (an engine's first inferences compile and repack). llama-server's `ngram-mod` keeps the n-grams of every
+answer it served: a second repeat of the same requests finds its answers there, so run it once per fresh server."""
 import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 import requests
 
-PROMPTS = json.load(open("/work/main/docs/benchmark/real-pair/chat-b.json"))
+HERE = Path(__file__).parent
+PROMPTS = json.loads((HERE / "chat-b.json").read_text())
 LINES = json.loads(sys.argv[1])  # {name: {"url":..., "model":..., "key":..., "extra": {...}}}
 REPEATS, TOKENS = int(sys.argv[2]), int(sys.argv[3])
 LEVELS = [int(x) for x in sys.argv[4].split(",")]
+WARM = json.loads((HERE / "chat-a.json").read_text())[:int(sys.argv[5]) if len(sys.argv) > 5 else 0]
 
 def ask(line, item):
     body = {"model": line["model"], "messages": item["messages"] if isinstance(item, dict) else [{"role": "user", "content": item}],
@@ -18,6 +23,9 @@ def ask(line, item):
     j = r.json()
     return j["usage"]["completion_tokens"], j["choices"][0]["message"]["content"]
 
+for line in LINES.values():
+    for item in WARM:
+        ask(line, item)
 results = {}
 for repeat in range(REPEATS):
     for level in LEVELS:
