@@ -335,7 +335,9 @@ def _on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -
     """The plan moved to the pair's own engine (ModelPair.own_engine_streams): while the pair runs at most that
     many answers here, this one included, it speculates there (greedy, sampled or the main alone, under a
     grammar or not, exact with dynamic quantization); beyond that the main alone serves there, in one batch
-    (engines/batch.py), unless the request named its K. One copy of the weights either way. Not for a
+    (engines/batch.py), a K the request named included: the library's pipeline, which batches speculation, runs
+    the main in another precision than the main alone's (its answers parted from it on the Intel host) and ran
+    0.4-0.6x the batch there. One copy of the weights either way. Not for a
     confidence threshold, which only the library applies. A request asking alternatives (top_logprobs) runs on
     the own engine at any load."""
     if asked.alternatives:
@@ -345,9 +347,8 @@ def _on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -
     if planned.mode not in (SpeculativeMode.DRAFT, SpeculativeMode.OFF, SpeculativeMode.EXACT_SAMPLING):
         return planned
     if load > pair.own_engine_streams:
-        if asked.k is not None and planned.route.speculates():
-            return planned  # the K it named, on the library's pipelines, which batch speculation
-        busy = planned.why if not asked.speculative else (Why(Reason.BEYOND_OWN_STREAMS, {"load": load}),)
+        beyond = Why(Reason.BEYOND_OWN_STREAMS, {"load": load})
+        busy = planned.why if not asked.speculative else (*planned.why, beyond) if asked.k else (beyond,)
         return Plan(route=Route.OWN_MAIN_ALONE, sampled=asked.sampled, why=(*busy, Why(Reason.OWN_BATCH)))
     if Reason.CONSTRAINED in planned.reasons:
         return Plan(route=Route.OWN_SPECULATIVE, k=pair.num_assistant_tokens or DEFAULT_K,

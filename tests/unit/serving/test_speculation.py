@@ -88,7 +88,8 @@ TABLE = [
     (OWN, Asked(constrained=True), Load(streams=3), None, OWN_ALONE, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
     (OWN, Asked(speculative=False), Load(streams=3), None, OWN_ALONE, None, (R.ASKED_OFF, R.OWN_BATCH)),
     (OWN, Asked(speculative=False), Load(streams=1), None, OWN_ALONE, None, (R.ASKED_OFF, R.OWN_ENGINE)),
-    (OWN, Asked(k=4), Load(streams=3), None, LIB, 4, (R.K_ASKED,)),  # the K it named, on the library's pipelines
+    (OWN, Asked(k=4), Load(streams=3), None, OWN_ALONE, None,  # the K it named set aside: the same answer, batched
+     (R.K_ASKED, R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
     (OWN, Asked(constrained=True), Load(streams=1), None, OWN_K, 3, (R.OWN_CONSTRAINED, R.OWN_ENGINE)),
     (OWN, Asked(threshold=0.3), Load(streams=1), None, LIB, None, (R.THRESHOLD_ASKED,)),  # only the library's
     ({"own_engine_streams": 0}, Asked(), Load(streams=1), None, LIB, 5, (R.PAIR_DEFAULT_K,)),
