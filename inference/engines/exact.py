@@ -205,11 +205,11 @@ class Decoding:
         first = draw(probabilities(self._allowed(logits), self.params), self.rng)
         if self.constraint:
             self.constraint.take(first)
-        if self.drafting:
+        finished = self._emit([first], token_scores([logits], [first], self.params))
+        if self.drafting and finished is None:  # after the first token is out: not part of its wait
             self.drafting.prefill(self.prompt_ids)
             if self.drafting.lookup:
                 self.drafting.lookup.extend([first])
-        finished = self._emit([first], token_scores([logits], [first], self.params))
         while finished is None:
             if self.request.stop_requested:
                 return Finished(FinishReason.STOPPED)
