@@ -27,8 +27,10 @@ from tests.test_engines_exact import CODE, PROMPTS, answer, steps_of
 pytestmark = pytest.mark.no_database
 
 PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
+# Drafters not judged by their pay (engines/payoff.py times each step): what the draft proposes is counted, whatever
+# else the host runs meanwhile.
 SPEC = PairSpec(slug="cut-head", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), exact_sampling=True,
-                own_engine=True, dynamic_quantization=True)
+                own_engine=True, dynamic_quantization=True, drafters_judged=False)
 HEAD_TOKENS = 300  # of the demo's 4,096: the main's greedy answers here write ~15% of their tokens outside them
 
 
