@@ -117,9 +117,9 @@ class OwnEngine:
 
     def _warm(self) -> None:
         """Two short answers, speculating and batched, on load: the first inferences of a shape compile kernels and
-        repack weights (1.5 s of the real pair's first answer otherwise), paid here rather than by the first user."""
+        repack weights, seconds the first user's answer would otherwise wait."""
         ids = prompt_token_ids(self.tokenizer, prompt="def main():", add_special_tokens=False, prompt_ids=None)
-        for k in (2, 0) if self.draft is not None else (0,):
+        for k in (2, 0):
             Decoding(self, ActiveRequest(-1, ids, time.perf_counter()), ids,
                      DecodingParams(max_new_tokens=4, num_assistant_tokens=k)).run()
 

@@ -348,7 +348,12 @@ def _on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -
         return planned
     if load > pair.own_engine_streams:
         beyond = Why(Reason.BEYOND_OWN_STREAMS, {"load": load})
-        busy = planned.why if not asked.speculative else (*planned.why, beyond) if asked.k else (beyond,)
+        if not asked.speculative:
+            busy = planned.why
+        elif asked.k is not None:  # the K it named, set aside, and said
+            busy = (*planned.why, beyond)
+        else:
+            busy = (beyond,)
         return Plan(route=Route.OWN_MAIN_ALONE, sampled=asked.sampled, why=(*busy, Why(Reason.OWN_BATCH)))
     if Reason.CONSTRAINED in planned.reasons:
         return Plan(route=Route.OWN_SPECULATIVE, k=pair.num_assistant_tokens or DEFAULT_K,
