@@ -196,8 +196,9 @@ GRAMMAR_COMPILE_MS = env_int("SPECCHAT_GRAMMAR_COMPILE_MS", 1000)
 LIVE_FIGURES_S = env_int("SPECCHAT_LIVE_FIGURES_S", 600)
 LIVE_FIGURES_MIN_STEP_MS = env_int("SPECCHAT_LIVE_FIGURES_MIN_STEP_MS", 2000)  # step time a figure needs
 # A worker that loads a pair on a host with no calibration of it measures the host (inference/calibration/):
-# each precision configuration's main alone, the own engine per K, in two rounds. Bounded: no new round starts
-# past CALIBRATION_S; answers CALIBRATION_TOKENS long. Off: the pair's own settings serve until the admin calibrates.
+# each precision configuration's main alone, the own engine per K, in two rounds. Bounded: no round starts that
+# would end past CALIBRATION_S; answers CALIBRATION_TOKENS long. Off: the pair's own settings serve until the admin
+# calibrates.
 CALIBRATE_ON_LOAD = env_bool("SPECCHAT_CALIBRATE_ON_LOAD", True)
 CALIBRATION_SECONDS = env_int("SPECCHAT_CALIBRATION_S", 240)
 CALIBRATION_TOKENS = env_int("SPECCHAT_CALIBRATION_TOKENS", 48)

@@ -43,8 +43,8 @@ class ModelPairAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "slug", "enabled", "is_default", "description", "completes_text", "serving_state",
                            "load_error")}),
-        ("Models", {"fields": ("main_dir", "draft_dir", "prompt_lookup", "max_ngram_size", "device",
-                               "draft_device")}),
+        ("Models", {"fields": ("main_dir", "draft_dir", "draft_alternative_dir", "prompt_lookup", "max_ngram_size",
+                               "device", "draft_device")}),
         ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold",
                                              "allow_inexact_sampling", "speculation_profile", "profile_run",
                                              "live_figures")}),
@@ -176,6 +176,11 @@ class ImportJobForm(forms.ModelForm):
     weight_format = forms.ChoiceField(choices=[(f, f) for f in importer.WEIGHT_FORMATS], initial="int8")
     draft_weight_format = forms.ChoiceField(choices=[("", "as the main"), *((f, f) for f in importer.WEIGHT_FORMATS)],
                                             required=False, initial="")
+    draft_alternative_format = forms.ChoiceField(
+        label="Draft also in", choices=[("", "no other format"), *((f, f) for f in importer.WEIGHT_FORMATS)],
+        required=False, initial="",
+        help_text="The draft exported in this format too: each host's calibration times a token of both and loads "
+                  "the cheaper (int4 with AVX-512, int8 with AVX2 on the hosts measured).")
     kv_cache_precision = forms.ChoiceField(choices=ModelPair.KvPrecision.choices, required=False,
                                            initial=ModelPair._meta.get_field("kv_cache_precision").default)
     device = forms.ChoiceField(label="Main device", choices=ModelPair.Device.choices, initial=ModelPair.Device.CPU)
@@ -185,7 +190,8 @@ class ImportJobForm(forms.ModelForm):
     class Meta:
         model = ImportJob
         fields = ("name", "slug", "main_source", "draft_source", "weight_format", "draft_weight_format",
-                  "main_sha256", "draft_sha256", "kv_cache_precision", "device", "draft_device")
+                  "draft_alternative_format", "main_sha256", "draft_sha256", "kv_cache_precision", "device",
+                  "draft_device")
         help_texts = {
             "main_source": "Hugging Face id (downloaded by the worker), a folder or a GGUF file on the worker's "
                            "machine.",

@@ -46,6 +46,12 @@ class ModelPair(models.Model):
         max_length=500, blank=True,
         help_text="Folder of the draft model; empty means no draft (plain or prompt-lookup decoding)."
     )
+    draft_alternative_dir = models.CharField(
+        "draft in another precision", max_length=500, blank=True,
+        help_text="Folder of the same draft in another weight format (int8 beside int4): each host's calibration "
+                  "times a draft token of both and the own engine loads the cheaper (int4 kernels are cheaper "
+                  "with AVX-512, int8 ones with AVX2)."
+    )
     prompt_lookup = models.BooleanField(default=False,
                                         help_text="Without a draft: speculate from n-grams of the prompt.")
     max_ngram_size = models.PositiveSmallIntegerField(default=3, help_text="Prompt lookup only.")
@@ -167,6 +173,7 @@ class ModelPair(models.Model):
         errors = validate_pair_fields(
             main_dir=self.main_dir,
             draft_dir=self.draft_dir,
+            draft_alternative_dir=self.draft_alternative_dir,
             prompt_lookup=self.prompt_lookup,
             num_assistant_tokens=self.num_assistant_tokens,
             assistant_confidence_threshold=self.assistant_confidence_threshold,
@@ -339,6 +346,9 @@ class ImportJob(Job):
     draft_source = models.CharField(max_length=500, blank=True)
     weight_format = models.CharField(max_length=8, default="int8")
     draft_weight_format = models.CharField(max_length=8, blank=True, help_text="Empty: the main's weight format.")
+    draft_alternative_format = models.CharField(
+        max_length=8, blank=True, help_text="The draft exported in this format too; each host's calibration keeps "
+                                            "the cheaper. Empty: one draft.")
     main_sha256 = models.CharField(max_length=64, blank=True,
                                    help_text="A GGUF file's published sha256; the import refuses other bytes.")
     draft_sha256 = models.CharField(max_length=64, blank=True)

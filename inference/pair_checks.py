@@ -91,24 +91,20 @@ def validate_pair_fields(
     draft_dir: str,
     prompt_lookup: bool,
     num_assistant_tokens: int | None,
+    draft_alternative_dir: str = "",
     assistant_confidence_threshold: float | None,
     max_new_tokens_cap: int,
     root: Path | None = None,
 ) -> dict[str, str]:
     """Field -> error message for everything wrong with a pair's settings (empty when it can be saved)."""
     errors: dict[str, str] = {}
-    main = draft = None
-    try:
-        main = resolve_model_dir(main_dir, root=root)
-    except PairFolderError as exc:
-        errors["main_dir"] = str(exc)
-    if draft_dir:
-        try:
-            draft = resolve_model_dir(draft_dir, root=root)
-        except PairFolderError as exc:
-            errors["draft_dir"] = str(exc)
-        if prompt_lookup:
-            errors["prompt_lookup"] = "Prompt lookup cannot be combined with a draft model."
+    folders = _resolved({"main_dir": main_dir, "draft_dir": draft_dir, "draft_alternative_dir": draft_alternative_dir},
+                        root=root, errors=errors)
+    main, draft = folders.get("main_dir"), folders.get("draft_dir")
+    if draft_dir and prompt_lookup:
+        errors["prompt_lookup"] = "Prompt lookup cannot be combined with a draft model."
+    if draft_alternative_dir and not draft_dir:
+        errors["draft_alternative_dir"] = "A draft in another precision needs the draft itself."
     speculative = bool(draft_dir) or prompt_lookup
     k, threshold = num_assistant_tokens, assistant_confidence_threshold
     if k is not None and threshold is not None:
@@ -130,6 +126,18 @@ def validate_pair_fields(
         if problems:
             errors["draft_dir"] = "The draft's tokenizer is not the main's: " + "; ".join(problems) + "."
     return errors
+
+
+def _resolved(folders: dict[str, str], *, root: Path | None, errors: dict[str, str]) -> dict[str, Path]:
+    """Each folder given (the main's always) resolved under the models root; what cannot be, in `errors`."""
+    resolved = {}
+    for field, folder in folders.items():
+        if folder or field == "main_dir":
+            try:
+                resolved[field] = resolve_model_dir(folder, root=root)
+            except PairFolderError as exc:
+                errors[field] = str(exc)
+    return resolved
 
 
 def device_errors(*, device: str, draft_device: str, has_draft: bool, available: AvailableDevices) -> dict[str, str]:

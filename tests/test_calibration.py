@@ -32,8 +32,10 @@ def finished(pair: ModelPair, *, after: int = 0, timeout: float = 300) -> HostCa
 
 @pytest.fixture
 def pair_on_a_calibrating_worker(demo_pair, stack_env, redis_client, tmp_path):
+    # its "draft in another format" is the demo main, a model costlier a token than the draft: timed, and not taken
     pair = ModelPair.objects.create(name="Calibrated", slug="calibrated", main_dir=demo_pair.main_dir,
-                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=3, own_engine_streams=1)
+                                    draft_dir=demo_pair.draft_dir, draft_alternative_dir=demo_pair.main_dir,
+                                    num_assistant_tokens=3, own_engine_streams=1)
     pair.elsewhere = HostCalibration.objects.create(pair=pair, host="another host", host_facts={"cpu": "Elsewhere"},
                                                     status=JobStatus.FINISHED, results=ELSEWHERE)
     worker = Worker({**stack_env, "SPECCHAT_CALIBRATE_ON_LOAD": "1"}, pair.queue, tmp_path / "worker.log")
@@ -55,6 +57,7 @@ def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calib
     assert results["fastest"] == fastest and set(results["ks"]) == {"1", "2"}
     assert all(line["identical"] == line["answers"] for line in results["ks"].values())  # greedy identity, each K
     assert set(results["verify_cost"]) == {str(n) for n in range(1, 9)} and set(results["library_alone"]) == {"1", "4"}
+    assert results["draft_ms"]["draft"] < results["draft_ms"]["alternative"] and "draft" not in results
 
     page = admin_client.get(f"/admin/inference/modelpair/{pair.id}/change/").content.decode()
     assert calibration.host_facts["cpu"] in page and "Elsewhere" in page  # each host's own calibration

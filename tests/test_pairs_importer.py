@@ -78,11 +78,11 @@ def models_root(settings, tmp_path) -> Path:
     return settings.MODELS_ROOT
 
 
-def import_pair(main, draft, *, slug="tiny", weight_format="fp16") -> str:
+def import_pair(main, draft, *, slug="tiny", weight_format="fp16", **options) -> str:
     """What the command printed (to a log: pytest's stderr is no terminal)."""
     out = io.StringIO()
     call_command("import_pair", name=f"Tiny {slug}", slug=slug, main=str(main), draft=str(draft),
-                 weight_format=weight_format, stdout=out)
+                 weight_format=weight_format, stdout=out, **options)
     return out.getvalue()
 
 
@@ -102,7 +102,7 @@ def test_import_registers_a_pair_that_generates(db, hf, models_root):
     from inference.pair_checks import REQUIRED_FILES
     from inference.serving.records import pair_spec
 
-    printed = import_pair(hf["main"], hf["draft"], weight_format="int8")
+    printed = import_pair(hf["main"], hf["draft"], weight_format="int8", draft_alternative_format="fp16")
 
     stages = [line for line in printed.splitlines() if "== " in line]  # each stage once, a line each
     assert any(line.endswith("== checking the sources") for line in stages), printed
@@ -111,12 +111,14 @@ def test_import_registers_a_pair_that_generates(db, hf, models_root):
     assert (pair.main_dir, pair.draft_dir, pair.queue) == ("tiny/main", "tiny/draft", "pair.tiny")
     assert pair.num_assistant_tokens and pair.device == "CPU"
     assert pair.kv_cache_precision == ModelPair._meta.get_field("kv_cache_precision").default
-    for role in ("main", "draft"):
+    assert pair.draft_alternative_dir == "tiny/draft-alternative"  # the draft in fp16 too: calibrations keep the cheaper
+    for role in ("main", "draft", "draft-alternative"):
         assert all((models_root / "tiny" / role / name).is_file() for name in REQUIRED_FILES)
     assert [p.name for p in models_root.iterdir()] == ["tiny"]  # no staging folder left
     job = ImportJob.objects.get()
     assert (job.status, job.pair, job.error) == (ImportJob.Status.FINISHED, pair, "")
     assert job.progress.startswith("100%") and "exporting the draft (int8)" in job.log
+    assert "exporting the draft (fp16)" in job.log
 
     engine = LibraryEngine(pair_spec(pair=pair))
     request = engine.submit(prompt="def scale(x):", params=DecodingParams(max_new_tokens=8, num_assistant_tokens=3))
@@ -184,6 +186,10 @@ def test_request_errors_come_before_the_job(db, hf, models_root):
         import_pair(hf["main"], hf["draft"], slug="taken")
     with pytest.raises(CommandError, match="Enter a name of letters, numbers, dots"):
         import_pair(hf["main"], hf["draft"], slug="not a slug")
+    with pytest.raises(CommandError, match="alternative format must be another"):
+        import_pair(hf["main"], hf["draft"], slug="same", weight_format="int8", draft_alternative_format="int8")
+    with pytest.raises(CommandError, match="alternative format must be another"):
+        import_pair(hf["main"], "", slug="alone", draft_alternative_format="int4")
     assert not ImportJob.objects.exists() and not ModelPair.objects.exists()
 
 

@@ -41,6 +41,7 @@ class PairSpec:
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
     chained_lookup: bool = True  # on the own engine: the prompt lookup proposes first, the draft where it has nothing
     draft_head_ids: str = ""  # on the own engine: a file of the ids the draft's head keeps (engines/draft_head.py)
+    draft_alternative_dir: str = ""  # the same draft in another weight format: a calibration keeps the cheaper
     drafters_judged: bool = True  # on the own engine: a drafter sits out where it does not pay (engines/payoff.py)
 
     @property

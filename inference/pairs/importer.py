@@ -36,6 +36,7 @@ from inference.pairs.conversion import ImportFailed, ImportProgress, ProgressCal
 log = logging.getLogger(__name__)
 
 WEIGHT_FORMATS = ("fp16", "int8", "int4")
+ALTERNATIVE_DRAFT = "draft-alternative"  # the folder of the draft in its alternative weight format
 DEFAULT_NUM_ASSISTANT_TOKENS = 4  # a starting K; the benchmark finds the pair's best
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -50,6 +51,7 @@ def can_export() -> bool:
 
 def request_errors(*, name: str, slug: str, main_source: str, draft_source: str, weight_format: str,
                    kv_cache_precision: str, device: str, draft_device: str = "", draft_weight_format: str = "",
+                   draft_alternative_format: str = "",
                    main_sha256: str = "", draft_sha256: str = "") -> dict[str, str]:
     """ImportJob field -> message for an import that cannot start (empty when it can)."""
     errors: dict[str, str] = {}
@@ -63,10 +65,8 @@ def request_errors(*, name: str, slug: str, main_source: str, draft_source: str,
         errors["slug"] = f"{settings.MODELS_ROOT / slug} already exists: choose another slug or remove that folder."
     if not main_source.strip():
         errors["main_source"] = "The main model is required: a Hugging Face id, a local folder or a GGUF file."
-    if weight_format not in WEIGHT_FORMATS:
-        errors["weight_format"] = f"The weight format must be one of {', '.join(WEIGHT_FORMATS)}."
-    if draft_weight_format and draft_weight_format not in WEIGHT_FORMATS:
-        errors["draft_weight_format"] = f"The draft's weight format must be one of {', '.join(WEIGHT_FORMATS)}."
+    errors.update(_format_errors(weight_format=weight_format, draft_weight_format=draft_weight_format,
+                                 draft_alternative_format=draft_alternative_format, has_draft=bool(draft_source)))
     for field, digest, source in (("main_sha256", main_sha256, main_source),
                                   ("draft_sha256", draft_sha256, draft_source)):
         if digest and not SHA256.match(digest.strip()):
@@ -83,6 +83,20 @@ def request_errors(*, name: str, slug: str, main_source: str, draft_source: str,
         errors.update(pair_checks.device_errors(
             device=device, draft_device=draft_device, has_draft=bool(draft_source.strip()),
             available=pair_checks.registrable_devices(client=transport.fail_fast_client())))
+    return errors
+
+
+def _format_errors(*, weight_format: str, draft_weight_format: str, draft_alternative_format: str,
+                   has_draft: bool) -> dict[str, str]:
+    errors = {}
+    if weight_format not in WEIGHT_FORMATS:
+        errors["weight_format"] = f"The weight format must be one of {', '.join(WEIGHT_FORMATS)}."
+    if draft_weight_format and draft_weight_format not in WEIGHT_FORMATS:
+        errors["draft_weight_format"] = f"The draft's weight format must be one of {', '.join(WEIGHT_FORMATS)}."
+    if draft_alternative_format and (draft_alternative_format not in WEIGHT_FORMATS or not has_draft
+                                     or draft_alternative_format == (draft_weight_format or weight_format)):
+        errors["draft_alternative_format"] = ("The draft's alternative format must be another of "
+                                              f"{', '.join(WEIGHT_FORMATS)} than its own, for a pair with a draft.")
     return errors
 
 
@@ -230,6 +244,7 @@ def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
                             weight_format=job.weight_format, kv_cache_precision=job.kv_cache_precision,
                             device=job.device, draft_device=job.draft_device,
                             draft_weight_format=job.draft_weight_format,
+                            draft_alternative_format=job.draft_alternative_format,
                             main_sha256=job.main_sha256, draft_sha256=job.draft_sha256)
     if errors:
         raise ImportFailed(" ".join(errors.values()))
@@ -264,8 +279,11 @@ def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
         for spent in ("hf-main", "hub-main"):  # the weights exported from: gigabytes, needed no more
             shutil.rmtree(staging / spent, ignore_errors=True)
         if draft:
-            export(source=draft, target=staging / "draft", weight_format=job.draft_weight_format or job.weight_format,
-                   role="draft", progress=progress, start=middle, end=0.95)
+            formats = [job.draft_weight_format or job.weight_format, *filter(None, [job.draft_alternative_format])]
+            for index, (folder, weight_format) in enumerate(zip(("draft", ALTERNATIVE_DRAFT), formats, strict=False)):
+                share = (0.95 - middle) / len(formats)
+                export(source=draft, target=staging / folder, weight_format=weight_format, role="draft",
+                       progress=progress, start=middle + index * share, end=middle + (index + 1) * share)
             for spent in ("hf-draft", "hub-draft"):
                 shutil.rmtree(staging / spent, ignore_errors=True)
         progress.step("checking and registering the pair", 0.95)
@@ -276,6 +294,8 @@ def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
         placed = final
         pair = ModelPair(name=job.name, slug=job.slug, main_dir=f"{job.slug}/main",
                          draft_dir=f"{job.slug}/draft" if draft else "", device=job.device,
+                         draft_alternative_dir=f"{job.slug}/{ALTERNATIVE_DRAFT}" if job.draft_alternative_format
+                         else "",
                          draft_device=job.draft_device if draft else "",
                          kv_cache_precision=job.kv_cache_precision,
                          num_assistant_tokens=DEFAULT_NUM_ASSISTANT_TOKENS if draft else None)

@@ -44,7 +44,8 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
                        own_config=results.get("own_config") or results["fastest"],
                        best_k={int(streams): int(k) for streams, k in results.get("best_k", {}).items()},
                        library_alone={int(streams): bool(faster)
-                                      for streams, faster in results.get("library_alone", {}).items()})
+                                      for streams, faster in results.get("library_alone", {}).items()},
+                       draft_alternative=results.get("draft") == "alternative")
 
 
 def summary(calibration: HostCalibration) -> dict:
@@ -71,10 +72,16 @@ def summary(calibration: HostCalibration) -> dict:
     else:
         verdict = f"The main alone is fastest in {fastest['label']} ({fastest['tokens_per_s']:.1f} tok/s)" + (
             "; speculation was not measured in time, the pair's own K serves." if results.get("own_config") else ".")
+    if timed := results.get("draft_ms"):
+        verdict += (f" A draft token took {timed['draft']:.1f} ms as registered, {timed['alternative']:.1f} ms in its "
+                    "other weight format: the own engine loads " + (
+                        "the other format." if results.get("draft") == "alternative" else "it as registered."))
     return shown | {
         "main_alone": {name: {"tokens_per_s": line["tokens_per_s"], f"tokens_per_s_{line['streams']}_streams":
                               line["tokens_per_s_streams"]} for name, line in configs.items()},
         "fastest_config": results["fastest"], "own_engine_config": results.get("own_config") or None,
         "best_k": k, "speculation_tokens_per_s": speculating,
         "speedup": round(speculating / fastest["tokens_per_s"], 2) if speculating else None,
-        "verify_cost": results.get("verify_cost"), "seconds": results.get("seconds"), "verdict": verdict}
+        "verify_cost": results.get("verify_cost"), "draft_token_ms": results.get("draft_ms"),
+        "draft": results.get("draft", "draft") if results.get("draft_ms") else None,
+        "seconds": results.get("seconds"), "verdict": verdict}

@@ -59,9 +59,12 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE,
         prompt_cache_tokens=settings.PROMPT_CACHE_TOKENS,
         dynamic_quantization=bool(pair.own_engine_streams) and own,
         draft_head_ids=str(head_ids) if head_ids and head_ids.is_file() else "",  # read by the own engine alone
+        draft_alternative_dir=str(root / pair.draft_alternative_dir) if pair.draft_alternative_dir else "",
     )
     if calibration is None or not calibration.calibrated or (route.speculates() and not own):
         return spec
+    if own and calibration.draft_alternative and spec.draft_alternative_dir:
+        spec = replace(spec, draft_dir=spec.draft_alternative_dir)  # the cheaper draft token on this host
     config = precision.CONFIGS.get(calibration.own_config if own else calibration.main_alone_config)
     return replace(spec, **config.fields) if config else spec
 

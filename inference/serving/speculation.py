@@ -76,6 +76,7 @@ class HostFigures:
     own_config: str = ""
     best_k: dict[int, int] = field(default_factory=dict)
     library_alone: dict[int, bool] = field(default_factory=dict)  # {streams: the library's main alone is faster}
+    draft_alternative: bool = False  # the own engine loads the pair's draft in its other weight format: cheaper here
 
     @property
     def calibrated(self) -> bool:

@@ -20,6 +20,9 @@ class Command(BaseCommand):
         parser.add_argument("--weight-format", choices=importer.WEIGHT_FORMATS, default="int8")
         parser.add_argument("--draft-weight-format", choices=importer.WEIGHT_FORMATS, default="",
                             help="The draft's own weight format (default: --weight-format).")
+        parser.add_argument("--draft-alternative-format", choices=importer.WEIGHT_FORMATS, default="",
+                            help="The draft exported in this format too: each host's calibration times a token of "
+                                 "both and the own engine loads the cheaper.")
         parser.add_argument("--main-sha256", default="", help="The main GGUF file's published sha256: other bytes "
                             "are refused.")
         parser.add_argument("--draft-sha256", default="", help="The same for the draft's GGUF file.")
@@ -30,10 +33,11 @@ class Command(BaseCommand):
         parser.add_argument("--draft-device", choices=ModelPair.Device.values, default="",
                             help="The draft's device (default: the main's).")
 
-    def handle(self, *args, name, slug, main, draft, weight_format, draft_weight_format, main_sha256, draft_sha256,
-               kv_cache_precision, device, draft_device, **options):
+    def handle(self, *args, name, slug, main, draft, weight_format, draft_weight_format, draft_alternative_format,
+               main_sha256, draft_sha256, kv_cache_precision, device, draft_device, **options):
         fields = {"name": name, "slug": slug, "main_source": main, "draft_source": draft,
                   "weight_format": weight_format, "draft_weight_format": draft_weight_format,
+                  "draft_alternative_format": draft_alternative_format,
                   "main_sha256": main_sha256, "draft_sha256": draft_sha256,
                   "kv_cache_precision": kv_cache_precision, "device": device, "draft_device": draft_device}
         errors = importer.request_errors(**fields)

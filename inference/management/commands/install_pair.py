@@ -6,7 +6,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.models import HostCalibration, ModelPair
-from inference.pairs import catalog, head_vocabulary
+from inference.pairs import catalog, head_vocabulary, importer
 
 
 class Command(BaseCommand):
@@ -45,6 +45,7 @@ class Command(BaseCommand):
             ModelPair.objects.filter(slug=slug).delete()  # a record whose folder is gone is imported afresh
             call_command("import_pair", name=real.name, slug=slug, main=str(main), draft=str(draft),
                          weight_format=real.main.weight_format, draft_weight_format=real.draft.weight_format,
+                         draft_alternative_format=real.draft_alternative_format,
                          main_sha256=real.main.sha256, draft_sha256=real.draft.sha256, stdout=self.stdout,
                          **devices)
             catalog.copy_tree(folder, kept)
@@ -55,6 +56,9 @@ class Command(BaseCommand):
         pair = ModelPair.objects.filter(slug=slug).first() or ModelPair(slug=slug, main_dir=f"{slug}/main",
                                                                       draft_dir=f"{slug}/draft")
         pair.name, pair.description = real.name, real.description
+        alternative = folder / importer.ALTERNATIVE_DRAFT  # `make real-pair` exports the draft in two formats
+        has_alternative = (alternative / "openvino_model.xml").is_file()
+        pair.draft_alternative_dir = f"{slug}/{alternative.name}" if has_alternative else ""
         for name, value in {**real.pair_settings, **devices}.items():
             setattr(pair, name, value)
         pair.is_default = pair.is_default or default

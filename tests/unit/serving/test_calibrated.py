@@ -2,6 +2,8 @@
 calibration) -> (route, K, reason codes), the precision each route's engine runs in, and what the admin and
 /v1/config say of a calibration (its verdict, in figures and in words)."""
 
+from dataclasses import replace
+
 import pytest
 from django.utils import timezone
 
@@ -140,6 +142,17 @@ def test_each_route_runs_in_the_precision_the_host_measured(route, precision, kv
     assert pair_spec(pair=pair(**OWN), route=ALONE, calibration=LIBRARY_ALWAYS).inference_precision == "bf16"
 
 
+def test_the_own_engine_loads_the_draft_in_the_format_the_host_measured_cheaper():
+    fields = {**OWN, "draft_alternative_dir": "d-int8"}
+    cheaper_here = replace(SPECULATES, draft_alternative=True)
+    for route in (OWN_K, OWN_ALONE):  # the own engine, speculating or not: one engine, one draft
+        assert pair_spec(pair=pair(**fields), route=route, calibration=cheaper_here).draft_dir.endswith("/d-int8")
+        assert pair_spec(pair=pair(**fields), route=route, calibration=SPECULATES).draft_dir.endswith("/d")
+        assert pair_spec(pair=pair(**fields), route=route, calibration=NOT_YET).draft_dir.endswith("/d")
+    assert pair_spec(pair=pair(**fields), route=LIB, calibration=cheaper_here).draft_dir.endswith("/d")  # as registered
+    assert pair_spec(pair=pair(**OWN), route=OWN_K, calibration=cheaper_here).draft_dir.endswith("/d")  # none other
+
+
 RESULTS = {
     "configs": {"f32": {"label": "f32, no dynamic quantization", "tokens_per_s": 7.0, "streams": 4,
                         "tokens_per_s_streams": 20.0},
@@ -167,6 +180,12 @@ def test_a_calibration_says_what_it_decided_in_figures_and_words():
     assert (shown["fastest_config"], shown["best_k"], shown["speedup"]) == ("f32-dynamic", 3, 1.4)
     assert shown["verdict"].startswith("K=3 makes a lone answer 1.40x as fast as the fastest main alone (f32 with")
     assert "AMD EPYC (family 26 model 2; avx2)" in shown["host"]
+    assert (shown["draft_token_ms"], shown["draft"]) == (None, None)  # one draft: nothing was timed
+    timed = summary_of({**RESULTS, "draft_ms": {"draft": 47.1, "alternative": 35.6}, "draft": "alternative"})
+    assert (timed["draft_token_ms"], timed["draft"]) == ({"draft": 47.1, "alternative": 35.6}, "alternative")
+    assert timed["verdict"].endswith("A draft token took 47.1 ms as registered, 35.6 ms in its other weight format: "
+                                     "the own engine loads the other format.")
+    assert summary_of({**RESULTS, "draft_ms": {"draft": 20.0, "alternative": 30.0}})["draft"] == "draft"
     losing = summary_of({**RESULTS, "best_k": {"1": 0}})
     assert losing["speedup"] is None
     assert losing["verdict"].startswith("Speculation is slower than the main alone on this host")
