@@ -79,12 +79,13 @@ def test_the_cpus_own_switch_goes_to_the_cpu_and_auto_alone():
 
 @pytest.mark.no_database
 def test_the_library_engine_on_auto_with_its_draft_on_the_cpu_answers_as_on_the_cpu():
-    """Bitwise the same log probabilities: AUTO picks the CPU and passes it the CPU's switch (with the CPU's
-    dynamic quantization on instead, they differ)."""
+    """Bitwise the same log probabilities, with the CPU's dynamic quantization off and on: AUTO picks the CPU and
+    passes it the CPU's switch. Where int8 activations change the answer (hosts with VNNI; not AVX2 alone), the two
+    settings differ, so the switch is seen to reach the CPU."""
     on_cpu = library_answer(SPEC)
-    on_auto = library_answer(replace(SPEC, device="AUTO", draft_device="CPU"))
-    assert on_auto == on_cpu
-    assert library_answer(replace(SPEC, device="AUTO", dynamic_quantization=True))[1] != on_cpu[1]
+    assert library_answer(replace(SPEC, device="AUTO", draft_device="CPU")) == on_cpu
+    quantized = library_answer(replace(SPEC, dynamic_quantization=True))
+    assert library_answer(replace(SPEC, device="AUTO", dynamic_quantization=True)) == quantized
 
 
 @pytest.mark.no_database
@@ -93,7 +94,10 @@ def test_the_own_engine_on_auto_with_its_draft_on_the_cpu_answers_as_on_the_cpu(
     on_cpu = answer(OwnEngine(own))
     engine = OwnEngine(replace(own, device="AUTO", draft_device="CPU"))
     assert answer(engine) == on_cpu
-    assert answer(engine, k=0) == on_cpu  # the main alone's, token for token
+    tokens, logprobs = answer(engine, k=0)
+    assert tokens == on_cpu[0]  # the main alone's, token for token
+    # bitwise with AVX-512 kernels; with AVX2 a row alone and K+1 rows agree within 1e-5 (docs/exactness.md)
+    assert logprobs == pytest.approx(on_cpu[1], abs=1e-5)
 
 
 @pytest.mark.no_database
