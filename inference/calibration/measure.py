@@ -4,10 +4,10 @@
    and at several at once: the fastest is the host's baseline, and every route of the main alone serves in it;
 2. the own engine (engines/exact.py) in the faster configuration of those its greedy answers with the draft are
    exact in (f32 with or without dynamic quantization), at K=0 and each K, beside the fastest main alone again:
-   tokens/s, acceptance and identity;
-3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay);
-0. first, where the pair has its draft in two weight formats, a draft token of each in that configuration: the own
-   engine loads the cheaper (int4 kernels are the cheaper with AVX-512, int8 ones with AVX2).
+   tokens/s, acceptance and identity; where the pair keeps its draft in two weight formats, first a draft token of
+   each in that configuration, and the Ks with the cheaper (int4 kernels are the cheaper with AVX-512, int8 ones
+   with AVX2), which the own engine then loads on this host;
+3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay).
 
 Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift (these VMs move
 by 2x within minutes) falls on every line alike; the figures are the rounds' sums. From them: the K a lone

@@ -66,7 +66,8 @@ def request_errors(*, name: str, slug: str, main_source: str, draft_source: str,
     if not main_source.strip():
         errors["main_source"] = "The main model is required: a Hugging Face id, a local folder or a GGUF file."
     errors.update(_format_errors(weight_format=weight_format, draft_weight_format=draft_weight_format,
-                                 draft_alternative_format=draft_alternative_format, has_draft=bool(draft_source)))
+                                 draft_alternative_format=draft_alternative_format,
+                                 has_draft=bool(draft_source.strip())))
     for field, digest, source in (("main_sha256", main_sha256, main_source),
                                   ("draft_sha256", draft_sha256, draft_source)):
         if digest and not SHA256.match(digest.strip()):
