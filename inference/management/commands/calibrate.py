@@ -37,9 +37,6 @@ class Command(BaseCommand):
                 rows.append(f"| {label} | {line['tokens_per_s']:.1f} | {line['tokens_per_s_streams']:.1f} |")
         own = ["| own engine | tok/s | acceptance | identical |", "| --- | ---: | ---: | ---: |", *ks, ""] if ks else []
         costs = ", ".join(f"{n} {cost:.2f}" for n, cost in (shown.get("verify_cost") or {}).items())
-        if draft := shown.get("draft_token_ms"):
-            own.insert(0, f"A draft token: {draft['draft']:.1f} ms in the draft's format, {draft['alternative']:.1f} "
-                          f"in its alternative's: the own engine loads the {shown['draft']}.\n")
         self.stdout.write("\n".join([
             f"{shown['host']}, {shown['seconds']} s", "", "| the main alone in | tok/s, 1 stream | tok/s, at once |",
             "| --- | ---: | ---: |", *rows, "", *own, f"Verifying n tokens costs (x one): {costs}" if costs else "",
