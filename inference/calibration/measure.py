@@ -39,6 +39,10 @@ Progress = Callable[[int, int, str], None]
 # The main alone leaves the own engine's batch for the library's pipeline (a second copy of its weights) only
 # where the library's was this much faster (beyond a run's spread).
 LIBRARY_MARGIN = 1.05
+# A configuration this far behind the fastest after a round, at one stream and at several, is not measured again: its
+# rounds go to the own engine's lines (on the Intel host f32, f16 and bf16 ran at 0.5-0.7x f32 with int8 activations,
+# and measuring them twice left the Ks one round of one prompt within the budget).
+FAR_BEHIND = 0.8
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class Line:
     looked_up: int = 0
     answers: list[list[int]] = field(default_factory=list)
     looping: int = 0
+    rounds: int = 0
 
     def run(self, prompts: list[str], *, max_new_tokens: int) -> None:
         began = time.perf_counter()
@@ -80,6 +85,7 @@ class Line:
                 self.looked_up += drafted.proposed
             self.looping += repeated_ngram_share(self.engine.tokenizer.decode(ids)) > LOOPING
             self.answers.append(ids)
+        self.rounds += 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -121,9 +127,10 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
         lines = {name: (Line(engine), Line(engine, streams=budget.streams)) for name, engine in engines.items()}
         steps.next("the main alone in each configuration")
         results["rounds"]["configs"] = _rounds([line for pair in lines.values() for line in pair], prompts=prompts,
-                                               budget=budget, started=started, steps=steps)
+                                               budget=budget, started=started, steps=steps, narrow=_contenders)
         results["configs"] = {name: {"label": CONFIGS[name].label, "tokens_per_s": one.tokens_per_s,
-                                     "streams": budget.streams, "tokens_per_s_streams": many.tokens_per_s}
+                                     "streams": budget.streams, "tokens_per_s_streams": many.tokens_per_s,
+                                     "rounds": one.rounds}
                               for name, (one, many) in lines.items()}
         ranked = sorted(results["configs"], key=lambda name: results["configs"][name]["tokens_per_s"], reverse=True)
         results["fastest"], results["own_config"] = ranked[0], ""
@@ -198,9 +205,11 @@ def draft_token_ms(spec: PairSpec, *, context: int = 64, repeats: int = 12) -> d
     return {name: round(1000 * median(each), 2) for name, each in seconds.items()}
 
 
-def _rounds(lines: list[Line], *, prompts: list[str], budget: Budget, started: float, steps: Steps) -> int:
+def _rounds(lines: list[Line], *, prompts: list[str], budget: Budget, started: float, steps: Steps,
+            narrow: Callable[[list[Line]], list[Line]] | None = None) -> int:
     """Every line's answers, round after round with the order turned, until the rounds run out or the next round,
-    as long as the last one, would end past the budget (the first round always runs). How many rounds ran."""
+    as long as the last one, would end past the budget (the first round always runs). `narrow`: the lines worth
+    another round, after each. How many rounds ran."""
     ran, last_round = 0, 0.0
     while ran < budget.rounds and (not ran or time.monotonic() - started + last_round < budget.seconds):
         round_started = time.monotonic()
@@ -209,9 +218,23 @@ def _rounds(lines: list[Line], *, prompts: list[str], budget: Budget, started: f
             line.run(prompts[:line.streams] if line.streams > 1 else [prompts[ran % budget.prompts]],
                      max_new_tokens=budget.max_new_tokens)
         ran, last_round = ran + 1, time.monotonic() - round_started
+        if narrow:
+            kept = narrow(lines)
+            last_round *= sum(line.seconds for line in kept) / sum(line.seconds for line in lines)
+            lines = kept
         if ran < budget.rounds:
             steps.next(f"round {ran + 1}")
     return ran
+
+
+def _contenders(lines: list[Line]) -> list[Line]:
+    """Of the main alone's lines (one stream and several, a configuration's two in a row), those of the
+    configurations not FAR_BEHIND the fastest at one stream or at several."""
+    pairs = list(zip(lines[::2], lines[1::2], strict=True))
+    best_one = max(one.tokens_per_s for one, _ in pairs)
+    best_many = max(many.tokens_per_s for _, many in pairs)
+    return [line for one, many in pairs if one.tokens_per_s >= FAR_BEHIND * best_one
+            or many.tokens_per_s >= FAR_BEHIND * best_many for line in (one, many)]
 
 
 def best_k(results: dict) -> int:
