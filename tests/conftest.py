@@ -206,6 +206,21 @@ def other_user(transactional_db, django_user_model):
     return django_user_model.objects.create_user(username="bob", password="bob-password")
 
 
+DEMO_HEAD_TOKENS = 300  # of the demo's 4,096: the main's greedy answers here write ~15% of their tokens outside them
+
+
+@pytest.fixture(scope="session")
+def demo_head_ids(tmp_path_factory) -> Path:
+    """The demo draft's head list, made as `make real-pair` makes a real pair's (pairs/head_vocabulary.py counts a
+    corpus: most of a minute), once a session, in a folder beside links to the draft's files."""
+    from inference.pairs.head_vocabulary import write_head_vocabulary
+
+    folder = tmp_path_factory.mktemp("draft")
+    for source in (settings.MODELS_ROOT / settings.DEMO_PAIR_DIR / "draft").iterdir():
+        (folder / source.name).symlink_to(source)
+    return write_head_vocabulary(folder, size=DEMO_HEAD_TOKENS)
+
+
 @pytest.fixture(scope="session")
 def main_alone_greedy():
     """The main model's own greedy output (no draft, same backend and precision), computed in-process."""

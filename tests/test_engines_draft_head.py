@@ -22,6 +22,7 @@ from inference.engines.exact import OwnEngine
 from inference.engines.kv_cache import KvSequence
 from inference.engines.spec import PairSpec
 from inference.pairs.head_vocabulary import write_head_vocabulary
+from tests.conftest import DEMO_HEAD_TOKENS as HEAD_TOKENS
 from tests.test_engines_exact import CODE, PROMPTS, answer, steps_of
 
 pytestmark = pytest.mark.no_database
@@ -31,41 +32,28 @@ PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
 # else the host runs meanwhile.
 SPEC = PairSpec(slug="cut-head", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), exact_sampling=True,
                 own_engine=True, dynamic_quantization=True, drafters_judged=False)
-HEAD_TOKENS = 300  # of the demo's 4,096: the main's greedy answers here write ~15% of their tokens outside them
-
-
-def demo_head_ids(folder: Path, size: int = HEAD_TOKENS) -> Path:
-    """The demo draft's list, made as a real pair's is, in `folder` (beside links to the draft's files)."""
-    for source in (PAIR / "draft").iterdir():
-        (folder / source.name).symlink_to(source)
-    return write_head_vocabulary(folder, size=size)
 
 
 @pytest.fixture(scope="module")
-def head_ids(tmp_path_factory) -> Path:
-    return demo_head_ids(tmp_path_factory.mktemp("draft"))
+def engine(demo_head_ids):
+    return OwnEngine(replace(SPEC, draft_head_ids=str(demo_head_ids)))
 
 
-@pytest.fixture(scope="module")
-def engine(head_ids):
-    return OwnEngine(replace(SPEC, draft_head_ids=str(head_ids)))
-
-
-def test_the_list_holds_the_most_frequent_tokens_and_every_token_a_text_needs(head_ids):
-    ids = load_head_ids(head_ids)
+def test_the_list_holds_the_most_frequent_tokens_and_every_token_a_text_needs(demo_head_ids):
+    ids = load_head_ids(demo_head_ids)
     tokens, special = vocabulary(str(PAIR / "draft"))
     single_bytes = {i for i, token in enumerate(tokens) if len(token) == 1}
     assert len(single_bytes) == 256 and single_bytes | set(special) <= set(ids.tolist())
     assert HEAD_TOKENS < len(ids) < HEAD_TOKENS + len(single_bytes) + len(special) + 16
-    assert json.loads(head_ids.with_suffix(".json").read_text())["size"] == HEAD_TOKENS
-    assert write_head_vocabulary(head_ids.parent, size=HEAD_TOKENS) == head_ids  # made once for its size
+    assert json.loads(demo_head_ids.with_suffix(".json").read_text())["size"] == HEAD_TOKENS
+    assert write_head_vocabulary(demo_head_ids.parent, size=HEAD_TOKENS) == demo_head_ids  # made once for its size
 
 
 @pytest.mark.parametrize("role", ["draft", "main"])  # f16 weights; int8 with zero points as the real draft's
 @pytest.mark.parametrize("dynamic_quantization", [False, True], ids=["f32", "int8-activations"])
-def test_the_cut_heads_logits_are_the_full_heads_at_the_kept_ids(head_ids, role, dynamic_quantization):
+def test_the_cut_heads_logits_are_the_full_heads_at_the_kept_ids(demo_head_ids, role, dynamic_quantization):
     """Both demo heads are tied to their embedding table, which keeps all its rows."""
-    ids = load_head_ids(head_ids)
+    ids = load_head_ids(demo_head_ids)
     core, path = ov.Core(), str(PAIR / role / "openvino_model.xml")
     props = replace(SPEC, dynamic_quantization=dynamic_quantization).device_properties(device="CPU")
     model = core.read_model(path)
@@ -77,8 +65,8 @@ def test_the_cut_heads_logits_are_the_full_heads_at_the_kept_ids(head_ids, role,
     assert np.allclose(cut, full[:, ids], rtol=0, atol=1e-5), float(np.abs(cut - full[:, ids]).max())
 
 
-def test_a_proposal_is_a_kept_token_and_the_full_drafts_own_choice_when_that_is_kept(engine, head_ids):
-    ids = load_head_ids(head_ids)
+def test_a_proposal_is_a_kept_token_and_the_full_drafts_own_choice_when_that_is_kept(engine, demo_head_ids):
+    ids = load_head_ids(demo_head_ids)
     kept = set(ids.tolist())
     full, cut = KvSequence(OwnEngine(SPEC).draft), WidenedSequence(engine.draft, engine.draft_head)
     feed = engine.tokenizer.encode(PROMPTS[0]).input_ids.data[0].tolist()
@@ -113,10 +101,10 @@ def test_under_a_grammar_the_cut_draft_changes_no_token(engine):
 
 
 
-def test_the_benchmark_runs_the_own_engine_with_the_drafts_head_whole_and_cut(head_ids):
+def test_the_benchmark_runs_the_own_engine_with_the_drafts_head_whole_and_cut(demo_head_ids):
     """compare_modes' own-whole-head lines beside own's (the head cut): the same greedy answers; and the draft's
     cost of one token is measured with each head, beside the main's."""
-    spec = replace(SPEC, draft_head_ids=str(head_ids))
+    spec = replace(SPEC, draft_head_ids=str(demo_head_ids))
     lines = compare_modes(spec=spec, prompts=list(PROMPTS[:2]), ks=(3,), max_new_tokens=16, repeats=1,
                           modes=("own", "own-whole-head"), say=lambda _: None)
     assert [line.name for line in lines] == ["own main alone", "own K=3", "own-whole-head main alone",

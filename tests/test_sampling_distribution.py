@@ -18,7 +18,6 @@ from inference.engines.library import LibraryEngine
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter
 from tests.distribution import compare, differs, samples
-from tests.test_engines_draft_head import demo_head_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,11 +57,10 @@ def exact():
 
 
 @pytest.fixture(scope="module")
-def exact_cut_head(tmp_path_factory):
+def exact_cut_head(demo_head_ids):
     """The own engine, its draft's head cut to the 300 most frequent of the 4,096 tokens (and those every text
     needs), as `make real-pair` cuts a real pair's (engines/draft_head.py)."""
-    ids = demo_head_ids(tmp_path_factory.mktemp("draft"))
-    return OwnEngine(PairSpec(**{**SPEC.__dict__, "exact_sampling": True, "draft_head_ids": str(ids)}))
+    return OwnEngine(PairSpec(**{**SPEC.__dict__, "exact_sampling": True, "draft_head_ids": str(demo_head_ids)}))
 
 
 SETTINGS = [
