@@ -203,6 +203,8 @@ CALIBRATE_ON_LOAD = env_bool("SPECCHAT_CALIBRATE_ON_LOAD", True)
 CALIBRATION_SECONDS = env_int("SPECCHAT_CALIBRATION_S", 240)
 CALIBRATION_TOKENS = env_int("SPECCHAT_CALIBRATION_TOKENS", 48)
 CALIBRATION_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_KS", "1,2,3,4").split(","))
+# Larger Ks, measured with the draft stopping where it is unsure (calibration/measure.py, DRAFT_STOP_BELOW).
+CALIBRATION_STOPPED_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_STOPPED_KS", "6,8").split(",") if k)
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin
 CONTROL_QUEUE = "control"  # Celery queue of jobs tied to no pair (imports): consumed by a worker with the train extra
 IMPORT_DISK_RESERVE_GB = env_int("SPECCHAT_IMPORT_DISK_RESERVE_GB", 1)  # an import must leave this much free

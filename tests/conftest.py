@@ -91,6 +91,7 @@ def stack_env(django_db_setup, redis_client) -> dict[str, str]:
         "SPECCHAT_LIVE_FIGURES_S": "0",  # plans follow the profile a test sets, whatever earlier tests ran
         "SPECCHAT_CALIBRATE_ON_LOAD": "0",  # likewise (tests/test_calibration.py turns it on for its own worker)
         "SPECCHAT_CALIBRATION_TOKENS": "8", "SPECCHAT_CALIBRATION_KS": "1,2",  # the demo pair's, in seconds
+        "SPECCHAT_CALIBRATION_STOPPED_KS": "4",
         "PYTHONPATH": str(ROOT),
         "PGAPPNAME": outages.STACK_APPLICATION_NAME,  # libpq's: a test can tell the stack's connections from its own
     }

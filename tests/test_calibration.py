@@ -54,7 +54,8 @@ def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calib
     results = calibration.results
     assert {"f32", "f32-dynamic", "defaults"} <= set(results["configs"])  # every configuration the CPU offers
     fastest = max(results["configs"], key=lambda name: results["configs"][name]["tokens_per_s"])
-    assert results["fastest"] == fastest and set(results["ks"]) == {"1", "2"}
+    assert results["fastest"] == fastest and set(results["ks"]) == {"1", "2", "4"}
+    assert results["ks"]["4"]["draft_stop_below"] == 0.5 and "draft_stop_below" not in results["ks"]["2"]
     assert all(line["identical"] == line["answers"] for line in results["ks"].values())  # greedy identity, each K
     assert set(results["verify_cost"]) == {str(n) for n in range(1, 9)} and set(results["library_alone"]) == {"1", "4"}
     assert results["draft_ms"]["draft"] < results["draft_ms"]["alternative"] and "draft" not in results
@@ -80,7 +81,9 @@ def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calib
     assert f"fastest configuration on this host ({config.label})" in off["speculative_reason"]
     lone = ask()
     calibrated_k = results["best_k"]["1"]
-    assert ("calibrated-best-k" if calibrated_k else "calibrated-main-alone-faster") in lone["speculative_reason_codes"]
+    stops = calibrated_k and "draft_stop_below" in results["ks"][str(calibrated_k)]
+    assert ("calibrated-best-k-draft-stops" if stops else "calibrated-best-k" if calibrated_k
+            else "calibrated-main-alone-faster") in lone["speculative_reason_codes"]
     assert lone["speculative_k"] == (calibrated_k or None)
     time.sleep(3)  # a heartbeat: the engine that ran the main alone, in the configuration the host measured
     ran = next(engine for beat in live_workers(client=redis_client) if beat["name"] == worker.name

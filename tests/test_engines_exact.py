@@ -34,6 +34,7 @@ from tests.test_engines_library_watchdog import pair_on_a_worker_of_its_own
 PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
 SPEC = PairSpec(slug="own", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), exact_sampling=True,
                 own_engine=True, dynamic_quantization=True)
+LOWER_CASE_CODE = {"grammar_kind": "regex", "grammar_text": r"[a-z_ ().=:\[\]\n+\-/0-9]{20,400}"}
 PROMPTS = ("def quicksort(numbers):", "class Stack:\n    def push(self, item):", "import os\n\ndef walk(root):")
 
 
@@ -179,15 +180,34 @@ def test_greedy_answers_chained_with_the_prompt_lookup_are_the_main_alones(engin
     inference, the draft where it has nothing: token for token the main alone's answer, under a grammar too (the
     lookup's proposals cut at the first token it refuses); with the lookup off, the draft alone proposes."""
     unchained = OwnEngine(replace(SPEC, slug="unchained", chained_lookup=False))
-    regex = {"grammar_kind": "regex", "grammar_text": r"[a-z_ ().=:\[\]\n+\-/0-9]{20,400}"}  # code, lower case
     for prompt in COPYING:
-        for held in ({}, regex):
+        for held in ({}, LOWER_CASE_CODE):
             alone, _ = drafted(engine, prompt, 0, **held)
             chained, proposed = drafted(engine, prompt, 3, **held)
             assert chained == alone, (prompt, held)
             assert proposed.get(Drafter.NGRAM, 0) > 8 and proposed.get(Drafter.DRAFT, 0) > 0, (prompt, held, proposed)
         draft_only, proposed = drafted(unchained, prompt, 3)
         assert draft_only == drafted(engine, prompt, 0)[0] and set(proposed) == {None, Drafter.DRAFT}
+
+
+@pytest.mark.no_database
+def test_a_draft_that_stops_where_it_is_unsure_leaves_the_answer_the_main_alones(engine):
+    """With a stop (`draft_stop_below`) the draft proposes up to K but holds back a token it is unsure of: some
+    steps propose all K, some fewer, and the answer is the main alone's token for token, under a grammar too (the
+    draft's cache then holds the token it held back, and follows the answer all the same)."""
+    unchained = OwnEngine(replace(SPEC, slug="draft-only", chained_lookup=False, drafters_judged=False))
+    proposed: list[int] = []  # by the draft, each step but an answer's last two (which the cap may shorten)
+    for prompt in PROMPTS:
+        for held in ({}, LOWER_CASE_CODE):
+            request = unchained.submit(prompt=prompt, params=DecodingParams(
+                max_new_tokens=64, ignore_eos=not held, num_assistant_tokens=6, draft_stop_below=0.9, **held))
+            steps = []
+            while not isinstance(event := request.events.get(timeout=120), Finished):
+                steps.append(event)
+            assert event.finish_reason != "error", event
+            assert flat([step.token_ids for step in steps]) == drafted(engine, prompt, 0, **held)[0], (prompt, held)
+            proposed += [step.proposed for step in steps if step.drafter == Drafter.DRAFT][:-2]
+    assert 6 in proposed and any(count < 6 for count in proposed), proposed
 
 
 @pytest.mark.no_database

@@ -105,6 +105,23 @@ def test_samples_chained_with_the_prompt_lookup_follow_the_main_alone(main_alone
     assert 0.1 < kept < 0.9, f"the lookup's proposals kept {kept:.0%}: the rule's both branches should run"
 
 
+@pytest.mark.no_database
+def test_samples_with_the_draft_stopping_where_unsure_follow_the_main_alone(main_alone, exact):
+    """A draft that holds back a token it gives a probability below the stop (engines/drafting.py) decides that
+    from its own q, before the main sees anything: the samples follow the main alone's, and the draft both held
+    back and proposed."""
+    sampling = {"temperature": 1.0}
+    steps: list[tuple[Drafter, int, int]] = []
+    reference = samples(sampler(main_alone, **sampling), range(N), threads=16)
+    tested = samples(sampler(exact, steps=steps, num_assistant_tokens=4, draft_stop_below=0.5, **sampling),
+                     range(70_000, 70_000 + N))
+    report = compare(tested, reference)
+    assert not differs(report), report
+    assert len(set(tested)) > 20
+    drafted = [proposed for drafter, proposed, _ in steps if drafter == Drafter.DRAFT]
+    assert 0 in drafted and 1 in drafted, drafted  # one token of room a step here: held back, or proposed
+
+
 @pytest.mark.parametrize("sampling", [SETTINGS[1], SETTINGS[2]])
 @pytest.mark.no_database
 def test_samples_with_the_draft_head_cut_follow_the_main_alone(main_alone, exact_cut_head, sampling):

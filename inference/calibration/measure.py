@@ -43,6 +43,10 @@ LIBRARY_MARGIN = 1.05
 # rounds go to the own engine's lines (on the Intel host f32, f16 and bf16 ran at 0.5-0.7x f32 with int8 activations,
 # and measuring them twice left the Ks one round of one prompt within the budget).
 FAR_BEHIND = 0.8
+# The larger Ks run with the draft holding back a token it gives a probability below this (engines/drafting.py): where
+# verifying many tokens costs little more than one, a long step pays when the draft is sure and stops where it is not.
+# 0.5 was the best stop on chat-a by docs/benchmark/real-pair/draft_stop.py's replay and held on chat-b.
+DRAFT_STOP_BELOW = 0.5
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Budget:
     max_new_tokens: int = 48
     streams: int = 4  # answered at once, for the main alone under load
     ks: tuple[int, ...] = (1, 2, 3, 4)
+    stopped_ks: tuple[int, ...] = (6, 8)  # measured with the draft stopping where unsure (DRAFT_STOP_BELOW)
     rounds: int = 2
     cost_sizes: tuple[int, ...] = tuple(range(1, 9))
     seconds: float = 240  # no round starts that would end past this (its length guessed from the last)
@@ -63,6 +68,7 @@ class Line:
     engine: Engine
     k: int = 0
     streams: int = 1
+    draft_stop_below: float | None = None
     tokens: int = 0
     seconds: float = 0.0
     proposed: int = 0
@@ -75,8 +81,8 @@ class Line:
     def run(self, prompts: list[str], *, max_new_tokens: int) -> None:
         began = time.perf_counter()
         with ThreadPoolExecutor(self.streams) as pool:
-            done = list(pool.map(lambda text: answer(self.engine, text, k=self.k, max_new_tokens=max_new_tokens),
-                                 prompts))
+            done = list(pool.map(lambda text: answer(self.engine, text, k=self.k, max_new_tokens=max_new_tokens,
+                                                     draft_stop_below=self.draft_stop_below), prompts))
         self.seconds += time.perf_counter() - began
         for ids, _, stats in done:
             self.tokens += len(ids)
@@ -94,6 +100,8 @@ class Line:
     def figures(self, *, alone: Line | None = None) -> dict:
         shown: dict[str, float | int | None] = {"tokens_per_s": self.tokens_per_s, "answers": len(self.answers),
                                                 "looping": self.looping}
+        if self.draft_stop_below is not None:
+            shown["draft_stop_below"] = self.draft_stop_below
         if self.k:
             shown |= {"acceptance": round(self.accepted / self.proposed, 3) if self.proposed else None,
                       "lookup_share": round(self.looked_up / self.proposed, 3) if self.proposed else None}
@@ -118,7 +126,8 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
     alone = {config.name: replace(spec, speculative=False, exact_sampling=False, own_engine=False, **config.fields)
              for config in offered(capabilities)}
     steps = Steps(total=budget.rounds + (budget.rounds + 1 if spec.draft_dir else 0), report=progress)
-    results: dict = {"budget": {**vars(budget), "ks": list(budget.ks), "cost_sizes": list(budget.cost_sizes)},
+    results: dict = {"budget": {**vars(budget), "ks": list(budget.ks), "stopped_ks": list(budget.stopped_ks),
+                                "cost_sizes": list(budget.cost_sizes)},
                      "prompts": prompts[:budget.prompts], "rounds": {}}
     engines = {name: build_engine(each) for name, each in alone.items()}
     try:
@@ -165,8 +174,9 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
     try:
         reference, alone = Line(fastest), Line(engine)
         reference_batched, batched = Line(fastest, streams=budget.streams), Line(engine, streams=budget.streams)
-        ks = {k: Line(engine, k=k) for k in budget.ks}
-        steps.next(f"the own engine in {config.label}, K={', '.join(map(str, budget.ks))}")
+        ks = {k: Line(engine, k=k) for k in budget.ks} | {
+            k: Line(engine, k=k, draft_stop_below=DRAFT_STOP_BELOW) for k in budget.stopped_ks}
+        steps.next(f"the own engine in {config.label}, K={', '.join(map(str, ks))}")
         rounds = _rounds([reference, alone, reference_batched, batched, *ks.values()], prompts=prompts, budget=budget,
                          started=started, steps=steps)
     finally:

@@ -39,5 +39,8 @@ class DecodingParams(Sampling):
 
     max_new_tokens: int
     num_assistant_tokens: int | None = None
-    assistant_confidence_threshold: float | None = None
+    assistant_confidence_threshold: float | None = None  # the library's dynamic K (OVMS's parameter)
+    # The own engine's draft proposes up to K but holds back a token it gives a probability below this (the planner
+    # sets it where the host's calibration measured the Ks so; engines/drafting.py).
+    draft_stop_below: float | None = None
     max_ngram_size: int = 3

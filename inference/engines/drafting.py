@@ -2,6 +2,12 @@
 has a match, at no inference, else the draft model, as llama.cpp chains its --spec-type drafters. The main
 verifies either alike (engines/exact.py), so the answer stays the main's.
 
+With a stop (`DecodingParams.draft_stop_below`: the planner sets it where the host's calibration measured the Ks
+with it) the draft proposes up to K tokens and stops at the first it gives a probability below it: that token is
+held back, as the main would likely refuse it and the tokens after it. A larger K then pays where the host's verify
+of many tokens costs little more than one (docs/speculation.md#where-the-draft-stops). Whether a step
+stops is the draft's own business, decided before the main sees anything, so the answer stays the main's.
+
 The draft's cache follows the answer lazily: the tokens it has not seen (those of the lookup's steps, the last
 accepted proposal, the steps it sat out) wait in a backlog and are fed in one inference the next time it proposes.
 Each drafter proposes only while it pays for itself in this answer (engines/payoff.py).
@@ -29,6 +35,7 @@ class Proposal(NamedTuple):
     drafter: Drafter
     qs: list[np.ndarray]  # the draft's q each token was drawn from (sampled draft proposals; else none)
     masks: list[np.ndarray]  # what the grammar allowed before each token (under a grammar; else none)
+    held_back: bool = False  # the draft stopped unsure: it was fed the last proposal to find the token it held back
 
 
 class Drafting:
@@ -53,7 +60,7 @@ class Drafting:
             return looked_up
         if not self.payoff.proposes(Drafter.DRAFT):
             return Proposal([], Drafter.DRAFT, [], [])
-        return self._drafted(k, [*self.backlog, last])
+        return self._drafted(k, [*self.backlog, last], threshold=self.params.draft_stop_below)
 
     def settle(self, *, last: int, proposal: Proposal, accepted: int, token: int, seconds: float,
                verify_seconds: float) -> None:
@@ -65,13 +72,14 @@ class Drafting:
                            verify_seconds=verify_seconds)
         if self.lookup is not None:
             self.lookup.extend([*tokens[:accepted], token])
-        if proposal.drafter == Drafter.NGRAM or not tokens:
+        seen = len(tokens) if proposal.held_back else len(tokens) - 1  # proposals the draft was fed, after `last`
+        if proposal.drafter == Drafter.NGRAM or (not tokens and not proposal.held_back):
             self.backlog = [*self.backlog, last, *tokens[:accepted]]  # the draft saw none of them
         elif accepted == len(tokens):
-            self.backlog = [tokens[-1]]  # it saw every proposal but the last, after `last`
+            self.backlog = tokens[seen:]  # the last proposal, unless it was fed to find the token held back
         else:
             self.backlog = []
-            self.draft.drop_last(len(tokens) - 1 - accepted)
+            self.draft.drop_last(seen - accepted)
 
     def rebuild(self, live_ids: list[int]) -> None:
         self.draft.rebuild(live_ids)
@@ -96,25 +104,38 @@ class Drafting:
             kept.append(token)
         return Proposal(kept, Drafter.NGRAM, [], masks)
 
-    def _drafted(self, k: int, feed: list[int]) -> Proposal:
+    def _drafted(self, k: int, feed: list[int], *, threshold: float | None) -> Proposal:
         """Up to k draft proposals, drawn from q (the draft's distribution, under the grammar if any; its argmax
-        at temperature 0). Fewer once the grammar has ended."""
+        at temperature 0). Fewer once the grammar has ended, or where the draft's probability of its most likely
+        token falls below `threshold`."""
         greedy = self.params.temperature == 0
         proposal = Proposal([], Drafter.DRAFT, [], [])
         for _ in range(k):
             if self.constraint and self.constraint.ended:
                 break  # the grammar allows nothing after its end: the main says the last token alone
             row = self.draft.feed(feed)[-1]
-            if self.constraint:
-                proposal.masks.append(self.constraint.allowed())
-                row = masked(row, proposal.masks[-1])
-            if greedy:
+            allowed = self.constraint.allowed() if self.constraint else None
+            if allowed is not None:
+                row = masked(row, allowed)
+            q = None if greedy else probabilities(row, self.params)
+            if threshold is not None and confidence(row, q) < threshold:
+                return proposal._replace(held_back=True)
+            if allowed is not None:
+                proposal.masks.append(allowed)
+            if q is None:
                 token = int(np.argmax(row))
             else:
-                proposal.qs.append(probabilities(row, self.params))
-                token = draw(proposal.qs[-1], self.rng)
+                proposal.qs.append(q)
+                token = draw(q, self.rng)
             if self.constraint:
                 self.constraint.take(token)
             proposal.tokens.append(token)
             feed = [token]
         return proposal
+
+
+def confidence(row: np.ndarray, q: np.ndarray | None) -> float:
+    """The draft's probability of its most likely token: under q when it samples, else of its logits' softmax."""
+    if q is not None:
+        return float(q.max())
+    return float(1.0 / np.exp(row - row.max()).sum())

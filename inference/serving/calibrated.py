@@ -43,6 +43,8 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
     return HostFigures(host=host.described, main_alone_config=results["fastest"],
                        own_config=results.get("own_config") or results["fastest"],
                        best_k={int(streams): int(k) for streams, k in results.get("best_k", {}).items()},
+                       draft_stop_below=results.get("ks", {}).get(str(results.get("best_k", {}).get("1")), {}).get(
+                           "draft_stop_below"),  # the lone answer's K, measured with the draft stopping where unsure
                        library_alone={int(streams): bool(faster)
                                       for streams, faster in results.get("library_alone", {}).items()},
                        draft_alternative=results.get("draft") == "alternative")
@@ -63,9 +65,12 @@ def summary(calibration: HostCalibration) -> dict:
     fastest = {**configs[results["fastest"]], **results.get("fastest_again", {})}  # as measured beside the Ks
     k = int(results.get("best_k", {}).get("1", 0))
     speculating = results.get("ks", {}).get(str(k), {}).get("tokens_per_s") if k else None
+    stop = results.get("ks", {}).get(str(k), {}).get("draft_stop_below") if k else None
+    stopping = f" (the draft stopping at a token it gives below {stop})" if stop is not None else ""
     if speculating:
-        verdict = (f"K={k} makes a lone answer {speculating / fastest['tokens_per_s']:.2f}x as fast as the fastest "
-                   f"main alone ({fastest['label']}, {fastest['tokens_per_s']:.1f} tok/s): the pair speculates.")
+        speedup = speculating / fastest["tokens_per_s"]
+        verdict = (f"K={k}{stopping} makes a lone answer {speedup:.2f}x as fast as the fastest main alone "
+                   f"({fastest['label']}, {fastest['tokens_per_s']:.1f} tok/s): the pair speculates.")
     elif results.get("ks"):
         verdict = (f"Speculation is slower than the main alone on this host (the fastest: {fastest['label']}, "
                    f"{fastest['tokens_per_s']:.1f} tok/s): lone answers run on the main alone.")
@@ -80,7 +85,7 @@ def summary(calibration: HostCalibration) -> dict:
         "main_alone": {name: {"tokens_per_s": line["tokens_per_s"], f"tokens_per_s_{line['streams']}_streams":
                               line["tokens_per_s_streams"]} for name, line in configs.items()},
         "fastest_config": results["fastest"], "own_engine_config": results.get("own_config") or None,
-        "best_k": k, "speculation_tokens_per_s": speculating,
+        "best_k": k, "draft_stop_below": stop, "speculation_tokens_per_s": speculating,
         "speedup": round(speculating / fastest["tokens_per_s"], 2) if speculating else None,
         "verify_cost": results.get("verify_cost"), "draft_token_ms": results.get("draft_ms"),
         "draft": results.get("draft", "draft") if results.get("draft_ms") else None,

@@ -41,6 +41,7 @@ class Reason(StrEnum):
     HANDED_OVER = "handed-over"
     FAST_MODE = "fast-mode"
     CALIBRATED_BEST_K = "calibrated-best-k"
+    CALIBRATED_BEST_K_STOPPED = "calibrated-best-k-draft-stops"
     CALIBRATED_MAIN_ALONE_FASTER = "calibrated-main-alone-faster"
     FASTEST_CONFIG = "fastest-config"
     NOT_CALIBRATED = "not-calibrated"
@@ -86,6 +87,8 @@ SENTENCES: dict[Reason, str] = {
     # The device's default precision quantizes activations differently for one token and for K+1 verified at once.
     Reason.FAST_MODE: "fast mode: tokens may differ from the main alone's where two are near-tied",
     Reason.CALIBRATED_BEST_K: "K={k} is fastest for a lone answer on this host (calibrated)",
+    Reason.CALIBRATED_BEST_K_STOPPED: "K={k} is fastest for a lone answer on this host, the draft stopping at a token "
+                                      "it gives below {stop} (calibrated)",
     Reason.CALIBRATED_MAIN_ALONE_FASTER: "on this host no K beat the main alone for a lone answer (calibrated)",
     Reason.FASTEST_CONFIG: "the main alone in its fastest configuration on this host ({config})",
     Reason.NOT_CALIBRATED: "the pair is not calibrated on this host yet: safe defaults meanwhile",

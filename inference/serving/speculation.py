@@ -75,6 +75,7 @@ class HostFigures:
     main_alone_config: str = ""  # a precision configuration's name (engines/precision.py); "": not calibrated
     own_config: str = ""
     best_k: dict[int, int] = field(default_factory=dict)
+    draft_stop_below: float | None = None  # the best K was measured with the draft stopping where unsure
     library_alone: dict[int, bool] = field(default_factory=dict)  # {streams: the library's main alone is faster}
     draft_alternative: bool = False  # the own engine loads the pair's draft in its other weight format: cheaper here
 
@@ -99,6 +100,7 @@ class Plan:
     sampled: bool = False  # the request samples (temperature > 0): the exact rule on the own engine
     k: int | None = None
     threshold: float | None = None
+    draft_stop_below: float | None = None  # the own engine's draft holds back a token it is this unsure of
     why: tuple[Why, ...] = ()
     measured_here: bool = False  # this worker's recent figures show this path clearly faster at the load
 
@@ -278,7 +280,10 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, l
     if calibrated == 0:
         return alone.because(Why(Reason.CALIBRATED_MAIN_ALONE_FASTER))
     if calibrated:
-        return replace(drafting, k=calibrated).because(Why(Reason.CALIBRATED_BEST_K, {"k": calibrated}))
+        stop = calibration.draft_stop_below if calibration else None
+        return replace(drafting, k=calibrated, draft_stop_below=stop).because(
+            Why(Reason.CALIBRATED_BEST_K_STOPPED, {"k": calibrated, "stop": stop}) if stop is not None
+            else Why(Reason.CALIBRATED_BEST_K, {"k": calibrated}))
     best = measured_k(pair=pair, sampled=asked.sampled, load=load)
     if best is None:
         if (pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None

@@ -80,15 +80,16 @@ def priced(answers, *, k_max: int, threshold: float, draft_s: float, verify: dic
     for agree, confidence in answers:
         i = 0
         while i < len(agree):
-            proposed = accepted = drafted = 0  # drafted: the draft's inferences, the one whose token it held back too
+            # The draft proposes without knowing which tokens the main will keep: up to k_max, or until its
+            # probability falls below the threshold (that inference counted, its token held back). Its
+            # probabilities after the first rejected token are on its own text; the main's are the stand-in.
+            proposed = drafted = 0
             while proposed < k_max and i + proposed < len(agree):
                 drafted += 1
                 if confidence[i + proposed] < threshold:
                     break
                 proposed += 1
-                if not agree[i + proposed - 1]:
-                    break
-                accepted += 1
+            accepted = next((j for j in range(proposed) if not agree[i + j]), proposed)
             delivered = min(accepted + 1, len(agree) - i)
             tokens, steps = tokens + delivered, steps + 1
             seconds += drafted * draft_s + verify[proposed + 1]

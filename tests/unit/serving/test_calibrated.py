@@ -7,18 +7,22 @@ from dataclasses import replace
 import pytest
 from django.utils import timezone
 
+from inference.engines.decoding import DecodingParams
 from inference.engines.host import host_of
 from inference.models import HostCalibration, JobStatus
 from inference.serving import calibrated
 from inference.serving.handover import handover
 from inference.serving.reasons import Reason
-from inference.serving.records import pair_spec
+from inference.serving.records import pair_spec, planned_decoding
 from inference.serving.speculation import Asked, HostFigures, Load, plan
 from tests.unit.serving.planning import ALONE, LIB, OWN, OWN_ALONE, OWN_K, PROFILED, live, pair
 
 R = Reason
 HOST = "AMD EPYC (family 26 model 2; avx512f), 2 cores"
 SPECULATES = HostFigures(host=HOST, main_alone_config="defaults", own_config="f32-dynamic", best_k={1: 2})
+# where verifying many tokens costs little more than one (the Intel host): K=8, the draft stopping where it is unsure
+LONG_STEPS = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 8},
+                         draft_stop_below=0.5)
 LOSES = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 0})
 NOT_YET = HostFigures(host=HOST)
 # where the library's pipeline runs the main alone faster (bf16 here) than the own engine's batch, at 4+ streams
@@ -40,6 +44,8 @@ TABLE = [
     (OWN, Asked(), Load(streams=1), SPECULATES, None, OWN_K, 2, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=1), LOSES, None, OWN_ALONE, None,
      (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(), Load(streams=1), LONG_STEPS, None, OWN_K, 8, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+    (OWN, Asked(k=3), Load(streams=1), LONG_STEPS, None, OWN_K, 3, (R.K_ASKED, R.OWN_ENGINE)),  # a K named: no stop
     # beyond the load it measured, the profile decides as before; the main alone still runs in the fastest config
     (OWN, Asked(), Load(streams=2), SPECULATES, None, OWN_K, 4, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=3), SPECULATES, None, OWN_ALONE, None,
@@ -88,6 +94,9 @@ TABLE = [
 def test_a_calibrated_host_plans_from_what_it_measured(fields, asked, load, calibration, figures, route, k, codes):
     planned = plan(pair=pair(**fields), asked=asked, load=load, calibration=calibration, live=figures)
     assert (planned.route, planned.k, planned.reasons) == (route, k, codes)
+    stops = R.CALIBRATED_BEST_K_STOPPED in codes  # the draft stops where unsure only at the K measured so
+    assert planned.draft_stop_below == (calibration.draft_stop_below if stops else None)
+    assert planned_decoding(DecodingParams(max_new_tokens=8), planned).draft_stop_below == planned.draft_stop_below
 
 
 @pytest.mark.parametrize(("asked", "load", "calibration", "moves"), [
@@ -186,6 +195,11 @@ def test_a_calibration_says_what_it_decided_in_figures_and_words():
     assert timed["verdict"].endswith("A draft token took 47.1 ms as registered, 35.6 ms in its other weight format: "
                                      "the own engine loads the other format.")
     assert summary_of({**RESULTS, "draft_ms": {"draft": 20.0, "alternative": 30.0}})["draft"] == "draft"
+    long_steps = summary_of({**RESULTS, "best_k": {"1": 8}, "ks": {**RESULTS["ks"], "8": {
+        "tokens_per_s": 15.0, "identical": 2, "answers": 2, "draft_stop_below": 0.5}}})
+    assert (long_steps["best_k"], long_steps["draft_stop_below"], shown["draft_stop_below"]) == (8, 0.5, None)
+    assert long_steps["verdict"].startswith("K=8 (the draft stopping at a token it gives below 0.5) makes a lone "
+                                            "answer 1.50x as fast")
     losing = summary_of({**RESULTS, "best_k": {"1": 0}})
     assert losing["speedup"] is None
     assert losing["verdict"].startswith("Speculation is slower than the main alone on this host")
