@@ -18,6 +18,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
+from inference.calibration.measure import CALIBRATION_PROMPTS
 from inference.engines.decoding import DecodingParams
 from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
@@ -124,6 +125,8 @@ def test_a_folder_from_other_files_is_installed_again_and_its_calibrations_dropp
     assert "installing it again" in out.getvalue()
     assert catalog.installed_from(FOLDER) == catalog.converted_ir(catalog.QWEN_CODER).name
     assert (FOLDER / "main" / "openvino_model.xml").is_file() and (FOLDER / "draft" / HEAD_IDS_FILE).is_file()
+    assert (FOLDER / CALIBRATION_PROMPTS).read_text() == (settings.BASE_DIR / catalog.QWEN_CODER.calibration_prompts
+                                                          ).read_text()  # its hosts calibrate on requests like its own
     assert not HostCalibration.objects.filter(pair__slug=SLUG).exists()
     assert ModelPair.objects.get(slug=SLUG).id == real_pair.id  # the pair and its history stay
 

@@ -11,8 +11,8 @@
 
 Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift (these VMs move
 by 2x within minutes) falls on every line alike; the figures are the rounds' sums. From them: the K a lone
-answer gets (0: speculation does not pay on this host, the main alone serves). Prompts are the repository's
-held-out ones (nobody tuned on them), through the pair's chat template."""
+answer gets (0: speculation does not pay on this host, the main alone serves). Prompts are the pair's own where it
+keeps them (CALIBRATION_PROMPTS), else the repository's held-out ones, through the pair's chat template."""
 
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from statistics import median
 
 import openvino as ov
 
 from inference.benchmark.modes import LOOPING, answer, infer_cost
-from inference.benchmark.prompts import heldout_prompts, repeated_ngram_share
+from inference.benchmark.prompts import heldout_prompts, prompts_from_file, repeated_ngram_share
 from inference.engines.draft_head import compile_draft
 from inference.engines.interface import Engine
 from inference.engines.kv_cache import KvSequence
@@ -47,6 +48,9 @@ FAR_BEHIND = 0.8
 # verifying many tokens costs little more than one, a long step pays when the draft is sure and stops where it is not.
 # 0.5 was the best stop on chat-a by docs/benchmark/real-pair/draft_stop.py's replay and held on chat-b.
 DRAFT_STOP_BELOW = 0.5
+# A pair's own calibration prompts, beside its main and draft folders (a prompts file as `benchmark --prompts-file`
+# takes): requests like its traffic. `make real-pair` places the real pair's.
+CALIBRATION_PROMPTS = "calibration-prompts.json"
 
 
 @dataclass(frozen=True)
@@ -111,12 +115,19 @@ class Line:
 
 
 def chat_prompts(main_dir: str, count: int) -> list[str]:
-    """`count` held-out prompts, code and prose alternating, as the chat and the API give them to the model."""
+    """`count` prompts as the chat and the API give them to the model: the pair's own (CALIBRATION_PROMPTS beside
+    its models) where it has them, else the repository's held-out ones, code and prose alternating."""
+    tokenizer = load_tokenizer(main_dir)
+
+    def rendered(messages: list[dict]) -> str:
+        return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+    own = Path(main_dir).parent / CALIBRATION_PROMPTS
+    if own.is_file():
+        return [prompt.text for prompt in prompts_from_file(own, render_chat=rendered)][:count]
     code, prose = heldout_prompts(sets=("code",)), heldout_prompts(sets=("prose",))
     mixed = [prompt.text for pair in zip(code, prose, strict=False) for prompt in pair][:count]
-    tokenizer = load_tokenizer(main_dir)
-    return [str(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
-            for text in mixed]
+    return [rendered([{"role": "user", "content": text}]) for text in mixed]
 
 
 def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progress: Progress) -> dict:

@@ -56,6 +56,7 @@ class RealPair:
     pair_settings: dict = field(default_factory=dict)  # ModelPair fields set after import
     draft_head_tokens: int = 0  # on the own engine its draft's head keeps this many tokens (pairs/head_vocabulary.py)
     draft_alternative_format: str = ""  # the draft in this format too: each host's calibration loads the cheaper
+    calibration_prompts: str = ""  # a prompts file (in the repository) like the pair's traffic, to calibrate on
 
 
 QWEN_CODER = RealPair(
@@ -83,6 +84,10 @@ QWEN_CODER = RealPair(
     # head's does (16.8 against 16.6 ms; 19.6 whole), where 32k kept 97.9% (docs/benchmark.md#the-drafts-head)
     draft_head_tokens=65_536,
     draft_alternative_format="int8",
+    # A code model is calibrated on chat requests about code (its tuning set; chat-b stays held out), not on the
+    # repository's generic code and story prompts: on the Intel host the story's answers, which the draft guesses less
+    # well, chose K=4 where chat-b and the code-editing requests ran fastest at K=6-8 with the draft's stop.
+    calibration_prompts="docs/benchmark/real-pair/chat-a.json",
 )
 
 PAIRS = {pair.slug: pair for pair in (QWEN_CODER,)}

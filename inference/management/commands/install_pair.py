@@ -5,6 +5,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from inference.calibration.measure import CALIBRATION_PROMPTS
 from inference.models import HostCalibration, ModelPair
 from inference.pairs import catalog, head_vocabulary, importer
 
@@ -53,6 +54,8 @@ class Command(BaseCommand):
         if real.draft_head_tokens:
             ids = head_vocabulary.place_head_vocabulary(folder=folder, cache=kept, size=real.draft_head_tokens)
             self.stdout.write(f"the draft's head keeps the {real.draft_head_tokens:,} most frequent tokens: {ids}")
+        if real.calibration_prompts:
+            shutil.copyfile(settings.BASE_DIR / real.calibration_prompts, folder / CALIBRATION_PROMPTS)
         pair = ModelPair.objects.filter(slug=slug).first() or ModelPair(slug=slug, main_dir=f"{slug}/main",
                                                                       draft_dir=f"{slug}/draft")
         pair.name, pair.description = real.name, real.description

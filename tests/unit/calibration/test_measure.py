@@ -1,6 +1,11 @@
 """Which configurations of the main alone a calibration measures again after a round."""
 
-from inference.calibration.measure import Line, _contenders
+import json
+
+from django.conf import settings
+
+from inference.calibration.measure import CALIBRATION_PROMPTS, Line, _contenders, chat_prompts
+from inference.pairs import catalog
 
 
 def measured(tokens_per_s: float, *, streams: int = 1) -> Line:
@@ -14,3 +19,22 @@ def test_a_configuration_far_behind_at_one_stream_and_under_load_is_not_measured
              "f16": (measured(5.7), measured(14.7, streams=4))}
     kept = _contenders([line for pair in lines.values() for line in pair])
     assert kept == [line for name in ("f32-dynamic", "bf16", "defaults") for line in lines[name]]
+
+
+def test_a_pair_with_prompts_of_its_own_is_calibrated_on_them(tmp_path):
+    """Beside its models a pair may keep requests like its traffic (`make real-pair` places the real pair's); else
+    the repository's held-out prompts, code and prose in turn."""
+    demo = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR
+    (tmp_path / "main").symlink_to(demo / "main")
+    generic = chat_prompts(str(tmp_path / "main"), 2)
+    assert "def moving_average" in generic[0] and "lighthouse keeper" in generic[1]
+    asked = ["Rename the variable x to total in: x = a + b", "Why does my loop never end?"]
+    (tmp_path / CALIBRATION_PROMPTS).write_text(json.dumps(
+        [{"messages": [{"role": "user", "content": text}]} for text in asked]))
+    own = chat_prompts(str(tmp_path / "main"), 2)
+    assert [text in prompt for text, prompt in zip(asked, own, strict=True)] == [True, True]
+
+
+def test_the_real_pairs_calibration_prompts_are_its_tuning_set_not_its_held_out_one():
+    assert catalog.QWEN_CODER.calibration_prompts.endswith("chat-a.json")
+    assert (settings.BASE_DIR / catalog.QWEN_CODER.calibration_prompts).is_file()
