@@ -2,7 +2,7 @@
 
 from inference.benchmark.inprocess import Sample, Variant, VariantResult
 from inference.benchmark.prompts import Prompt
-from inference.benchmark.summary import loop_warning
+from inference.benchmark.summary import loop_warning, summarize
 
 
 def sample(prompt: str, text: str, accepted: int | None = None) -> Sample:
@@ -19,3 +19,14 @@ def test_loop_warning_gives_acceptance_on_the_least_repetitive_prompts():
     assert warning and "Outputs loop" in warning and "K=3 0.40 (all prompts 0.80)" in warning
     calm = VariantResult(Variant("plain", False), [sample("p3", fresh)])
     assert loop_warning({"plain": calm, "K=3": k3}) is None
+
+
+def test_the_summary_counts_the_answers_whose_text_parted_from_the_main_alones():
+    plain = VariantResult(Variant("plain", False), [sample("p1", "a"), sample("p2", "b"), sample("p3", "c")])
+    k3 = VariantResult(Variant("K=3", True, num_assistant_tokens=3),
+                       [sample("p1", "a", 8), sample("p2", "b but parted", 8), sample("p3", "c", 8)])
+    rows = {row["variant"]: row for row in summarize({"plain": plain, "K=3": k3})}
+    assert (rows["K=3"]["texts_differing_from_plain"], rows["K=3"]["identical_to_plain"]) == (1, False)
+    assert (rows["plain"]["texts_differing_from_plain"], rows["plain"]["identical_to_plain"]) == (0, True)
+    sampled = summarize({"plain": plain, "K=3": k3}, greedy=False)
+    assert {row["texts_differing_from_plain"] for row in sampled} == {None}  # the distribution test covers them
