@@ -3,12 +3,14 @@ with nothing queued."""
 
 import hashlib
 import re
+from datetime import timedelta
 
 import openai
 import pytest
 import requests
 from django.contrib.messages.storage.cookie import CookieStorage
 from django.http import HttpRequest
+from django.utils import timezone
 
 from inference.api.auth import set_new_key
 from inference.models import ApiKey, Generation
@@ -60,13 +62,15 @@ def test_another_keys_answer_is_not_found(live_server_url, demo_pair, api_key):
     their_secret = set_new_key(theirs)
     theirs.save()
     answer = Generation.objects.create(pair=demo_pair, api_key=theirs, source=Generation.Source.API, prompt=PROMPT,
-                                       status=Generation.Status.FINISHED, text=" return", finish_reason="stop")
+                                       status=Generation.Status.FINISHED, text=" return", finish_reason="stop",
+                                       finished_at=timezone.now() - timedelta(hours=1))  # its stream long expired
     for path in (f"/v1/completions/cmpl-{answer.id}/events", f"/v1/chat/completions/{answer.id}/events"):
         response = requests.get(f"{live_server_url}{path}", headers={"Authorization": f"Bearer {api_key.secret}"},
                                 timeout=30)
         assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", response.text
-        assert requests.get(f"{live_server_url}{path}", headers={"Authorization": f"Bearer {their_secret}"},
-                            timeout=30, stream=True).status_code == 200
+        followed = requests.get(f"{live_server_url}{path}", headers={"Authorization": f"Bearer {their_secret}"},
+                                timeout=30)
+        assert followed.status_code == 200 and followed.text.rstrip().endswith("data: [DONE]"), followed.text
     cancel = post(live_server_url, f"/v1/completions/{answer.id}/cancel", api_key.secret, {})
     assert cancel.status_code == 404 and "theirs" not in cancel.text
 
