@@ -68,8 +68,9 @@ class Drafting:
         the step delivered in the `seconds` it took, proposing included, `verify_seconds` of them the main's
         (engines/payoff.py)."""
         tokens = proposal.tokens
-        self.payoff.record(proposal.drafter if tokens else None, tokens=accepted + 1, seconds=seconds,
-                           verify_seconds=verify_seconds)
+        # A step the draft held back its first token in cost a draft inference: the draft's step, not the main alone's
+        self.payoff.record(proposal.drafter if tokens or proposal.held_back else None, tokens=accepted + 1,
+                           seconds=seconds, verify_seconds=verify_seconds)
         if self.lookup is not None:
             self.lookup.extend([*tokens[:accepted], token])
         seen = len(tokens) if proposal.held_back else len(tokens) - 1  # proposals the draft was fed, after `last`
