@@ -40,9 +40,14 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(items):
+    """`stack` on a test that needs real parts; `no_database` on one that never reaches the database (no
+    `django_db` mark, and none of its fixtures set the test database up), so the PostgreSQL pass skips it."""
     for item in items:
-        if STACK_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("django_db"):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if STACK_FIXTURES & fixtures or item.get_closest_marker("django_db"):
             item.add_marker(pytest.mark.stack)
+        if "django_db_setup" not in fixtures and not item.get_closest_marker("django_db"):
+            item.add_marker(pytest.mark.no_database)
 
 
 def _database_url() -> str:

@@ -17,7 +17,9 @@ class PeerServer:
     """Another OpenAI-compatible server users run instead (llama.cpp's llama-server on the same GGUF files,
     vLLM, OpenVINO Model Server): asked the same prompts with the same settings, under its own model name.
     It must honour `ignore_eos` and report usage in its stream (`stream_options.include_usage`), as
-    llama-server does, so that both sides count the same tokens."""
+    llama-server does, so that both sides count the same tokens. Its prompt cache is asked off
+    (`cache_prompt: false`, which servers without one ignore): the benchmark's workers keep none, and the
+    repeats ask the same prompts, so a cache would time the peer's first tokens without their prefill."""
 
     base_url: str
     model: str
@@ -25,7 +27,8 @@ class PeerServer:
 
     def client(self) -> StreamFn:
         return sse_client(base_url=self.base_url, pair=self.model,
-                          credentials=Credentials(user_id=0, session_cookie="", api_key=self.api_key or "none"))
+                          credentials=Credentials(user_id=0, session_cookie="", api_key=self.api_key or "none"),
+                          extra_body={"cache_prompt": False})
 
 
 def beside_peer(stream: StreamFn, peer: PeerServer) -> StreamFn:

@@ -94,13 +94,14 @@ def websocket_client(*, base_url: str, credentials: Credentials, pair: str) -> S
     return stream
 
 
-def sse_client(*, base_url: str, credentials: Credentials, pair: str) -> StreamFn:
-    """POST /v1/completions with stream: true (OpenAI's SSE chunks, ending with `data: [DONE]`)."""
+def sse_client(*, base_url: str, credentials: Credentials, pair: str, extra_body: dict | None = None) -> StreamFn:
+    """POST /v1/completions with stream: true (OpenAI's SSE chunks, ending with `data: [DONE]`); `extra_body`
+    adds fields another server reads."""
     url = base_url.rstrip("/") + "/v1/completions"
 
     async def stream(*, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
         body = {"model": pair, "prompt": prompt.text, "stream": True, "stream_options": {"include_usage": True},
-                **variant.request_settings(max_new_tokens)}
+                **variant.request_settings(max_new_tokens), **(extra_body or {})}
         async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as http:
             started, sent_wall = time.perf_counter(), time.time()
             async with http.post(url, json=body, headers={"Authorization": f"Bearer {credentials.api_key}"}) as resp:
