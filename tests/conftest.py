@@ -198,7 +198,7 @@ def _registered_demo_pair(*options: str):
     for generation in in_flight:
         request_stop(generation=generation)
     deadline = time.monotonic() + 15
-    while in_flight.exists() and time.monotonic() < deadline:
+    while in_flight.all().exists() and time.monotonic() < deadline:  # all(): a fresh query, not the rows above
         time.sleep(0.1)
 
 
