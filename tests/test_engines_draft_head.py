@@ -21,6 +21,7 @@ from inference.engines.draft_head import WidenedSequence, cut_head, load_head_id
 from inference.engines.exact import OwnEngine
 from inference.engines.kv_cache import KvSequence
 from inference.engines.spec import PairSpec
+from inference.engines.stepped_model import read_stepped
 from inference.pairs.head_vocabulary import write_head_vocabulary
 from tests.conftest import DEMO_HEAD_TOKENS as HEAD_TOKENS
 from tests.test_engines_exact import CODE, PROMPTS, answer, steps_of
@@ -54,12 +55,12 @@ def test_the_list_holds_the_most_frequent_tokens_and_every_token_a_text_needs(de
 def test_the_cut_heads_logits_are_the_full_heads_at_the_kept_ids(demo_head_ids, role, dynamic_quantization):
     """Both demo heads are tied to their embedding table, which keeps all its rows."""
     ids = load_head_ids(demo_head_ids)
-    core, path = ov.Core(), str(PAIR / role / "openvino_model.xml")
+    core, folder = ov.Core(), str(PAIR / role)
     props = replace(SPEC, dynamic_quantization=dynamic_quantization).device_properties(device="CPU")
-    model = core.read_model(path)
+    model = read_stepped(core, folder)
     head = cut_head(model, ids)
     prompt = [5, 100, 200, 300, 999, 17, 40, 2048]
-    full = KvSequence(core.compile_model(path, "CPU", props)).feed(prompt)
+    full = KvSequence(core.compile_model(read_stepped(core, folder), "CPU", props)).feed(prompt)
     cut = KvSequence(core.compile_model(model, "CPU", props)).feed(prompt)
     assert head.width == full.shape[-1] and cut.shape == (len(prompt), len(ids))
     assert np.allclose(cut, full[:, ids], rtol=0, atol=1e-5), float(np.abs(cut - full[:, ids]).max())

@@ -14,7 +14,6 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import openvino as ov
@@ -27,6 +26,7 @@ from inference.engines.interface import Engine, Finished
 from inference.engines.registry import build_engine
 from inference.engines.spec import PairSpec
 from inference.engines.speculation_stats import SpeculationStats
+from inference.engines.stepped_model import read_stepped, step_inputs
 from inference.limits import Drafter, FinishReason
 
 # Each mode as PairSpec fields ("" precision: the device's default). fast-f32: f32 with the CPU's dynamic int8
@@ -186,8 +186,9 @@ def mode_props(*, main_dir: str, mode: str) -> dict[str, str]:
 def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
                sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256, repeats: int = 12) -> dict[int, float]:
     """Median ms of one inference of n new tokens on a warm KV cache of `context` tokens (raw OpenVINO,
-    the stateful IR as exported, compiled with `props`): the cost of verifying K = n - 1 draft tokens."""
-    request = ov.Core().compile_model(str(Path(main_dir) / "openvino_model.xml"), device, props).create_infer_request()
+    the stateful IR as the own engine steps it, compiled with `props`): the cost of verifying K = n - 1 draft tokens."""
+    core = ov.Core()
+    request = core.compile_model(read_stepped(core, main_dir), device, props).create_infer_request()
     rng = np.random.default_rng(0)
     costs: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats // 4):
@@ -207,7 +208,7 @@ def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 6
     turned each time) so a busy host's drift hits all alike: c, the draft's cost in main tokens, is their ratio."""
     spec = mode_spec(spec, mode, speculative=True)
     core, rng = ov.Core(), np.random.default_rng(0)
-    models = {"main": core.compile_model(str(Path(spec.main_dir) / "openvino_model.xml"), spec.device,
+    models = {"main": core.compile_model(read_stepped(core, spec.main_dir), spec.device,
                                          spec.device_properties(device=spec.device))}
     heads = {"whole head": "", "cut head": spec.draft_head_ids} if spec.draft_head_ids else {"whole head": ""}
     for name, ids in heads.items():
@@ -227,9 +228,11 @@ def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 6
 
 
 def _infer_seconds(request: ov.InferRequest, ids: np.ndarray, start: int) -> float:
+    """An inference of `ids` after `start` tokens, a row of logits for each (as the main verifies)."""
     began = time.perf_counter()
-    request.infer({"input_ids": ids, "attention_mask": np.ones((1, start + ids.shape[1]), np.int64),
-                   "position_ids": np.arange(start, start + ids.shape[1])[None], "beam_idx": np.zeros(1, np.int32)})
+    n = ids.shape[1]
+    request.infer(step_inputs(ids, positions=np.arange(start, start + n)[None],
+                              attention_mask=np.ones((1, start + n), np.int64), rows=n))
     return time.perf_counter() - began
 
 

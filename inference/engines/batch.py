@@ -26,6 +26,7 @@ import numpy as np
 import openvino as ov
 
 from inference.engines.prefill import PrefillCache
+from inference.engines.stepped_model import step_inputs
 
 log = logging.getLogger(__name__)
 GATHER_S = 0.02  # how long a step waits for rows that have not asked yet (their threads emit the last step)
@@ -201,11 +202,8 @@ class SharedBatch:
         tokens = np.array([[row.tokens[0] if id(row) in asked else 0] for row in self.rows], dtype=np.int64)
         column = np.array([[1 if id(row) in asked else 0] for row in self.rows], dtype=np.int64)
         mask = np.concatenate([self.mask, column], axis=1)
-        self.step_request.infer({
-            "input_ids": tokens,
-            "attention_mask": mask,
-            "position_ids": np.array([[row.position] for row in self.rows], dtype=np.int64),
-            "beam_idx": np.arange(len(self.rows), dtype=np.int32)})
+        positions = np.array([[row.position] for row in self.rows], dtype=np.int64)
+        self.step_request.infer(step_inputs(tokens, positions=positions, attention_mask=mask, rows=1))
         logits = self.step_request.get_output_tensor(0).data
         self.mask = mask  # a failed inference appended no slot
         for row in stepping:

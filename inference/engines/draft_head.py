@@ -23,6 +23,7 @@ import openvino.opset13 as ops
 
 from inference.engines.kv_cache import KvSequence
 from inference.engines.prefill import PrefillCache
+from inference.engines.stepped_model import UnsupportedHead, logits_matmul, read_stepped
 
 # What stands between the head's weight constants and its MatMul, rebuilt from new inputs.
 DECOMPRESSION = {
@@ -30,10 +31,6 @@ DECOMPRESSION = {
     "Subtract": lambda node, inputs: ops.subtract(*inputs),
     "Multiply": lambda node, inputs: ops.multiply(*inputs),
 }
-
-
-class UnsupportedHead(ValueError):
-    """A head this module cannot cut (group-wise int4 weights, a bias, a head that is not one MatMul)."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +49,9 @@ class DraftHead:
 
 def compile_draft(core: ov.Core, *, draft_dir: str, head_ids: str, device: str, properties: dict
                   ) -> tuple[ov.CompiledModel, DraftHead | None]:
-    """The draft compiled with its head cut to the ids in the file `head_ids` (whole when "")."""
-    model = core.read_model(str(Path(draft_dir, "openvino_model.xml")))
+    """The draft compiled as the own engine steps it (engines/stepped_model.py), its head cut to the ids in the file
+    `head_ids` (whole when "")."""
+    model = read_stepped(core, draft_dir)
     head = cut_head(model, load_head_ids(head_ids)) if head_ids else None
     return core.compile_model(model, device, properties), head
 
@@ -78,15 +76,6 @@ def cut_head(model: ov.Model, ids: np.ndarray) -> DraftHead:
     matmul.input(1).replace_source_output(_kept_rows(matmul.input_value(1), ids, vocab=vocab, axis=axis))
     model.validate_nodes_and_infer_types()
     return DraftHead(ids=ids, width=vocab)
-
-
-def logits_matmul(model: ov.Model) -> ov.Node:
-    node = model.output("logits").get_node().input_value(0).get_node()
-    while node.get_type_name() == "Convert":
-        node = node.input_value(0).get_node()
-    if node.get_type_name() != "MatMul":
-        raise UnsupportedHead(f"the logits come from a {node.get_type_name()}, not the head's MatMul")
-    return node
 
 
 def _kept_rows(output: ov.Output, ids: np.ndarray, *, vocab: int, axis: int) -> ov.Output:
@@ -117,8 +106,8 @@ class WidenedSequence(KvSequence):
     vocabulary (all the engine uses of a draft's logits)."""
 
     def __init__(self, compiled: ov.CompiledModel, head: DraftHead, *, prompts: PrefillCache | None = None):
-        super().__init__(compiled, prompts=prompts)
+        super().__init__(compiled, prompts=prompts, last_row_only=True)
         self.head = head
 
     def feed(self, token_ids: list[int]) -> np.ndarray:
-        return self.head.widen(super().feed(token_ids)[-1])[None, :]
+        return self.head.widen(super().feed(token_ids)[0])[None, :]

@@ -39,6 +39,7 @@ from inference.engines.ngram import PromptLookup
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.prefill import PrefillCache
 from inference.engines.spec import PairSpec
+from inference.engines.stepped_model import read_stepped
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
 from inference.limits import DEFAULT_K, Drafter, FinishReason
 
@@ -96,7 +97,7 @@ class OwnEngine:
         self.spec = spec
         started = time.perf_counter()
         core = ov.Core()
-        self.main = core.compile_model(str(Path(spec.main_dir, "openvino_model.xml")), spec.device,
+        self.main = core.compile_model(read_stepped(core, spec.main_dir), spec.device,
                                        spec.device_properties(device=spec.device))
         self.draft, self.draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
                                                     device=spec.draft_runs_on,
@@ -134,7 +135,7 @@ class OwnEngine:
     def draft_sequence(self) -> KvSequence:
         """A request's draft cache; its rows span the whole vocabulary, however much of it the head keeps."""
         if self.draft_head is None:
-            return KvSequence(self.draft, prompts=self.draft_prompts)
+            return KvSequence(self.draft, prompts=self.draft_prompts, last_row_only=True)
         return WidenedSequence(self.draft, self.draft_head, prompts=self.draft_prompts)
 
     def grammar_vocabulary(self) -> llg.LLTokenizer:

@@ -11,6 +11,7 @@ import numpy as np
 import openvino as ov
 
 from inference.engines.prefill import PrefillCache
+from inference.engines.stepped_model import step_inputs
 
 
 class KvCache(Protocol):
@@ -51,25 +52,27 @@ class KvSequence:
     Rejected tokens leave the cache in one of two ways. Cut (`cut_rejected`, the main's): the next logits
     are bitwise those of a cache that never held them, which greedy identity needs (under dynamic
     quantization masked slots moved the real main's next logits by up to 0.2; cutting costs a few ms a
-    step). Masked (the draft's): attention mask 0, positions reused; cheaper, and the draft only proposes."""
+    step). Masked (the draft's): attention mask 0, positions reused; cheaper, and the draft only proposes.
 
-    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache | None = None, cut_rejected: bool = False):
+    `compiled` is stepped (engines/stepped_model.py). A draft's sequence is `last_row_only`: it proposes from the
+    last fed token's logits, so its head runs for that token alone."""
+
+    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache | None = None, cut_rejected: bool = False,
+                 last_row_only: bool = False):
         self.request = compiled.create_infer_request()
         self.prompts = prompts or PrefillCache(kept_tokens=0)  # the model's recent prompts (none kept: a test's own)
         self.cut_rejected = cut_rejected
+        self.last_row_only = last_row_only
         self.mask = np.zeros(0, dtype=np.int64)
         self.position = 0
 
     def feed(self, token_ids: list[int]) -> np.ndarray:
-        """Logits for each fed token, given every live slot before it."""
+        """Logits for each fed token (the last one's alone if `last_row_only`), given every live slot before it."""
         n = len(token_ids)
         self.mask = np.concatenate([self.mask, np.ones(n, dtype=np.int64)])
-        self.request.infer({
-            "input_ids": np.array([token_ids], dtype=np.int64),
-            "attention_mask": self.mask[None, :],
-            "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
-            "beam_idx": np.zeros(1, dtype=np.int32),
-        })
+        self.request.infer(step_inputs(np.array([token_ids], dtype=np.int64),
+                                       positions=np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
+                                       attention_mask=self.mask[None, :], rows=1 if self.last_row_only else n))
         self.position += n
         return self.request.get_output_tensor(0).data[0]
 

@@ -16,6 +16,7 @@ import numpy as np
 import openvino as ov
 
 from inference.engines.spec import KEPT_TOKENS
+from inference.engines.stepped_model import step_inputs
 
 
 class PrefillCache:
@@ -41,11 +42,9 @@ class PrefillCache:
                 state.state = ov.Tensor(states[state.name])
             return logits
         n = len(prompt_ids)
-        request.infer({"input_ids": np.array([prompt_ids], dtype=np.int64),
-                       "attention_mask": np.ones((1, n), dtype=np.int64),
-                       "position_ids": np.arange(n, dtype=np.int64)[None, :],
-                       "beam_idx": np.zeros(1, dtype=np.int32)})
-        logits = request.get_output_tensor(0).data[0, -1:].copy()  # the IR gives every position's
+        request.infer(step_inputs(np.array([prompt_ids], dtype=np.int64), positions=np.arange(n, dtype=np.int64)[None],
+                                  attention_mask=np.ones((1, n), dtype=np.int64), rows=1))
+        logits = request.get_output_tensor(0).data[0].copy()
         if n <= self.kept_tokens:
             states = {state.name: np.array(state.state.data) for state in request.query_state()}
             with self._lock:

@@ -1,0 +1,62 @@
+"""The IR as the own engine steps it (engines/stepped_model.py), on the demo pair's models: a prefill computes and
+returns the last prompt token's logits alone, the same the whole IR gives that token, a verification every fed
+token's, a draft's sequence the last one's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+from django.conf import settings
+
+from inference.engines.kv_cache import KvSequence
+from inference.engines.prefill import PrefillCache
+from inference.engines.stepped_model import read_stepped
+from tests.test_engines_exact import SPEC
+
+pytestmark = pytest.mark.no_database
+
+PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
+PROMPT = list(range(300, 420))  # 120 tokens
+
+
+@pytest.fixture(scope="module")
+def models():
+    core, props = ov.Core(), SPEC.device_properties(device="CPU")
+    folder = str(PAIR / "main")
+    return core.compile_model(f"{folder}/openvino_model.xml", "CPU", props), core.compile_model(
+        read_stepped(core, folder), "CPU", props)
+
+
+def whole_ir_logits(compiled: ov.CompiledModel, ids: list[int]) -> np.ndarray:
+    request = compiled.create_infer_request()
+    n = len(ids)
+    request.infer({"input_ids": np.array([ids]), "attention_mask": np.ones((1, n), np.int64),
+                   "position_ids": np.arange(n)[None], "beam_idx": np.zeros(1, np.int32)})
+    return request.get_output_tensor(0).data[0].copy()
+
+
+def test_a_prefill_computes_the_last_tokens_logits_alone_and_the_same(models):
+    whole, stepped = models
+    expected = whole_ir_logits(whole, PROMPT)
+    sequence = KvSequence(stepped, prompts=PrefillCache(kept_tokens=0))
+    got = sequence.prefill(PROMPT)
+    assert got.shape == (1, expected.shape[1])
+    # bitwise where the CPU computes a row alike alone and among others (AVX-512), else to 1e-5 (docs/exactness.md)
+    assert np.allclose(got[0], expected[-1], rtol=0, atol=1e-5), float(np.abs(got[0] - expected[-1]).max())
+    assert int(np.argmax(got[0])) == int(np.argmax(expected[-1]))
+
+
+def test_a_verification_gets_a_row_per_fed_token_and_a_drafts_sequence_the_last_alone(models):
+    whole, stepped = models
+    proposals = [17, 40, 2048, 5]
+    expected = whole_ir_logits(whole, PROMPT + proposals)[-len(proposals):]
+    main, draft = KvSequence(stepped, cut_rejected=True), KvSequence(stepped, last_row_only=True)
+    for sequence in (main, draft):
+        sequence.prefill(PROMPT)
+    verified, drafted = main.feed(proposals), draft.feed(proposals)
+    assert verified.shape == expected.shape and drafted.shape == (1, expected.shape[1])
+    assert np.allclose(verified, expected, rtol=0, atol=1e-5)
+    assert np.allclose(drafted[0], expected[-1], rtol=0, atol=1e-5)
