@@ -230,7 +230,7 @@ def _rounds(lines: list[Line], *, prompts: list[str], budget: Budget, started: f
             narrow: Callable[[list[Line]], list[Line]] | None = None) -> int:
     """Every line's answers, round after round with the order turned, until the rounds run out or the next round,
     as long as the last one, would end past the budget (the first round always runs). `narrow`: the lines worth
-    another round, after each. How many rounds ran."""
+    another round, after each (none: no round would change the outcome). How many rounds ran."""
     ran, last_round = 0, 0.0
     while ran < budget.rounds and (not ran or time.monotonic() - started + last_round < budget.seconds):
         round_started = time.monotonic()
@@ -240,7 +240,8 @@ def _rounds(lines: list[Line], *, prompts: list[str], budget: Budget, started: f
                      max_new_tokens=budget.max_new_tokens)
         ran, last_round = ran + 1, time.monotonic() - round_started
         if narrow:
-            kept = narrow(lines)
+            if not (kept := narrow(lines)):
+                break
             last_round *= sum(line.seconds for line in kept) / sum(line.seconds for line in lines)
             lines = kept
         if ran < budget.rounds:
@@ -250,12 +251,14 @@ def _rounds(lines: list[Line], *, prompts: list[str], budget: Budget, started: f
 
 def _contenders(lines: list[Line]) -> list[Line]:
     """Of the main alone's lines (one stream and several, a configuration's two in a row), those of the
-    configurations not FAR_BEHIND the fastest at one stream or at several."""
+    configurations not FAR_BEHIND the fastest at one stream or at several; none once one is left, as there is
+    nothing left to rank (the own engine's phase measures the fastest again beside its Ks)."""
     pairs = list(zip(lines[::2], lines[1::2], strict=True))
     best_one = max(one.tokens_per_s for one, _ in pairs)
     best_many = max(many.tokens_per_s for _, many in pairs)
-    return [line for one, many in pairs if one.tokens_per_s >= FAR_BEHIND * best_one
+    kept = [line for one, many in pairs if one.tokens_per_s >= FAR_BEHIND * best_one
             or many.tokens_per_s >= FAR_BEHIND * best_many for line in (one, many)]
+    return kept if len(kept) > 2 else []
 
 
 def best_k(results: dict) -> int:

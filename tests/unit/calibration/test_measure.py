@@ -21,6 +21,14 @@ def test_a_configuration_far_behind_at_one_stream_and_under_load_is_not_measured
     assert kept == [line for name in ("f32-dynamic", "bf16", "defaults") for line in lines[name]]
 
 
+def test_once_one_configuration_is_left_no_round_measures_the_main_alone_again():
+    """Its time goes to the own engine's Ks: on the Intel host (model 207) a second round of f32 with int8
+    activations alone left each K one answer within the budget."""
+    lines = {"f32-dynamic": (measured(11.4), measured(34.0, streams=4)),
+             "bf16": (measured(6.5), measured(17.7, streams=4)), "f32": (measured(5.5), measured(16.2, streams=4))}
+    assert _contenders([line for pair in lines.values() for line in pair]) == []
+
+
 def test_a_pair_with_prompts_of_its_own_is_calibrated_on_them(tmp_path):
     """Beside its models a pair may keep requests like its traffic (`make real-pair` places the real pair's); else
     the repository's held-out prompts, code and prose in turn."""
