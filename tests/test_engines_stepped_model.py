@@ -4,21 +4,17 @@ token's, a draft's sequence the last one's."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import openvino as ov
 import pytest
-from django.conf import settings
 
 from inference.engines.kv_cache import KvSequence
 from inference.engines.prefill import PrefillCache
 from inference.engines.stepped_model import read_stepped
-from tests.test_engines_exact import SPEC
+from tests.test_engines_exact import PAIR, SPEC
 
 pytestmark = pytest.mark.no_database
 
-PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
 PROMPT = list(range(300, 420))  # 120 tokens
 
 
