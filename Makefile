@@ -53,7 +53,8 @@ real-pair: install-train
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-# The whole suite twice: on SQLite, then on PostgreSQL (pytest-django creates and drops test_specchat).
+# The suite on SQLite, then what touches the database again on PostgreSQL (pytest-django creates and drops
+# test_specchat), but for the tests that only use it (`database_agnostic`: their subject is an engine, an import).
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/specchat
 # ruff (a broad rule set, complexity included) and mypy with the Django plugin; `make test` runs it first.
 lint: install
@@ -62,7 +63,7 @@ lint: install
 
 test: install-train lint redis chromium demo-main
 	$(PY) -m pytest
-	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest -m 'not real and not no_database'
+	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest -m 'not real and not no_database and not database_agnostic'
 
 # The real pair's tier (`-m real`): import, identity, distribution, memory, chat and API on Qwen2.5-Coder.
 test-real: install-train redis chromium real-pair

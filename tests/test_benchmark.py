@@ -19,7 +19,7 @@ from inference.benchmark.inprocess import expected_tokens_per_step
 from inference.models import BenchmarkRun, Generation
 from inference.serving.speculation import AS_FAST
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]
 TINY = ["--max-new-tokens", "16", "--repeats", "1", "--ks", "2", "--thresholds", "", "--prompts", "code",
         "--prompts-per-set", "1", "--sampled-ks", "2"]
 

@@ -14,7 +14,7 @@ from inference.selectors import live_workers
 from tests.api_client import PROMPT, post
 from tests.conftest import Worker
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]
 ELSEWHERE = {"configs": {"bf16": {"label": "bf16", "tokens_per_s": 99.0, "streams": 4, "tokens_per_s_streams": 99.0}},
              "fastest": "bf16", "own_config": "bf16", "best_k": {"1": 0}}
 

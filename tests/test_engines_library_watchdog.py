@@ -16,7 +16,7 @@ from inference.models import Generation, ModelPair
 from inference.serving import web
 from tests.conftest import Worker, wait_until_done
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]
 STEP_TIMEOUT_S = 3
 
 

@@ -15,8 +15,9 @@ from django.core.management import CommandError, call_command
 from inference.models import ImportJob, ModelPair
 from inference.pairs import importer
 
-pytestmark = pytest.mark.skipif(not importer.can_export(), reason="import_pair needs the train extra (optimum-intel): "
-                                "pip install torch==2.13.0 -e '.[dev,train]' (make test installs it)")
+pytestmark = [pytest.mark.skipif(not importer.can_export(), reason="import_pair needs the train extra (optimum-intel): "
+                                 "pip install torch==2.13.0 -e '.[dev,train]' (make test installs it)"),
+              pytest.mark.database_agnostic]
 
 TEXT = [f"def scale(x):\n    return x * {i}  # the quick brown fox jumps over the lazy dog\n" for i in range(300)]
 
