@@ -170,6 +170,8 @@ def benchmark_engines(*, pair: ModelPair, get=None) -> tuple[Engines, str]:
     else:
         note = (f"{figures.host} has no calibration of the pair: the main alone runs in the pair's own precision, "
                 f"maybe not the fastest here (manage.py calibrate {pair.slug} first).")
+    # Read beside the stack's lines, whose K answers take the planner's route (the own engine, at one stream)
+    note += " In-process, the K lines run on the library's speculative pipeline, as the library serves a draft."
     return Engines(pair_spec(pair=pair), get=get, alone=alone), note
 
 
