@@ -12,11 +12,13 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
+from django.utils import timezone
 
 from inference.benchmark import profile as profile_module
-from inference.benchmark import report
+from inference.benchmark import report, runs
 from inference.benchmark.inprocess import expected_tokens_per_step
-from inference.models import BenchmarkRun, Generation
+from inference.engines.host import this_host
+from inference.models import BenchmarkRun, Generation, HostCalibration, JobStatus
 from inference.serving.speculation import AS_FAST
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]
@@ -81,6 +83,24 @@ def test_inprocess_benchmark_writes_json_table_plots_and_bars(demo_pair, tmp_pat
     assert sampled["T=0.8 plain"]["speedup"] == 1 and sampled["T=0.8 K=2"]["acceptance_rate"] is not None
     assert [name for name, r in sampled.items() if r["chosen"]] == [f"T=0.8 K={chosen_k}"]
     assert "Sampled (T=0.8)" in printed and "Sampled (T = 0.8)" in markdown
+
+
+def test_a_calibrated_host_measures_each_engine_as_it_serves_it(demo_pair):
+    """The baseline is the main alone in the configuration the host measured fastest, and the sampled rows run on
+    the own engine in the one it is served in (int8 activations), not in the pair's registered precision: in that
+    the Zen 5 host's sampled rows read 0.96x where the served engine made 1.5x."""
+    HostCalibration.objects.create(pair=demo_pair, host=this_host(demo_pair.runs_on).signature,
+                                   status=JobStatus.FINISHED, finished_at=timezone.now(),
+                                   results={"fastest": "defaults", "own_config": "f32-dynamic", "best_k": {"1": 2}})
+    engines, note = runs.benchmark_engines(pair=demo_pair)
+    try:
+        alone = engines.pair(speculative=False).spec
+        sampled = engines.pair(speculative=True, exact_sampling=True).spec
+    finally:
+        engines.close()
+    assert "fastest configuration (the device's defaults)" in note
+    assert (alone.inference_precision, alone.route.is_own_engine()) == ("", False)
+    assert sampled.route.is_own_engine() and sampled.dynamic_quantization and sampled.inference_precision == "f32"
 
 
 def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, live_server_url, tmp_path):

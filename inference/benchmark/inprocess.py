@@ -188,9 +188,11 @@ class Engines:
     engine for a spec (a worker passes its registry's); without it each is built once here and
     freed by `close`."""
 
-    def __init__(self, spec: PairSpec, get: Callable[[PairSpec], Engine] | None = None, alone: PairSpec | None = None):
+    def __init__(self, spec: PairSpec, get: Callable[[PairSpec], Engine] | None = None, alone: PairSpec | None = None,
+                 own: PairSpec | None = None):
         self.spec = spec
         self.alone = alone  # the main alone as the host serves it (the fastest configuration measured there)
+        self.own = own  # the own engine as the host serves it (its calibrated configuration, int8 activations)
         self._get = get
         self._built: dict[PairSpec, Engine] = {}
 
@@ -207,6 +209,8 @@ class Engines:
         """`as_served`: the main alone in the configuration the host serves it in, else in the pair's own."""
         if not speculative and not exact_sampling and self.alone and as_served:
             return self._engine(self.alone)
+        if exact_sampling and self.own:
+            return self._engine(self.own)
         return self._engine(replace(self.spec, speculative=speculative,
                                     exact_sampling=exact_sampling and bool(self.spec.draft_dir)))
 

@@ -172,7 +172,8 @@ def benchmark_engines(*, pair: ModelPair, get=None) -> tuple[Engines, str]:
                 f"maybe not the fastest here (manage.py calibrate {pair.slug} first).")
     # Read beside the stack's lines, whose K answers take the planner's route (the own engine, at one stream)
     note += " In-process, the K lines run on the library's speculative pipeline, as the library serves a draft."
-    return Engines(pair_spec(pair=pair), get=get, alone=alone), note
+    own = pair_spec(pair=pair, route=Route.OWN_SPECULATIVE, calibration=figures) if pair.draft_dir else None
+    return Engines(pair_spec(pair=pair), get=get, alone=alone, own=own), note
 
 
 def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, stack: StackTarget | None = None,
