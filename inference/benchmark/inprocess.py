@@ -184,7 +184,8 @@ class VariantResult:
 # ------------------------------------------------------------------ in-process
 class Engines:
     """The pipelines an in-process benchmark drives: the pair with and without its draft (same
-    backend and scheduler settings), and the draft alone for the cost ratio. `get` gives the
+    backend and scheduler settings), the main alone and the own engine as the host serves them (`alone`,
+    `own`), and the draft alone for the cost ratio. `get` gives the
     engine for a spec (a worker passes its registry's); without it each is built once here and
     freed by `close`."""
 
