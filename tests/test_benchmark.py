@@ -87,8 +87,8 @@ def test_inprocess_benchmark_writes_json_table_plots_and_bars(demo_pair, tmp_pat
 
 def test_a_calibrated_host_measures_each_engine_as_it_serves_it(demo_pair):
     """The baseline is the main alone in the configuration the host measured fastest, and the sampled rows run on
-    the own engine in the one it is served in (int8 activations), not in the pair's registered precision: in that
-    the Zen 5 host's sampled rows read 0.96x where the served engine made 1.5x."""
+    the own engine in the one it is served in (int8 activations), not in the pair's registered precision: a slower
+    engine than its users get would understate what speculative sampling buys."""
     HostCalibration.objects.create(pair=demo_pair, host=this_host(demo_pair.runs_on).signature,
                                    status=JobStatus.FINISHED, finished_at=timezone.now(),
                                    results={"fastest": "defaults", "own_config": "f32-dynamic", "best_k": {"1": 2}})
