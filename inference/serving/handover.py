@@ -72,12 +72,12 @@ def _off_the_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: i
 
 def _beside_a_burst(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int,
                     calibration: HostFigures | None) -> Plan | None:
-    """A lone answer speculating on the pair's own engine when more answers come than the pair speculates for,
-    where the host measured the library's main alone faster under load: the new answers run there (the plan's
-    `_on_the_host`), and this one would otherwise speculate beside them, a second engine on the same cores. It
-    joins them, at any load: a burst's answers are prefilling at once anyway."""
-    if (planned.route != Route.OWN_SPECULATIVE or not asked.speculative or asked.alternatives
-            or asked.k is not None or asked.threshold is not None or load <= pair.own_engine_streams
+    """A lone answer on the pair's own engine, speculating or its main alone, when more answers come than the pair
+    speculates for, where the host measured the library's main alone faster under load: the new answers run there
+    (the plan's `_on_the_host`), and this one would otherwise run beside them, a second engine on the same cores.
+    It joins them, at any load: a burst's answers are prefilling at once anyway."""
+    if (not planned.route.is_own_engine() or asked.alternatives or asked.k is not None
+            or asked.threshold is not None or load <= pair.own_engine_streams
             or calibration is None or not calibration.alone_on_library):
         return None
     now = plan(pair=pair, asked=asked, load=Load(streams=load), calibration=calibration)  # the burst's own plan

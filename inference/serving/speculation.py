@@ -88,10 +88,18 @@ class HostFigures:
 
     @property
     def alone_on_library(self) -> bool:
-        """Whether the main alone runs on the library's pipeline (in its fastest configuration) rather than the own
-        engine's batch: where that was faster at the most streams measured, the load where the main alone runs most.
-        One engine at every load: two would split a burst between two copies of the weights on the same cores."""
+        """Whether a burst's main alone runs on the library's pipeline (in its fastest configuration) rather than the
+        own engine's batch: where that was faster at the most streams measured, the load where the main alone runs
+        most. One engine for a burst: two would split it between two copies of the weights on the same cores."""
         return bool(self.library_alone) and self.library_alone[max(self.library_alone)]
+
+    @property
+    def lone_alone_on_library(self) -> bool:
+        """Whether a lone answer's main alone runs there too: only where the library was also faster at one stream.
+        Else it runs on the own engine, the computation of the main the pair's speculating answers are exact to, so
+        that `speculative: false` writes the same text as the default (the two computations part at near-ties:
+        docs/exactness.md); a burst then moves it to the library (handover.py)."""
+        return self.alone_on_library and self.library_alone.get(1, False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,15 +214,20 @@ def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None 
     planned = on_the_library(pair=pair, asked=asked, load=load.streams, live=live, calibration=calibration)
     planned = _join_running_batch(pair=pair, asked=asked, planned=planned, load=load)
     planned = _on_own_engine(pair=pair, asked=asked, planned=planned, load=load.streams)
-    return planned if calibration is None else _on_the_host(asked=asked, planned=planned, calibration=calibration)
+    if calibration is None:
+        return planned
+    return _on_the_host(asked=asked, planned=planned, calibration=calibration,
+                        lone=load.streams <= pair.own_engine_streams)
 
 
-def _on_the_host(*, asked: Asked, planned: Plan, calibration: HostFigures) -> Plan:
+def _on_the_host(*, asked: Asked, planned: Plan, calibration: HostFigures, lone: bool) -> Plan:
     """The main alone where the host measured it fastest: on the library's pipeline rather than the own engine's
-    batch when that was faster there under load (a second copy of the main's weights, freed when idle)."""
+    batch when that was faster there under load (a second copy of the main's weights, freed when idle), and for
+    a `lone` answer (within the pair's own streams) only when it was faster at one stream too."""
     if not calibration.calibrated:
         return planned.because(Why(Reason.NOT_CALIBRATED))
-    if planned.route == Route.OWN_MAIN_ALONE and not asked.alternatives and calibration.alone_on_library:
+    on_library = calibration.lone_alone_on_library if lone else calibration.alone_on_library
+    if planned.route == Route.OWN_MAIN_ALONE and not asked.alternatives and on_library:
         own_whys = {Reason.OWN_ENGINE, Reason.OWN_BATCH}
         planned = replace(planned, route=Route.LIBRARY_MAIN_ALONE,
                           why=tuple(why for why in planned.why if why.code not in own_whys))

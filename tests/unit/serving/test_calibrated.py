@@ -68,9 +68,17 @@ TABLE = [
     (OWN, Asked(), Load(streams=1), LIBRARY_UNDER_LOAD, None, OWN_K, 3, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=3), LIBRARY_UNDER_LOAD, None, ALONE, None, (R.BEYOND_OWN_STREAMS, R.FASTEST_CONFIG)),
     (OWN, Asked(), Load(streams=4), LIBRARY_UNDER_LOAD, None, ALONE, None, (R.BEYOND_OWN_STREAMS, R.FASTEST_CONFIG)),
-    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_UNDER_LOAD, None, ALONE, None,
+    # a lone answer's main alone stays on the own engine unless the library was faster at one stream too: the same
+    # computation of the main as the default answers, so that speculation off writes the same text
+    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_UNDER_LOAD, None, OWN_ALONE, None,
+     (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(speculative=False), Load(streams=2), LIBRARY_UNDER_LOAD, None, OWN_ALONE, None,
+     (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(speculative=False), Load(streams=3), LIBRARY_UNDER_LOAD, None, ALONE, None,
      (R.ASKED_OFF, R.FASTEST_CONFIG)),
-    # one engine for the main alone at every load, whatever won at one stream: a burst is never split in two
+    (OWN, Asked(), Load(streams=1), replace(LIBRARY_UNDER_LOAD, best_k={1: 0}), None, OWN_ALONE, None,
+     (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    # the library faster at one stream only: one engine for a burst's main alone, the own batch, so a lone one too
     (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_ALONE_ONLY, None, OWN_ALONE, None,
      (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(speculative=False), Load(streams=3), LIBRARY_ALONE_ONLY, None, OWN_ALONE, None,
@@ -110,12 +118,15 @@ def test_a_calibrated_host_plans_from_what_it_measured(fields, asked, load, cali
     (Asked(), 3, NOT_YET, False),
     (Asked(k=3), 3, SPECULATES_ALONE, False),  # the request named its K
     (Asked(alternatives=True), 3, SPECULATES_ALONE, False),  # only the own engine gives alternatives
+    (Asked(speculative=False), 3, LIBRARY_UNDER_LOAD, True),  # the main alone asked for, lone on the own engine
+    (Asked(speculative=False), 2, LIBRARY_UNDER_LOAD, False),
+    (Asked(speculative=False), 3, LIBRARY_ALONE_ONLY, False),
 ])
 def test_a_lone_answer_on_the_own_engine_joins_a_burst_where_the_host_measured_the_library_faster(
         asked, load, calibration, moves):
     own = pair(**OWN)
     lone = plan(pair=own, asked=asked, load=Load(streams=1), calibration=calibration)
-    assert lone.route == OWN_K
+    assert lone.route == (OWN_K if asked.speculative else OWN_ALONE)
     moved = handover(pair=own, asked=asked, planned=lone, load=load, generated=40, remaining=100,
                      calibration=calibration)
     assert (moved is not None) == moves
