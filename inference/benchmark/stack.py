@@ -231,7 +231,7 @@ def concurrency_sweep(
     first use (the main alone, the own engine), and that load must not count as the first level's."""
     records, total = [], repeats * len(levels) * len(variants)
     for variant in variants:
-        asyncio.run(_burst(stream=stream, prompts=prompts, level=1, variant=variant,
+        asyncio.run(_burst(stream=stream, prompts=prompts[:1], level=1, variant=variant,
                            max_new_tokens=min(8, max_new_tokens)))
     previous = sys.maxsize
     for repeat in range(repeats):
@@ -258,11 +258,16 @@ def _load_memory_faded(*, previous: int, level: int) -> int:
 
 async def _burst(*, stream: StreamFn, prompts: list[Prompt], level: int, variant: Variant,
                  max_new_tokens: int) -> dict:
-    started = time.perf_counter()
-    outcomes = await asyncio.gather(
-        *(stream(prompt=prompts[i % len(prompts)], variant=variant, max_new_tokens=max_new_tokens)
-          for i in range(level)), return_exceptions=True)
-    wall = time.perf_counter() - started
+    """`level` streams at once; fewer streams than prompts go on, `level` at a time, until each prompt was asked
+    once: a level's figure is over the same requests as the others' (one prompt alone is no lone answer's speed:
+    the real pair's K ran 23.5 tok/s over 8 chat prompts, 28.6 on the first)."""
+    wall, outcomes = 0.0, []
+    for first in range(0, max(level, len(prompts)), level):
+        started = time.perf_counter()
+        outcomes += await asyncio.gather(
+            *(stream(prompt=prompts[i % len(prompts)], variant=variant, max_new_tokens=max_new_tokens)
+              for i in range(first, first + level)), return_exceptions=True)
+        wall += time.perf_counter() - started
     samples = [o for o in outcomes if isinstance(o, Sample)]
     problems = [o for o in outcomes if not isinstance(o, Sample)]
     lost = [p for p in problems if isinstance(p, StreamError) and p.lost]

@@ -1,8 +1,12 @@
 """The path an answer was served on, named as the benchmark's lines."""
 
+import asyncio
+
 import pytest
 
-from inference.benchmark.stack import served_path
+from inference.benchmark.inprocess import PLAIN, Sample, Variant
+from inference.benchmark.prompts import Prompt
+from inference.benchmark.stack import concurrency_sweep, served_path
 
 
 @pytest.mark.parametrize(("usage", "path"), [
@@ -15,3 +19,27 @@ from inference.benchmark.stack import served_path
 ])
 def test_the_path_an_answer_was_served_on_is_named_as_the_benchmarks_lines(usage, path):
     assert served_path(usage) == path
+
+
+@pytest.mark.parametrize(("level", "asked"), [(1, 3), (2, 4), (3, 3), (5, 5)])
+def test_a_burst_of_fewer_streams_than_prompts_asks_every_prompt(level, asked):
+    """A level's figure is over the same requests as the others': one stream asks each prompt in turn, not the
+    first prompt alone (a lone answer's speed on one prompt is no lone answer's speed)."""
+    prompts = [Prompt(text) for text in ("a", "b", "c")]
+    at_once: list[int] = []
+    running = 0
+
+    async def stream(*, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
+        nonlocal running
+        running += 1
+        at_once.append(running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return Sample(prompt=prompt, text=prompt.text, tokens=4, started_at=0.0, duration_s=0.01, ttft_ms=1.0,
+                      token_latency_ms=1.0, main_steps=4)
+
+    [burst] = concurrency_sweep(stream=stream, prompts=prompts, levels=[level], variants=[PLAIN], max_new_tokens=4,
+                                repeats=1)
+    assert burst["completed"] == asked and max(at_once) == level
+    assert {sample["prompt"] for sample in burst["samples"]} == {"a", "b", "c"}
+    assert burst["throughput"] == pytest.approx(4 * asked / burst["wall_s"])
