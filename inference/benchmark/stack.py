@@ -227,7 +227,9 @@ def concurrency_sweep(
 ) -> list[dict]:
     """Bursts of N simultaneous streams, interleaved repeat -> level -> variant, the variants' order turned
     by one each repeat (the host's speed drifts within a minute here: a line always run last would carry
-    it); one record per burst. Each variant first runs once unrecorded: a worker loads an engine on its
+    it) and reversed every other one (turned alone, a line always follows the same one: on the Zen 4 host a burst
+    right after the peer's, the worker idle meanwhile, ran 1.08x the same burst right after SpecChat's); one record
+    per burst. Each variant first runs once unrecorded: a worker loads an engine on its
     first use (the main alone, the own engine), and that load must not count as the first level's."""
     records, total = [], repeats * len(levels) * len(variants)
     for variant in variants:
@@ -237,14 +239,19 @@ def concurrency_sweep(
     for repeat in range(repeats):
         for level in levels:
             previous = _load_memory_faded(previous=previous, level=level)
-            turn = repeat % len(variants)
-            for variant in variants[turn:] + variants[:turn]:
+            for variant in _turned(variants, repeat=repeat):
                 record = asyncio.run(_burst(stream=stream, prompts=prompts, level=level, variant=variant,
                                             max_new_tokens=max_new_tokens))
                 records.append({**record, "repeat": repeat})
                 if progress:
                     progress(len(records), total, f"{level} streams {variant.name} repeat {repeat + 1}/{repeats}")
     return records
+
+
+def _turned(variants: list[Variant], *, repeat: int) -> list[Variant]:
+    turn = repeat % len(variants)
+    order = variants[turn:] + variants[:turn]
+    return order[::-1] if repeat % 2 else order
 
 
 def _load_memory_faded(*, previous: int, level: int) -> int:

@@ -43,3 +43,22 @@ def test_a_burst_of_fewer_streams_than_prompts_asks_every_prompt(level, asked):
     assert burst["completed"] == asked and max(at_once) == level
     assert {sample["prompt"] for sample in burst["samples"]} == {"a", "b", "c"}
     assert burst["throughput"] == pytest.approx(4 * asked / burst["wall_s"])
+
+
+def test_the_bursts_order_changes_which_line_each_follows():
+    """Turned by one each repeat, a line would always run right after the same one (and carry what that one leaves
+    behind on the host): over the repeats each line follows more than one other."""
+    names = ["plain", "K=3", "adaptive", "peer"]
+    asked: list[str] = []
+
+    async def stream(*, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
+        asked.append(variant.name)
+        return Sample(prompt=prompt, text="", tokens=1, started_at=0.0, duration_s=0.01, ttft_ms=1.0,
+                      token_latency_ms=None, main_steps=1)
+
+    concurrency_sweep(stream=stream, prompts=[Prompt("a")], levels=[1], variants=[Variant(name, True) for name in names],
+                      max_new_tokens=4, repeats=4)
+    measured = asked[len(names):]  # after each line's unrecorded warm-up
+    follows = {name: {measured[i - 1] for i in range(1, len(measured)) if measured[i] == name} for name in names}
+    assert all(len(before) > 1 for before in follows.values()), follows
+    assert sorted(measured) == sorted(names * 4)
