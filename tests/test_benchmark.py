@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from inference.benchmark import profile as profile_module
 from inference.benchmark import report, runs
-from inference.benchmark.inprocess import expected_tokens_per_step
+from inference.benchmark.inprocess import PLAIN, Variant, expected_tokens_per_step, k_variant, threshold_variant
 from inference.engines.host import this_host
 from inference.models import BenchmarkRun, Generation, HostCalibration, JobStatus
 from inference.serving.speculation import AS_FAST
@@ -94,13 +94,25 @@ def test_a_calibrated_host_measures_each_engine_as_it_serves_it(demo_pair):
                                    results={"fastest": "defaults", "own_config": "f32-dynamic", "best_k": {"1": 2}})
     engines, note = runs.benchmark_engines(pair=demo_pair)
     try:
-        alone = engines.pair(speculative=False).spec
-        sampled = engines.pair(speculative=True, exact_sampling=True).spec
+        alone = engines.for_variant(PLAIN).spec
+        sampled = engines.for_variant(Variant("T=0.8 K=2", True, num_assistant_tokens=2, temperature=0.8)).spec
+        greedy = engines.for_variant(k_variant(2)).spec  # the pair's lone answers run on the library's pipeline
     finally:
         engines.close()
-    assert "fastest configuration (the device's defaults)" in note
+    assert "fastest configuration (the device's defaults)" in note and "the library's speculative pipeline" in note
     assert (alone.inference_precision, alone.route.is_own_engine()) == ("", False)
     assert sampled.route.is_own_engine() and sampled.dynamic_quantization and sampled.inference_precision == "f32"
+    assert not greedy.route.is_own_engine()
+
+    demo_pair.own_engine_streams = 1  # lone answers on the own engine: the K lines measure it, thresholds stay
+    engines, note = runs.benchmark_engines(pair=demo_pair)
+    try:
+        greedy = engines.for_variant(k_variant(2)).spec
+        threshold = engines.for_variant(threshold_variant(0.5)).spec
+    finally:
+        engines.close()
+    assert "the K lines run on the own engine" in note
+    assert greedy == sampled and not threshold.route.is_own_engine()
 
 
 def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, live_server_url, tmp_path):

@@ -190,10 +190,11 @@ class Engines:
     freed by `close`."""
 
     def __init__(self, spec: PairSpec, get: Callable[[PairSpec], Engine] | None = None, alone: PairSpec | None = None,
-                 own: PairSpec | None = None):
+                 own: PairSpec | None = None, lone_on_own: bool = False):
         self.spec = spec
         self.alone = alone  # the main alone as the host serves it (the fastest configuration measured there)
         self.own = own  # the own engine as the host serves it (its calibrated configuration, int8 activations)
+        self.lone_on_own = lone_on_own  # the pair's lone answers with a K run on the own engine, greedy ones too
         self._get = get
         self._built: dict[PairSpec, Engine] = {}
 
@@ -214,6 +215,13 @@ class Engines:
             return self._engine(self.own)
         return self._engine(replace(self.spec, speculative=speculative,
                                     exact_sampling=exact_sampling and bool(self.spec.draft_dir)))
+
+    def for_variant(self, variant: Variant) -> Engine:
+        """Where the product runs a lone answer like `variant`: a sampled one with a draft on the own engine, a greedy
+        one too where the pair serves lone answers there; a confidence threshold only the library applies."""
+        on_own = variant.speculative and (variant.temperature > 0 or (
+            self.lone_on_own and variant.assistant_confidence_threshold is None))
+        return self.pair(speculative=variant.speculative, exact_sampling=on_own)
 
     def draft_alone(self) -> Engine:
         return self._engine(replace(self.spec, slug=f"{self.spec.slug}-draft-alone", main_dir=self.spec.draft_dir,
@@ -256,9 +264,7 @@ class InProcessPath:
         self.engines = engines
 
     def run(self, *, prompt: Prompt, variant: Variant, max_new_tokens: int) -> Sample:
-        # Sampled speculative variants run where the product runs them: on the own engine.
-        engine = self.engines.pair(speculative=variant.speculative,
-                                   exact_sampling=variant.speculative and variant.temperature > 0)
+        engine = self.engines.for_variant(variant)
         text, stats, started = run_once(engine, prompt=prompt.text, params=variant.params(max_new_tokens))
         decode_s = (stats.last_token_at or started) - (stats.first_token_at or started)
         speculative = engine.spec.uses_draft or engine.spec.uses_prompt_lookup

@@ -170,10 +170,12 @@ def benchmark_engines(*, pair: ModelPair, get=None) -> tuple[Engines, str]:
     else:
         note = (f"{figures.host} has no calibration of the pair: the main alone runs in the pair's own precision, "
                 f"maybe not the fastest here (manage.py calibrate {pair.slug} first).")
-    # Read beside the stack's lines, whose K answers take the planner's route (the own engine, at one stream)
-    note += " In-process, the K lines run on the library's speculative pipeline, as the library serves a draft."
     own = pair_spec(pair=pair, route=Route.OWN_SPECULATIVE, calibration=figures) if pair.draft_dir else None
-    return Engines(pair_spec(pair=pair), get=get, alone=alone, own=own), note
+    lone_on_own = bool(own and pair.own_engine_streams)
+    note += (" In-process, the K lines run on the own engine, as the worker serves a lone answer with a K."
+             if lone_on_own else
+             " In-process, the K lines run on the library's speculative pipeline, as the library serves a draft.")
+    return Engines(pair_spec(pair=pair), get=get, alone=alone, own=own, lone_on_own=lone_on_own), note
 
 
 def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engines, stack: StackTarget | None = None,
