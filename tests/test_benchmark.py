@@ -112,7 +112,7 @@ def test_a_calibrated_host_measures_each_engine_as_it_serves_it(demo_pair):
     finally:
         engines.close()
     assert "the K lines run on the own engine" in note
-    assert greedy == sampled and not threshold.route.is_own_engine()
+    assert greedy.route.is_own_engine() and greedy.dynamic_quantization and not threshold.route.is_own_engine()
 
 
 def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, live_server_url, tmp_path):
@@ -253,8 +253,9 @@ def test_profile_stores_the_best_k_per_load_and_checks_the_adaptive_line(demo_pa
     assert lines == {(v, c) for v in ("plain", f"K={fixed}", "adaptive") for c in (1, 2)}
     assert all(r["lost"] == 0 and r["failed"] == 0 for r in run.results["lines"]["greedy"])
     served = {(r["variant"], r["concurrency"]): r["paths"] for r in run.results["lines"]["greedy"]}
-    assert served[("plain", 2)] == {"plain": 2} and served[(f"K={fixed}", 2)] == {f"K={fixed}": 2}
-    assert all(sum(served["adaptive", level].values()) == level for level in (1, 2))
+    assert set(served[("plain", 2)]) == {"plain"} and set(served[(f"K={fixed}", 2)]) == {f"K={fixed}"}
+    for level in (1, 2):  # every line asked the same requests: every prompt, `level` at a time
+        assert len({sum(served[variant, level].values()) for variant in ("plain", f"K={fixed}", "adaptive")}) == 1
     assert {b["verdict"] for b in run.results["bars"]} <= {"pass", "same path", "miss"}
     assert "main alone / best fixed K / adaptive" in printed and "streams: plain" in printed
     assert "adaptive served: " in printed
