@@ -227,9 +227,8 @@ def concurrency_sweep(
 ) -> list[dict]:
     """Bursts of N simultaneous streams, interleaved repeat -> level -> variant, the variants' order turned
     by one each repeat (the host's speed drifts within a minute here: a line always run last would carry
-    it) and reversed every other one (turned alone, a line always follows the same one: on the Zen 4 host a burst
-    right after the peer's, the worker idle meanwhile, ran 1.08x the same burst right after SpecChat's); one record
-    per burst. Each variant first runs once unrecorded: a worker loads an engine on its
+    it) and reversed every other one (turned alone, a line always follows the same one, and carries what that one
+    leaves on the host: an idle worker after the peer's burst, say); one record per burst. Each variant first runs once unrecorded: a worker loads an engine on its
     first use (the main alone, the own engine), and that load must not count as the first level's."""
     records, total = [], repeats * len(levels) * len(variants)
     for variant in variants:
@@ -266,8 +265,8 @@ def _load_memory_faded(*, previous: int, level: int) -> int:
 async def _burst(*, stream: StreamFn, prompts: list[Prompt], level: int, variant: Variant,
                  max_new_tokens: int) -> dict:
     """`level` streams at once; fewer streams than prompts go on, `level` at a time, until each prompt was asked
-    once: a level's figure is over the same requests as the others' (one prompt alone is no lone answer's speed:
-    the real pair's K ran 23.5 tok/s over 8 chat prompts, 28.6 on the first)."""
+    once: a level's figure is over the same requests as the others' (a draft's speed depends on the prompt, so
+    one prompt alone is no lone answer's speed)."""
     wall, outcomes = 0.0, []
     for first in range(0, max(level, len(prompts)), level):
         started = time.perf_counter()
