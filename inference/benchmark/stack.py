@@ -228,8 +228,9 @@ def concurrency_sweep(
     """Bursts of N simultaneous streams, interleaved repeat -> level -> variant, the variants' order turned
     by one each repeat (the host's speed drifts within a minute here: a line always run last would carry
     it) and reversed every other one (turned alone, a line always follows the same one, and carries what that one
-    leaves on the host: an idle worker after the peer's burst, say); one record per burst. Each variant first runs once unrecorded: a worker loads an engine on its
-    first use (the main alone, the own engine), and that load must not count as the first level's."""
+    leaves on the host: an idle worker after the peer's burst, say); one record per burst. Each variant first runs
+    once unrecorded: a worker loads an engine on its first use (the main alone, the own engine), and that load must
+    not count as the first level's."""
     records, total = [], repeats * len(levels) * len(variants)
     for variant in variants:
         asyncio.run(_burst(stream=stream, prompts=prompts[:1], level=1, variant=variant,
