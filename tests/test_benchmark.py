@@ -16,8 +16,18 @@ from django.utils import timezone
 
 from inference.benchmark import profile as profile_module
 from inference.benchmark import report, runs
-from inference.benchmark.inprocess import PLAIN, Variant, expected_tokens_per_step, k_variant, threshold_variant
+from inference.benchmark.inprocess import (
+    OWN_PLAIN,
+    PLAIN,
+    InProcessPath,
+    Variant,
+    expected_tokens_per_step,
+    k_variant,
+    threshold_variant,
+)
+from inference.benchmark.prompts import Prompt
 from inference.engines.host import this_host
+from inference.limits import Route
 from inference.models import BenchmarkRun, Generation, HostCalibration, JobStatus
 from inference.serving.speculation import AS_FAST
 
@@ -110,10 +120,15 @@ def test_a_calibrated_host_measures_each_engine_as_it_serves_it(demo_pair):
     try:
         greedy = engines.for_variant(k_variant(2)).spec
         threshold = engines.for_variant(threshold_variant(0.5)).spec
+        path, prompt = InProcessPath(engines), Prompt("def fizzbuzz(n):")
+        own_alone, with_draft = (path.run(prompt=prompt, variant=v, max_new_tokens=16) for v in (OWN_PLAIN, k_variant(2)))
     finally:
         engines.close()
     assert "the K lines run on the own engine" in note
     assert greedy.route.is_own_engine() and greedy.dynamic_quantization and not threshold.route.is_own_engine()
+    # The own engine's lines are compared with its own main alone (K=0 there), which says where it ran.
+    assert (own_alone.route, with_draft.route) == (Route.OWN_MAIN_ALONE, Route.OWN_SPECULATIVE)
+    assert own_alone.accepted in (0, None) and own_alone.text == with_draft.text
 
 
 def test_stack_benchmark_through_websocket_and_sse(demo_pair, celery_worker, live_server_url, tmp_path):

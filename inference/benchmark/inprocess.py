@@ -26,7 +26,7 @@ from inference.engines.interface import Engine, Finished
 from inference.engines.spec import PairSpec
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.text_assembler import TextAssembler
-from inference.limits import FinishReason
+from inference.limits import FinishReason, Route
 
 INPROCESS = "inprocess"
 
@@ -63,6 +63,9 @@ class Variant:
 
 
 PLAIN = Variant("plain", False)
+# The own engine's main alone (K=0 there), where the pair serves lone answers on the own engine: the text its lines
+# are compared with (the library's main alone computes the same model in other kernels: near-ties can part them).
+OWN_PLAIN = Variant("own main alone", True, num_assistant_tokens=0)
 ADAPTIVE = "adaptive"  # through the stack: a request that names no K, planned by the worker for its load
 PEER = Variant("peer", False)  # another server's answers, asked beside SpecChat's (benchmark --compare-url)
 
@@ -103,6 +106,7 @@ class Sample:
     generation_id: str = ""  # through the stack: the Generation it made, for the TTFT profile
     sent_wall: float | None = None  # through the stack: time.time() when the request was sent
     path: str = ""  # through the stack: the path the worker served it on (stack.served_path)
+    route: str = ""  # the engine that served it (limits.Route): whose main alone its text is compared with
 
     @property
     def tokens_per_s(self) -> float:
@@ -120,7 +124,7 @@ class Sample:
                 "duration_s": self.duration_s, "tokens_per_s": self.tokens_per_s, "ttft_ms": self.ttft_ms,
                 "token_latency_ms": self.token_latency_ms, "main_steps": self.main_steps,
                 "accepted": self.accepted, "proposed": self.proposed, "generation_id": self.generation_id,
-                "sent_wall": self.sent_wall, "path": self.path}
+                "sent_wall": self.sent_wall, "path": self.path, "route": self.route}
 
 
 @dataclass
@@ -268,6 +272,9 @@ class InProcessPath:
         text, stats, started = run_once(engine, prompt=prompt.text, params=variant.params(max_new_tokens))
         decode_s = (stats.last_token_at or started) - (stats.first_token_at or started)
         speculative = engine.spec.uses_draft or engine.spec.uses_prompt_lookup
+        route = engine.spec.route
+        if route == Route.OWN_SPECULATIVE and variant.num_assistant_tokens == 0:
+            route = Route.OWN_MAIN_ALONE
         return Sample(
             prompt=prompt, text=text, tokens=stats.tokens, started_at=started,
             duration_s=(stats.last_token_at or started) - started,
@@ -275,7 +282,7 @@ class InProcessPath:
             token_latency_ms=decode_s * 1000 / (stats.tokens - 1) if stats.tokens > 1 else None,
             main_steps=stats.main_steps,
             accepted=stats.accepted if speculative else None,
-            proposed=stats.proposed if speculative and stats.num_assistant_tokens else None,
+            proposed=stats.proposed if speculative and stats.num_assistant_tokens else None, route=route,
         )
 
 

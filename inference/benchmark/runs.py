@@ -27,6 +27,7 @@ from inference.benchmark import report
 from inference.benchmark.inprocess import (
     ADAPTIVE,
     INPROCESS,
+    OWN_PLAIN,
     PEER,
     PLAIN,
     Engines,
@@ -42,7 +43,7 @@ from inference.benchmark.inprocess import (
     timestamp,
 )
 from inference.benchmark.prompts import Prompt, heldout_prompts
-from inference.benchmark.summary import compare_to_inprocess, loop_warning, summarize
+from inference.benchmark.summary import compare_to_inprocess, first_texts, loop_warning, summarize
 from inference.engines.precision import CONFIGS
 from inference.limits import Route
 from inference.models import BenchmarkRun, ModelPair
@@ -191,7 +192,8 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     prompts = prompts or heldout_prompts(sets=options.prompt_sets, per_set=options.prompts_per_set)
     variants = inprocess_variants(pair=pair, options=options)
     through_stack = stack_variants(pair=pair, options=options) if stack and options.clients else []
-    variants = sorted(set(variants) | set(through_stack), key=variant_order)  # each stack variant has its twin
+    variants = sorted(set(variants) | set(through_stack) | ({OWN_PLAIN} if engines.lone_on_own else set()),
+                      key=variant_order)  # each stack variant has its twin; own-engine lines, their main alone
     plan: list = [(InProcessPath(engines), variants)]
     sweep_variants = concurrency_lines(through_stack)
     if stack and through_stack:
@@ -225,15 +227,15 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
     elif pair.prompt_lookup:
         cost_ratio = 0.0
         run_notes.append("Prompt lookup has no draft model: its proposals are taken as free (c = 0).")
-    reference: dict[str, str] = {}
-    for sample in results[INPROCESS][PLAIN.name].samples:
-        reference.setdefault(sample.prompt.text, sample.text)
+    reference = first_texts(results[INPROCESS][PLAIN.name])
+    own_reference = first_texts(results[INPROCESS][OWN_PLAIN.name]) if engines.lone_on_own else None
     chat_same = "websocket" not in results or same_prompt_through_chat(pair=pair, prompts=prompts)
     if not chat_same:
         run_notes.append("The chat template changes the prompt: websocket texts are not compared with in-process ones.")
     rows = [row for path, by_variant in results.items()
             for row in summarize(by_variant, cost_ratio=cost_ratio, path=path,
-                                 reference=reference if path != "websocket" or chat_same else None)]
+                                 reference=reference if path != "websocket" or chat_same else None,
+                                 own_reference=own_reference)]
     measured: dict[str, Any] = {
         "pair": pair.slug,
         "started_at": started_at,
@@ -247,7 +249,8 @@ def run_benchmark(*, pair: ModelPair, options: BenchmarkOptions, engines: Engine
         "rows": compare_to_inprocess(rows, results),
         "by_set": [row for name in dict.fromkeys(p.set for p in prompts)
                    for row in summarize({v: r.of_set(name) for v, r in results[INPROCESS].items()},
-                                        cost_ratio=cost_ratio, reference=reference, prompt_set=name)],
+                                        cost_ratio=cost_ratio, reference=reference, own_reference=own_reference,
+                                        prompt_set=name)],
         "ttft_profile": [],
         "concurrency": [],
         "concurrency_bursts": [],

@@ -145,7 +145,7 @@ def _stack_sample(*, prompt: Prompt, text: str, done: dict, started: float, firs
         token_latency_ms=(ended - first_at) * 1000 / (tokens - 1) if tokens > 1 else None,
         main_steps=done.get("main_steps") or 0, accepted=done.get("accepted_tokens"),
         proposed=done.get("draft_tokens"), generation_id=generation_id, sent_wall=sent_wall,
-        path=served_path(done),
+        path=served_path(done), route=done.get("speculative_route") or "",
     )
 
 

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import statistics
 
-from inference.benchmark.inprocess import INPROCESS, PLAIN, VariantResult
+from inference.benchmark.inprocess import INPROCESS, PLAIN, Sample, VariantResult
 from inference.benchmark.prompts import repeated_ngram_share
+from inference.limits import Route
 
 
 def summarize(results: dict[str, VariantResult], *, cost_ratio: float | None = None,
-              reference: dict[str, str] | None = None, path: str = INPROCESS, prompt_set: str = "",
-              plain_name: str = PLAIN.name, greedy: bool = True) -> list[dict]:
+              reference: dict[str, str] | None = None, own_reference: dict[str, str] | None = None,
+              path: str = INPROCESS, prompt_set: str = "", plain_name: str = PLAIN.name,
+              greedy: bool = True) -> list[dict]:
     """One row per variant: medians over all samples and the spread of the repeats' medians,
     speedup over this path's plain (a ratio of medians), the theory (Leviathan et al.) for
-    fixed K, and how many texts differ from `reference` (the main alone's text per prompt; by
-    default this path's own plain run). Sampled runs are not compared text by text (the
-    distribution test covers them)."""
+    fixed K, and how many texts differ from the main alone's text per prompt: `reference` (by
+    default this path's own plain run), or `own_reference` for an answer the own engine served
+    (its main alone's). Sampled runs are not compared text by text (the distribution test covers them)."""
     plain = results.get(plain_name)
     if not greedy:
         reference = None
     elif reference is None:
-        reference = _first_texts(plain) if plain else None
+        reference = first_texts(plain) if plain else None
     base = _median(plain.tokens_per_s) if plain else None
     base_step = _median(plain.step_ms) if plain else None
     rows = []
@@ -31,7 +33,7 @@ def summarize(results: dict[str, VariantResult], *, cost_ratio: float | None = N
         step = _median(r.step_ms)
         k = r.variant.num_assistant_tokens
         speedup = tps / base if base else None
-        differing = (sum(reference.get(s.prompt.text) != s.text for s in r.samples)
+        differing = (sum(_main_alone_text(s, reference, own_reference) != s.text for s in r.samples)
                      if reference is not None else None)
         row = {
             "path": path,
@@ -68,6 +70,12 @@ def summarize(results: dict[str, VariantResult], *, cost_ratio: float | None = N
     return rows
 
 
+def _main_alone_text(sample: Sample, reference: dict[str, str], own_reference: dict[str, str] | None) -> str | None:
+    if own_reference is not None and sample.route and Route(sample.route).is_own_engine():
+        return own_reference.get(sample.prompt.text)
+    return reference.get(sample.prompt.text)
+
+
 LOOPING = 0.3  # a median repeated 4-gram share above this: answers loop
 
 
@@ -91,7 +99,8 @@ def loop_warning(results: dict[str, VariantResult], *, plain_name: str = PLAIN.n
             f"prompts: {', '.join(figures) or 'no speculative variant'}.")
 
 
-def _first_texts(result: VariantResult) -> dict[str, str]:
+def first_texts(result: VariantResult) -> dict[str, str]:
+    """Each prompt's first answer in a line (its repeats give the same text where the line is greedy)."""
     texts: dict[str, str] = {}
     for s in result.samples:
         texts.setdefault(s.prompt.text, s.text)
