@@ -35,6 +35,11 @@ class Command(BaseCommand):
                             (f"own engine's main alone ({results.get('own_config')})", results.get("own_main_alone"))):
             if line:
                 rows.append(f"| {label} | {line['tokens_per_s']:.1f} | {line['tokens_per_s_streams']:.1f} |")
+        firsts = [line.get("first_token_ms_streams") for line in (results.get("fastest_again"),
+                                                                  results.get("own_main_alone")) if line]
+        if len(firsts) == 2 and None not in firsts:
+            rows.append(f"\nFirst tokens at once (p50): the library's main alone {firsts[0]:.0f} ms, the own engine's "
+                        f"batch {firsts[1]:.0f} ms.")
         own = ["| own engine | tok/s | acceptance | identical |", "| --- | ---: | ---: | ---: |", *ks, ""] if ks else []
         costs = ", ".join(f"{n} {cost:.2f}" for n, cost in (shown.get("verify_cost") or {}).items())
         self.stdout.write("\n".join([

@@ -4,7 +4,7 @@ import json
 
 from django.conf import settings
 
-from inference.calibration.measure import CALIBRATION_PROMPTS, Line, _contenders, chat_prompts
+from inference.calibration.measure import CALIBRATION_PROMPTS, Line, _contenders, chat_prompts, library_alone
 from inference.pairs import catalog
 
 
@@ -46,3 +46,21 @@ def test_a_pair_with_prompts_of_its_own_is_calibrated_on_them(tmp_path):
 def test_the_real_pairs_calibration_prompts_are_its_tuning_set_not_its_held_out_one():
     assert catalog.QWEN_CODER.calibration_prompts.endswith("chat-a.json")
     assert (settings.BASE_DIR / catalog.QWEN_CODER.calibration_prompts).is_file()
+
+
+def test_the_main_alone_moves_to_the_library_only_where_it_is_faster_and_its_first_tokens_no_later():
+    """At several streams the library prefills every prompt before it decodes: 1.06x the tokens a second of the own
+    engine's batch came with first tokens twice as late (the AVX2 host), which no user of a chat calls faster."""
+    configs = {"f32": {"tokens_per_s": 8.9, "streams": 4, "tokens_per_s_streams": 14.6}}
+
+    def verdict(library: dict, own: dict) -> dict[str, bool]:
+        return library_alone({"configs": configs, "fastest": "f32", "fastest_again": library, "own_main_alone": own})
+
+    own = {"tokens_per_s": 7.5, "first_token_ms": 1200.0, "tokens_per_s_streams": 13.8, "first_token_ms_streams": 3000.0}
+    library = {"tokens_per_s": 8.7, "first_token_ms": 1150.0, "tokens_per_s_streams": 14.6}
+    assert verdict({**library, "first_token_ms_streams": 2900.0}, own) == {"1": True, "4": True}
+    assert verdict({**library, "first_token_ms_streams": 6100.0}, own) == {"1": True, "4": False}
+    assert verdict({**library, "first_token_ms": 1300.0, "first_token_ms_streams": 2900.0}, own) == {"1": False, "4": True}
+    assert verdict({**library, "tokens_per_s_streams": 14.0, "first_token_ms_streams": 2900.0}, own)["4"] is False
+    untimed = {key: value for key, value in own.items() if not key.startswith("first_token")}  # calibrated before
+    assert verdict(library, untimed) == {"1": True, "4": True}
