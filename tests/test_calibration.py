@@ -59,6 +59,8 @@ def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calib
     assert all(line["identical"] == line["answers"] for line in results["ks"].values())  # greedy identity, each K
     assert set(results["verify_cost"]) == {str(n) for n in range(1, 9)} and set(results["library_alone"]) == {"1", "4"}
     assert results["draft_ms"]["draft"] < results["draft_ms"]["alternative"] and "draft" not in results
+    for line in (results["fastest_again"], results["own_main_alone"]):  # the verdict under load weighs both
+        assert line["first_token_ms"] > 0 and line["first_token_ms_streams"] > 0
 
     page = admin_client.get(f"/admin/inference/modelpair/{pair.id}/change/").content.decode()
     assert calibration.host_facts["cpu"] in page and "Elsewhere" in page  # each host's own calibration
