@@ -138,7 +138,7 @@ def test_a_prompt_asked_again_starts_from_its_kept_cache_and_gets_the_same_answe
     hits = (engine.main_prompts.hits, engine.draft_prompts.hits)
     assert answer(engine, prompt, 3) == first and answer(engine, prompt, 0) == first
     assert (engine.main_prompts.hits, engine.draft_prompts.hits) == (hits[0] + 2, hits[1] + 1)
-    fresh = KvSequence(engine.main).feed(ids)[-1]
+    fresh = KvSequence(engine.main).prefill(ids)[-1]  # a prefill of its own, its head on the last row as the kept one's
     assert np.array_equal(KvSequence(engine.main, prompts=engine.main_prompts).prefill(ids)[-1], fresh)
 
 
