@@ -6,7 +6,14 @@ import pytest
 
 from inference.benchmark.inprocess import PLAIN, Sample, Variant
 from inference.benchmark.prompts import Prompt
+from inference.benchmark import stack
 from inference.benchmark.stack import concurrency_sweep, served_path
+
+
+@pytest.fixture(autouse=True)
+def no_worker_to_forget_its_load(monkeypatch):
+    """The sweep waits for a worker's load memory to fade before a smaller burst; these streams have no worker."""
+    monkeypatch.setattr(stack, "LOAD_MEMORY_S", 0)
 
 
 @pytest.mark.parametrize(("usage", "path"), [
