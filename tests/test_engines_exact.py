@@ -269,6 +269,26 @@ SNIPPET = {"type": "object", "properties": {"lang": {"enum": ["python", "rust", 
 CODE = r"[a-z]{2,10}-[0-9]{1,3}"
 
 
+@pytest.mark.no_database
+def test_a_k_per_answer_follows_the_hosts_costs_and_leaves_the_answer_the_main_alones(engine):
+    """Given the host's costs (engines/step_length.py), the draft proposes up to K what the answer's acceptance pays
+    for: where each token verified costs as much as a main step, one token a step; where verifying is nearly free,
+    the plan's K. Either way the answer is the main alone's, token for token."""
+    unchained = OwnEngine(replace(SPEC, slug="draft-only", chained_lookup=False))
+    steep, cheap = (1.0, 2.0, 3.0, 4.0, 5.0), (0.05, 1.0, 1.0, 1.0, 1.0)
+    for prompt in PROMPTS[:2]:
+        alone = drafted(engine, prompt, 0)[0]
+        for costs, lengths in ((steep, {1}), (cheap, {4})):
+            request = unchained.submit(prompt=prompt, params=DecodingParams(
+                max_new_tokens=64, ignore_eos=True, num_assistant_tokens=4, step_costs=costs))
+            steps = []
+            while not isinstance(event := request.events.get(timeout=120), Finished):
+                steps.append(event)
+            proposed = {step.proposed for step in steps[1:-2] if step.drafter == Drafter.DRAFT and step.proposed}
+            assert lengths <= proposed <= ({1} if costs == steep else {1, 2, 3, 4}), (costs, proposed)
+            assert flat([step.token_ids for step in steps]) == alone, (prompt, costs)
+
+
 def steps_of(request) -> list[list[int]]:
     steps = []
     while not isinstance(event := request.events.get(timeout=120), Finished):

@@ -90,14 +90,14 @@ def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_strea
 
 
 def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int, grammar: Grammar | None = None,
-           temperature: float = 0.0, seed: int = 0, draft_stop_below: float | None = None
-           ) -> tuple[list[int], float, SpeculationStats]:
+           temperature: float = 0.0, seed: int = 0, draft_stop_below: float | None = None,
+           step_costs: tuple[float, ...] = ()) -> tuple[list[int], float, SpeculationStats]:
     """Token ids, seconds from submit to the end, and the steps' figures."""
     started = time.perf_counter()
     request = engine.submit(prompt=prompt, add_special_tokens=False,
                             params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k,
                                                   temperature=temperature, seed=seed,
-                                                  draft_stop_below=draft_stop_below,
+                                                  draft_stop_below=draft_stop_below, step_costs=step_costs,
                                                   grammar_kind=grammar.kind if grammar else "",
                                                   grammar_text=grammar.text if grammar else ""))
     stats = SpeculationStats(num_assistant_tokens=k, speculative=bool(k), max_new_tokens=max_new_tokens)

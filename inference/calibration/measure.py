@@ -173,9 +173,9 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
             engines.pop(name).close()
         if spec.draft_dir:  # in the faster of the configurations it is exact in
             own = next(name for name in ranked if name in EXACT_ON_OWN_ENGINE)
-            if spec.draft_alternative_dir:
-                results["draft_ms"] = draft_token_ms(replace(spec, **CONFIGS[own].fields))
-                if results["draft_ms"]["alternative"] < results["draft_ms"]["draft"]:
+            # A draft token's cost: which weight format the own engine loads, and what a K per answer weighs
+            results["draft_ms"] = draft_token_ms(replace(spec, **CONFIGS[own].fields))
+            if results["draft_ms"].get("alternative", float("inf")) < results["draft_ms"]["draft"]:
                     spec = replace(spec, draft_dir=spec.draft_alternative_dir)
                     results["draft"] = "alternative"
             results |= _own_engine(spec, own, fastest=engines[ranked[0]], prompts=prompts, budget=budget,
@@ -220,11 +220,12 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
 
 def draft_token_ms(spec: PairSpec, *, context: int = 64, repeats: int = 12) -> dict[str, float]:
     """Milliseconds of one draft token after a short context, as the own engine runs it (its head cut), for the
-    pair's draft and its alternative, interleaved: {"draft": ms, "alternative": ms}."""
+    pair's draft and its alternative if it has one, interleaved: {"draft": ms(, "alternative": ms)}."""
     core = ov.Core()
     properties = spec.device_properties(device=spec.draft_runs_on)
     sequences = {}
-    for name, folder in (("draft", spec.draft_dir), ("alternative", spec.draft_alternative_dir)):
+    folders = {"draft": spec.draft_dir, "alternative": spec.draft_alternative_dir}
+    for name, folder in ((name, folder) for name, folder in folders.items() if folder):
         compiled, _ = compile_draft(core, draft_dir=folder, head_ids=spec.draft_head_ids, device=spec.draft_runs_on,
                                     properties=properties)
         sequences[name] = KvSequence(compiled)

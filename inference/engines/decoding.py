@@ -43,4 +43,8 @@ class DecodingParams(Sampling):
     # The own engine's draft proposes up to K but holds back a token it gives a probability below this (the planner
     # sets it where the host's calibration measured the Ks so; engines/drafting.py).
     draft_stop_below: float | None = None
+    # The host's calibrated costs, a draft token and then the verify of 2, 3, ... tokens, each as a share of one main
+    # token: with them the own engine's draft proposes, up to K, what this answer's acceptance pays for best
+    # (engines/step_length.py; the planner sets them where the request left K to the pair).
+    step_costs: tuple[float, ...] = ()
     max_ngram_size: int = 3

@@ -10,7 +10,8 @@ stops is the draft's own business, decided before the main sees anything, so the
 
 The draft's cache follows the answer lazily: the tokens it has not seen (those of the lookup's steps, the last
 accepted proposal, the steps it sat out) wait in a backlog and are fed in one inference the next time it proposes.
-Each drafter proposes only while it pays for itself in this answer (engines/payoff.py).
+Each drafter proposes only while it pays for itself in this answer (engines/payoff.py), and the draft, given the
+host's costs, no more tokens a step than this answer's acceptance pays for (engines/step_length.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from inference.engines.decoding import DecodingParams
 from inference.engines.kv_cache import KvSequence
 from inference.engines.ngram import PromptLookup
 from inference.engines.payoff import Payoff
+from inference.engines.step_length import StepLength
 from inference.limits import Drafter
 
 
@@ -47,6 +49,9 @@ class Drafting:
         self.params, self.rng, self.constraint = params, rng, constraint
         self.backlog: list[int] = []  # tokens the draft has not seen, before the last emitted one
         self.payoff = Payoff(judging=judged)  # judged: drafters sit out where they do not pay
+        # A K per answer where the plan gave the host's costs; a draft that stops where unsure shortens its own steps
+        self.step_length = (StepLength(params.step_costs)
+                            if judged and params.step_costs and params.draft_stop_below is None else None)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         self.draft.prefill(prompt_ids)
@@ -60,6 +65,8 @@ class Drafting:
             return looked_up
         if not self.payoff.proposes(Drafter.DRAFT):
             return Proposal([], Drafter.DRAFT, [], [])
+        if self.step_length is not None:
+            k = self.step_length.k(k)
         return self._drafted(k, [*self.backlog, last], threshold=self.params.draft_stop_below)
 
     def settle(self, *, last: int, proposal: Proposal, accepted: int, token: int, seconds: float,
@@ -71,6 +78,8 @@ class Drafting:
         # A step the draft held back its first token in cost a draft inference: the draft's step, not the main alone's
         self.payoff.record(proposal.drafter if tokens or proposal.held_back else None, tokens=accepted + 1,
                            seconds=seconds, verify_seconds=verify_seconds)
+        if self.step_length is not None and proposal.drafter == Drafter.DRAFT:
+            self.step_length.record(proposed=len(tokens), accepted=accepted)
         if self.lookup is not None:
             self.lookup.extend([*tokens[:accepted], token])
         seen = len(tokens) if proposal.held_back else len(tokens) - 1  # proposals the draft was fed, after `last`

@@ -47,7 +47,18 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
                            "draft_stop_below"),  # the lone answer's K, measured with the draft stopping where unsure
                        library_alone={int(streams): bool(faster)
                                       for streams, faster in results.get("library_alone", {}).items()},
-                       draft_alternative=results.get("draft") == "alternative")
+                       draft_alternative=results.get("draft") == "alternative", step_costs=step_costs(results))
+
+
+def step_costs(results: dict) -> tuple[float, ...]:
+    """A draft token (in the weight format the own engine loads) and the verify of 2, 3, ... tokens, each as a share
+    of one main token, as the calibration timed them; () where it timed no draft token (calibrated before it did)."""
+    drafted = results.get("draft_ms", {}).get(results.get("draft", "draft"))
+    verify = results.get("verify_cost", {})
+    if not drafted or not results.get("verify_ms") or "2" not in verify:
+        return ()
+    return (round(drafted / results["verify_ms"], 3),
+            *(verify[str(n)] for n in range(2, len(verify) + 1) if str(n) in verify))
 
 
 def summary(calibration: HostCalibration) -> dict:
@@ -77,7 +88,7 @@ def summary(calibration: HostCalibration) -> dict:
     else:
         verdict = f"The main alone is fastest in {fastest['label']} ({fastest['tokens_per_s']:.1f} tok/s)" + (
             "; speculation was not measured in time, the pair's own K serves." if results.get("own_config") else ".")
-    if timed := results.get("draft_ms"):
+    if (timed := results.get("draft_ms")) and "alternative" in timed:
         verdict += (f" A draft token took {timed['draft']:.1f} ms as registered, {timed['alternative']:.1f} ms in its "
                     "other weight format: the own engine loads " + (
                         "the other format." if results.get("draft") == "alternative" else "it as registered."))

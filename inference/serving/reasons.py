@@ -45,6 +45,7 @@ class Reason(StrEnum):
     CALIBRATED_MAIN_ALONE_FASTER = "calibrated-main-alone-faster"
     FASTEST_CONFIG = "fastest-config"
     NOT_CALIBRATED = "not-calibrated"
+    K_PER_ANSWER = "k-per-answer"
 
 
 # Also the API's refusal of top_logprobs on a pair that cannot give them (api/parsing.py).
@@ -92,6 +93,8 @@ SENTENCES: dict[Reason, str] = {
     Reason.CALIBRATED_MAIN_ALONE_FASTER: "on this host no K beat the main alone for a lone answer (calibrated)",
     Reason.FASTEST_CONFIG: "the main alone in its fastest configuration on this host ({config})",
     Reason.NOT_CALIBRATED: "the pair is not calibrated on this host yet: safe defaults meanwhile",
+    Reason.K_PER_ANSWER: "the draft proposes fewer tokens a step where this answer's acceptance pays for fewer, at "
+                         "this host's costs (calibrated)",
 }
 
 

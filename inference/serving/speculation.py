@@ -78,6 +78,7 @@ class HostFigures:
     draft_stop_below: float | None = None  # the best K was measured with the draft stopping where unsure
     library_alone: dict[int, bool] = field(default_factory=dict)  # {streams: the library's main alone is faster}
     draft_alternative: bool = False  # the own engine loads the pair's draft in its other weight format: cheaper here
+    step_costs: tuple[float, ...] = ()  # a draft token, then the verify of 2, 3, ... tokens, as shares of a main token
 
     @property
     def calibrated(self) -> bool:
@@ -109,6 +110,7 @@ class Plan:
     k: int | None = None
     threshold: float | None = None
     draft_stop_below: float | None = None  # the own engine's draft holds back a token it is this unsure of
+    step_costs: tuple[float, ...] = ()  # the own engine's draft proposes up to K, what the answer's acceptance pays for
     why: tuple[Why, ...] = ()
     measured_here: bool = False  # this worker's recent figures show this path clearly faster at the load
 
@@ -226,6 +228,9 @@ def _on_the_host(*, asked: Asked, planned: Plan, calibration: HostFigures, lone:
     a `lone` answer (within the pair's own streams) only when it was faster at one stream too."""
     if not calibration.calibrated:
         return planned.because(Why(Reason.NOT_CALIBRATED))
+    if (planned.route == Route.OWN_SPECULATIVE and asked.k is None and planned.draft_stop_below is None
+            and calibration.step_costs):
+        planned = replace(planned, step_costs=calibration.step_costs).because(Why(Reason.K_PER_ANSWER))
     on_library = calibration.lone_alone_on_library if lone else calibration.alone_on_library
     if planned.route == Route.OWN_MAIN_ALONE and not asked.alternatives and on_library:
         own_whys = {Reason.OWN_ENGINE, Reason.OWN_BATCH}

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
+from inference.benchmark import stack
 from inference.benchmark.inprocess import PLAIN, Sample, Variant
 from inference.benchmark.prompts import Prompt
-from inference.benchmark import stack
 from inference.benchmark.stack import concurrency_sweep, served_path
 
 

@@ -24,6 +24,8 @@ SPECULATES = HostFigures(host=HOST, main_alone_config="defaults", own_config="f3
 LONG_STEPS = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 8},
                          draft_stop_below=0.5)
 LOSES = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 0})
+# the host's costs timed too (a draft token, the verify of 2, 3, ... tokens): the draft's K follows each answer
+COSTED = replace(SPECULATES, best_k={1: 4}, step_costs=(0.3, 0.93, 0.94, 1.01, 1.06))
 NOT_YET = HostFigures(host=HOST)
 # where the library's pipeline runs the main alone faster (bf16 here) than the own engine's batch, at 4+ streams
 LIBRARY_UNDER_LOAD = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 3},
@@ -46,6 +48,16 @@ TABLE = [
      (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(), Load(streams=1), LONG_STEPS, None, OWN_K, 8, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(k=3), Load(streams=1), LONG_STEPS, None, OWN_K, 3, (R.K_ASKED, R.OWN_ENGINE)),  # a K named: no stop
+    # where the host's costs were timed, the draft proposes up to K what each answer's acceptance pays for; not at a
+    # K the request named, nor where the draft stops by its own confidence, nor on the main alone
+    (OWN, Asked(), Load(streams=1), COSTED, None, OWN_K, 4, (R.CALIBRATED_BEST_K, R.OWN_ENGINE, R.K_PER_ANSWER)),
+    (OWN, Asked(sampled=True), Load(streams=1), COSTED, None, OWN_K, 3,
+     (R.PROFILE_BEST_K, R.OWN_ENGINE, R.K_PER_ANSWER)),
+    (OWN, Asked(k=3), Load(streams=1), COSTED, None, OWN_K, 3, (R.K_ASKED, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=1), replace(LONG_STEPS, step_costs=COSTED.step_costs), None, OWN_K, 8,
+     (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=3), COSTED, None, OWN_ALONE, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+    (PROFILED, Asked(), Load(streams=1), COSTED, None, LIB, 4, (R.PROFILE_BEST_K,)),
     # beyond the load it measured, the profile decides as before; the main alone still runs in the fastest config
     (OWN, Asked(), Load(streams=2), SPECULATES, None, OWN_K, 4, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=3), SPECULATES, None, OWN_ALONE, None,
@@ -105,6 +117,17 @@ def test_a_calibrated_host_plans_from_what_it_measured(fields, asked, load, cali
     stops = R.CALIBRATED_BEST_K_STOPPED in codes  # the draft stops where unsure only at the K measured so
     assert planned.draft_stop_below == (calibration.draft_stop_below if stops else None)
     assert planned_decoding(DecodingParams(max_new_tokens=8), planned).draft_stop_below == planned.draft_stop_below
+    costed = R.K_PER_ANSWER in codes
+    assert planned_decoding(DecodingParams(max_new_tokens=8), planned).step_costs == (
+        calibration.step_costs if costed else ())
+
+
+def test_the_costs_a_k_per_answer_weighs_are_the_calibrations_timings_as_shares_of_a_main_token():
+    results = {"verify_ms": 40.0, "verify_cost": {"1": 1.0, "2": 0.93, "3": 0.94, "4": 1.01},
+               "draft_ms": {"draft": 16.0, "alternative": 12.0}, "draft": "alternative"}
+    assert calibrated.step_costs(results) == (0.3, 0.93, 0.94, 1.01)  # the format the own engine loads: 12 ms
+    assert calibrated.step_costs({**results, "draft": "draft"})[0] == 0.4
+    assert calibrated.step_costs({k: v for k, v in results.items() if k != "draft_ms"}) == ()  # calibrated before
 
 
 @pytest.mark.parametrize(("asked", "load", "calibration", "moves"), [
