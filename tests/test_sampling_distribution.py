@@ -122,6 +122,22 @@ def test_samples_with_the_draft_stopping_where_unsure_follow_the_main_alone(main
     assert 0 in drafted and 1 in drafted, drafted  # one token of room a step here: held back, or proposed
 
 
+@pytest.mark.no_database
+def test_samples_with_a_k_per_answer_follow_the_main_alone(main_alone, exact):
+    """A K per answer (engines/step_length.py) follows what the answer's earlier steps accepted, which depends on the
+    tokens drawn: decided before each step, it keeps the rule exact. At these costs the prior asks K=1, a kept
+    proposal K=2, a refused one K=1 again."""
+    sampling = {"temperature": 1.0}
+    steps: list[tuple[Drafter, int, int]] = []
+    reference = samples(sampler(main_alone, new_tokens=6, **sampling), range(N), threads=16)
+    tested = samples(sampler(exact, new_tokens=6, steps=steps, num_assistant_tokens=4,
+                             step_costs=(0.25, 0.95, 1.05, 1.2, 1.4), **sampling), range(80_000, 80_000 + N))
+    report = compare(tested, reference, positions=6)
+    assert not differs(report), report
+    drafted = {proposed for drafter, proposed, _ in steps if drafter == Drafter.DRAFT}
+    assert drafted == {1, 2}, drafted
+
+
 @pytest.mark.parametrize("sampling", [SETTINGS[1], SETTINGS[2]])
 @pytest.mark.no_database
 def test_samples_with_the_draft_head_cut_follow_the_main_alone(main_alone, exact_cut_head, sampling):
