@@ -50,14 +50,21 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     assert page.locator("#conversations a").first.inner_text().startswith("def quicksort")
     page.click("text=+ New chat")  # a fresh conversation: the history would change the answer
     page.wait_for_selector("body[data-connected='1']")
-    page.fill("#prompt", "class Stack:\n    def __init__(self):")  # runs to the token limit
     page.fill("#max-tokens", "500")
     page.click(".options summary")
     page.uncheck("#speculative")  # the main alone: slower, so there is time to press Stop
-    page.press("#prompt", "Control+Enter")  # sends; Enter alone is a new line of code
-    second = page.locator("article.message.assistant").first
-    second.locator(".meta").filter(has_text="writing").wait_for()
-    page.locator("#stop").click()
+    # The demo main's nonsense may end early in one of the host's computations of it (near-ties): up to three
+    # prompts, until one is still being written when Stop is pressed.
+    for attempt, prompt in enumerate(("class Stack:\n    def __init__(self):", "import os\n\ndef walk(root):",
+                                      "def parse(line):")):
+        page.fill("#prompt", prompt)
+        page.press("#prompt", "Control+Enter")  # sends; Enter alone is a new line of code
+        second = page.locator("article.message.assistant").nth(attempt)
+        second.locator(".meta").filter(has_text="writing").wait_for()
+        if page.locator("#stop").is_visible():
+            page.locator("#stop").click()
+            break
+        page.wait_for_function("() => !document.querySelector('article.assistant.streaming')")
     second.locator(".meta").filter(has_text="stopped").wait_for()
     assert "draft off, as asked" in second.locator(".meta").inner_text()
     assert "speculation: off (speculative: false was asked" in second.locator(".meta").get_attribute("title")
