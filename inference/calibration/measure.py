@@ -176,8 +176,8 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
             # A draft token's cost: which weight format the own engine loads, and what a K per answer weighs
             results["draft_ms"] = draft_token_ms(replace(spec, **CONFIGS[own].fields))
             if results["draft_ms"].get("alternative", float("inf")) < results["draft_ms"]["draft"]:
-                    spec = replace(spec, draft_dir=spec.draft_alternative_dir)
-                    results["draft"] = "alternative"
+                spec = replace(spec, draft_dir=spec.draft_alternative_dir)
+                results["draft"] = "alternative"
             results |= _own_engine(spec, own, fastest=engines[ranked[0]], prompts=prompts, budget=budget,
                                    started=started, steps=steps)
     finally:
