@@ -4,7 +4,8 @@ then stops a long answer."""
 
 import pytest
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker"),
+              pytest.mark.database_agnostic]
 
 
 def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  # Django fixtures before the browser loop

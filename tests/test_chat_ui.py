@@ -13,7 +13,7 @@ from chatsite.chat.models import Conversation, Message
 from inference.models import Generation, ModelPair
 from tests.conftest import in_thread, log_in
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]
 SHOTS = Path("/tmp/shots")
 LONG_LINE = "".join(f"{i:04d}" for i in range(500))  # 2,000 characters, no space to break at
 CODE = "\n".join([f"def step_{i}(values):", f"    return [v * {i} for v in values if v > {i}]  # line {i}"][i % 2]

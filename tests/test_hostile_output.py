@@ -16,7 +16,7 @@ from inference.models import Generation
 from tests.conftest import log_in
 from tests.test_site_security import finished_generation, running_generation
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]
 
 RECORD_CSP_VIOLATIONS = """
 window.cspViolations = [];

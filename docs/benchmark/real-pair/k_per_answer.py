@@ -1,7 +1,8 @@
 """The script behind docs/speculation.md's "A K per answer": on the pair's own engine as a worker on this host serves a
-lone answer (its calibrated configuration, draft format and K), the main alone, the calibrated K at every step, and
-the same K lowered per answer from its own acceptance at the host's calibrated costs (engines/step_length.py),
-answers interleaved prompt by prompt, the order turned each prompt and round. Needs the pair calibrated here.
+lone answer (its calibrated configuration, draft format and K), the main alone, the calibrated K at every step (the
+draft stopping where unsure if the calibration measured that K so, as a worker then serves it), and the same K
+lowered per answer from its own acceptance at the host's calibrated costs (engines/step_length.py), answers
+interleaved prompt by prompt, the order turned each prompt and round. Needs the pair calibrated here.
 
 Usage: DJANGO_SETTINGS_MODULE=chatsite.settings python k_per_answer.py PAIR PROMPTS_JSON TEMPERATURE [ROUNDS]"""
 import sys
@@ -34,17 +35,20 @@ engine = OwnEngine(replace(pair_spec(pair=pair, route=Route.OWN_SPECULATIVE, cal
 tokenizer = load_tokenizer(engine.spec.main_dir)
 prompts = [p.text for p in prompts_from_file(PROMPTS, render_chat=lambda messages: str(
     tokenizer.apply_chat_template(messages, add_generation_prompt=True)))]
-lines = [("main alone", 0, ()), (f"K={K} every step", K, ()), (f"K<={K} per answer", K, figures.step_costs)]
+STOP = figures.draft_stop_below  # the calibrated K was measured with the draft stopping where unsure
+stopping = f", stop below {STOP}" if STOP else ""
+lines = [("main alone", 0, (), None), (f"K={K} every step{stopping}", K, (), STOP),
+         (f"K<={K} per answer", K, figures.step_costs, None)]
 stats_of = {name: {"tokens": 0, "seconds": 0.0, "accepted": 0, "proposed": 0, "drafted": 0, "identical": 0}
-            for name, _, _ in lines}
-for _, k, costs in lines:
-    answer(engine, prompts[0], k=k, max_new_tokens=16, step_costs=costs)  # warm-up
+            for name, *_ in lines}
+for _, k, costs, stop in lines:
+    answer(engine, prompts[0], k=k, max_new_tokens=16, step_costs=costs, draft_stop_below=stop)  # warm-up
 for round_ in range(ROUNDS):
     for index, prompt in enumerate(prompts):
         answers = {}
-        for name, k, costs in (lines if (index + round_) % 2 == 0 else lines[::-1]):
+        for name, k, costs, stop in (lines if (index + round_) % 2 == 0 else lines[::-1]):
             tokens, seconds, stats = answer(engine, prompt, k=k, max_new_tokens=TOKENS, temperature=TEMPERATURE,
-                                            seed=index, step_costs=costs)
+                                            seed=index, step_costs=costs, draft_stop_below=stop)
             line = stats_of[name]
             line["tokens"] += len(tokens)
             line["seconds"] += seconds
