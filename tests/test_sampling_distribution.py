@@ -190,6 +190,7 @@ def test_the_librarys_own_sampling_with_a_draft_is_still_inexact(main_alone):
 
 
 @pytest.mark.usefixtures("celery_worker")
+@pytest.mark.database_agnostic  # about the samples: the PostgreSQL pass of `make test` leaves it out
 def test_sampled_answers_through_the_api_follow_the_main_alone(live_server_url, demo_pair, api_key, main_alone):
     """The path a user takes: sampled completions with speculation on (the worker's own engine)
     against the main alone in-process; texts of 3 new tokens, whole and by their first part."""
