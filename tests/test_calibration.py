@@ -38,7 +38,8 @@ def pair_on_a_calibrating_worker(demo_pair, stack_env, redis_client, tmp_path):
                                     num_assistant_tokens=3, own_engine_streams=1)
     pair.elsewhere = HostCalibration.objects.create(pair=pair, host="another host", host_facts={"cpu": "Elsewhere"},
                                                     status=JobStatus.FINISHED, results=ELSEWHERE)
-    worker = Worker({**stack_env, "SPECCHAT_CALIBRATE_ON_LOAD": "1"}, pair.queue, tmp_path / "worker.log")
+    worker = Worker({**stack_env, "SPECCHAT_CALIBRATE_ON_LOAD": "1", "SPECCHAT_CALIBRATION_BATCH_KS": "2"}, pair.queue,
+                    tmp_path / "worker.log")
     try:
         worker.name = worker.wait_ready(redis_client)
         yield pair, worker
@@ -61,6 +62,10 @@ def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calib
     assert results["draft_ms"]["draft"] < results["draft_ms"]["alternative"] and "draft" not in results
     for line in (results["fastest_again"], results["own_main_alone"]):  # the verdict under load weighs both
         assert line["first_token_ms"] > 0 and line["first_token_ms_streams"] > 0
+    in_batch = results["batch_ks"]["2"]  # asked for: four answers at once speculating in the own engine's batch
+    assert in_batch["answers"] and in_batch["answers"] % 4 == 0 and in_batch["acceptance"] > 0
+    assert results["batch_k"] == (2 if in_batch["identical"] == in_batch["answers"] and in_batch["tokens_per_s"] > max(
+        results["own_main_alone"]["tokens_per_s_streams"], results["fastest_again"]["tokens_per_s_streams"]) else 0)
 
     page = admin_client.get(f"/admin/inference/modelpair/{pair.id}/change/").content.decode()
     assert calibration.host_facts["cpu"] in page and "Elsewhere" in page  # each host's own calibration

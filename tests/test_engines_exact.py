@@ -17,6 +17,7 @@ from django.conf import settings
 
 from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
+from inference.engines import batch
 from inference.engines.decoding import DecodingParams
 from inference.engines.drafting import Drafting
 from inference.engines.exact import OwnEngine
@@ -111,6 +112,62 @@ def test_rows_of_the_batch_compute_what_each_would_on_its_own_cache():
     while engine.batch.rows and time.monotonic() < deadline:
         time.sleep(0.05)  # the last row's leaving is the driver's to do
     assert not engine.batch.rows and engine.batch.mask.shape == (0, 0)
+
+
+@pytest.mark.no_database
+def test_rows_feeding_several_tokens_compute_what_each_would_on_its_own_cache(monkeypatch):
+    """Rows of a batch speculating (engines/batch.py): each step a row feeds one to four tokens (padded before them
+    where another feeds more), the main rejects some (masked), a row leaves, and the cache is packed once it holds a
+    few dead slots: every row's logits for its live tokens are those of its own cache holding those tokens alone."""
+    monkeypatch.setattr(batch, "COMPACT_SLOTS", 6)
+    engine = OwnEngine(replace(SPEC, dynamic_quantization=False))
+    rng = np.random.default_rng(2)
+    got: dict[int, list[tuple[list[int], np.ndarray]]] = {}  # each step's live tokens after it, and its logits
+    done: list[int] = []
+
+    def run(index: int, steps: int) -> None:
+        row, live = engine.batch.row(), list(prompt_ids[index])
+        got[index] = [(list(live), row.feed(live)[-1:].copy())]
+        for _ in range(steps):
+            fed = rng.integers(100, 1000, int(rng.integers(1, 5))).tolist()
+            logits = row.feed(fed)
+            kept = int(rng.integers(0, len(fed) + 1))
+            got[index] += [([*live, *fed[: n + 1]], logits[n:n + 1].copy()) for n in range(kept)]
+            row.drop_last(len(fed) - kept)
+            live += fed[:kept]
+        row.close()
+        done.append(index)
+
+    prompt_ids = [engine.tokenizer.encode(text).input_ids.data[0].tolist() for text in PROMPTS]
+    threads = [threading.Thread(target=run, args=args) for args in ((0, 12), (1, 4), (2, 12))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(done) == [0, 1, 2] and sum(map(len, got.values())) > 30
+    for index, rows in got.items():
+        for live, logits in rows:
+            alone = KvSequence(engine.main)
+            assert np.allclose(logits, alone.feed(live)[-1:], atol=1e-3), (index, len(live))
+
+
+@pytest.mark.no_database
+def test_answers_speculating_in_the_batch_are_the_main_alones(engine):
+    """Beyond the pair's speculating streams, with a K for the batch (DecodingParams.batch_k), three answers at once
+    speculate in it: one inference of the main a step for all (their K+1 tokens each), the draft's a batch too;
+    each answer is the main alone's, greedy, and both batches are empty after."""
+    busy = OwnEngine(replace(SPEC, slug="batched", speculating_streams=1))
+    params = DecodingParams(max_new_tokens=60, ignore_eos=True, num_assistant_tokens=3, batch_k=3)
+    requests_ = [busy.submit(prompt=prompt, params=params) for prompt in PROMPTS]
+    steps = [steps_of(request) for request in requests_]
+    assert max(len(step) for answer_steps in steps for step in answer_steps[3:]) > 1, "none speculated in the batch"
+    alone = replace(params, num_assistant_tokens=0)
+    for prompt, answer_steps in zip(PROMPTS, steps, strict=True):
+        assert flat(answer_steps) == flat(steps_of(engine.submit(prompt=prompt, params=alone))), prompt
+    deadline = time.monotonic() + 5
+    while (busy.batch.rows or busy.draft_batch.rows) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the last rows' leaving is the drivers' to do
+    assert not busy.batch.rows and not busy.draft_batch.rows
 
 
 @pytest.mark.no_database

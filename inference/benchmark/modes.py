@@ -57,7 +57,8 @@ class Line:
     identical: int = 0
     looping: int = 0
     answers: int = 0
-    speculating: int = 0  # >0: only that many answers of a round speculate, the rest run at K=0 (as a pair ships)
+    speculating: int = 0  # >0: only that many answers of a round speculate on their own, the rest in the batch
+    batch_k: int = 0  # with `speculating`: the rest speculate at K in the batch (0: at K=0, as a pair ships)
     lookup: bool = True  # on the own engine: the prompt lookup proposes before the draft
     ngram_steps: int = 0
     ngram_proposed: int = 0
@@ -66,13 +67,15 @@ class Line:
 
     @property
     def name(self) -> str:
+        if self.speculating and self.batch_k:
+            return f"{self.mode} K={self.k} in the batch beyond {self.speculating}"
         if self.speculating:
             return f"{self.mode} as shipped (K={self.k} for {self.speculating}, the rest the main alone)"
         return f"{self.mode} {'main alone' if not self.k else f'K={self.k}'}{'' if self.lookup else ' draft only'}"
 
     def k_of(self, index: int) -> int:
         """The K of a round's index-th answer."""
-        return self.k if not self.speculating or index < self.speculating else 0
+        return self.k if not self.speculating or self.batch_k or index < self.speculating else 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -91,13 +94,14 @@ def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_strea
 
 def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int, grammar: Grammar | None = None,
            temperature: float = 0.0, seed: int = 0, draft_stop_below: float | None = None,
-           step_costs: tuple[float, ...] = ()) -> tuple[list[int], float, SpeculationStats]:
+           step_costs: tuple[float, ...] = (), batch_k: int = 0) -> tuple[list[int], float, SpeculationStats]:
     """Token ids, seconds from submit to the end, and the steps' figures."""
     started = time.perf_counter()
     request = engine.submit(prompt=prompt, add_special_tokens=False,
                             params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k,
                                                   temperature=temperature, seed=seed,
                                                   draft_stop_below=draft_stop_below, step_costs=step_costs,
+                                                  batch_k=batch_k,
                                                   grammar_kind=grammar.kind if grammar else "",
                                                   grammar_text=grammar.text if grammar else ""))
     stats = SpeculationStats(num_assistant_tokens=k, speculative=bool(k), max_new_tokens=max_new_tokens)
@@ -112,18 +116,20 @@ def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int, grammar:
 
 def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], max_new_tokens: int,
                   repeats: int, modes: tuple[str, ...] = tuple(MODES), grammar: Grammar | None = None,
-                  streams: int = 1, own_engine_streams: int = 0, draft_only: bool = False, temperature: float = 0.0,
-                  say=print) -> list[Line]:
+                  streams: int = 1, own_engine_streams: int = 0, batch_ks: tuple[int, ...] = (),
+                  draft_only: bool = False, temperature: float = 0.0, say=print) -> list[Line]:
     """`grammar`: every answer held to it (structured output), with and without the draft. `streams`: that
     many prompts answered at once by each line (the library batches them; the own engine runs a thread for
     each, but its answers at K=0 share one batch), and tokens/s is their sum over the wall time. With more
     streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
     burst: that many speculate, the rest run on the main alone, batched (serving/speculation.py, Route.OWN_MAIN_ALONE),
-    and so do the speculating ones once the others have come (engines/exact.py). `draft_only`: each own K also
+    and so do the speculating ones once the others have come (engines/exact.py); `batch_ks`: lines where the
+    rest speculate in the batch at each of these Ks instead (DecodingParams.batch_k). `draft_only`: each own K also
     with the prompt lookup off. `temperature` > 0: sampled answers (seeded; identical then means little)."""
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
     if "own" in modes and 0 < own_engine_streams < streams:
         lines += [Line("own", k, speculating=own_engine_streams) for k in ks]
+        lines += [Line("own", k, speculating=own_engine_streams, batch_k=k) for k in batch_ks]
     if "own" in modes and draft_only:
         lines += [Line("own", k, lookup=False) for k in ks]
     specs = {line.name: mode_spec(spec, line.mode, speculative=bool(line.k), speculating_streams=line.speculating,
@@ -161,7 +167,7 @@ def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens
     with ThreadPoolExecutor(len(prompts)) as pool:
         answers = list(pool.map(lambda index: answer(engine, prompts[index], k=line.k_of(index),
                                                      max_new_tokens=max_new_tokens, grammar=grammar,
-                                                     temperature=temperature, seed=index),
+                                                     temperature=temperature, seed=index, batch_k=line.batch_k),
                                 range(len(prompts))))
     line.seconds += time.perf_counter() - started
     for tokens, _, stats in answers:
@@ -184,20 +190,22 @@ def mode_props(*, main_dir: str, mode: str) -> dict[str, str]:
 
 
 def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
-               sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256, repeats: int = 12) -> dict[int, float]:
+               sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256, repeats: int = 12,
+               rows: int = 1) -> dict[int, float]:
     """Median ms of one inference of n new tokens on a warm KV cache of `context` tokens (raw OpenVINO,
-    the stateful IR as the own engine steps it, compiled with `props`): the cost of verifying K = n - 1 draft tokens."""
+    the stateful IR as the own engine steps it, compiled with `props`): the cost of verifying K = n - 1 draft tokens,
+    for `rows` answers at once (a batch of that many rows, n tokens each)."""
     core = ov.Core()
     request = core.compile_model(read_stepped(core, main_dir), device, props).create_infer_request()
     rng = np.random.default_rng(0)
     costs: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats // 4):
         request.reset_state()
-        _infer_seconds(request, rng.integers(100, 20_000, size=(1, context)), 0, last_only=True)
+        _infer_seconds(request, rng.integers(100, 20_000, size=(rows, context)), 0, last_only=True)
         position = context
         for _ in range(4):  # sizes interleaved, so drift hits all alike
             for n in sizes:
-                costs[n].append(_infer_seconds(request, rng.integers(100, 20_000, size=(1, n)), position))
+                costs[n].append(_infer_seconds(request, rng.integers(100, 20_000, size=(rows, n)), position))
                 position += n
     return {n: statistics.median(values) * 1000 for n, values in costs.items()}
 
@@ -228,12 +236,12 @@ def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 6
 
 
 def _infer_seconds(request: ov.InferRequest, ids: np.ndarray, start: int, *, last_only: bool = False) -> float:
-    """An inference of `ids` after `start` tokens, a row of logits for each (as the main verifies), or for the last
-    alone (as a prefill)."""
+    """An inference of `ids` [answers, n] after `start` tokens each, a row of logits for each token (as the main
+    verifies), or for the last alone (as a prefill)."""
     began = time.perf_counter()
-    n = ids.shape[1]
-    request.infer(step_inputs(ids, positions=np.arange(start, start + n)[None],
-                              attention_mask=np.ones((1, start + n), np.int64), rows=1 if last_only else n))
+    answers, n = ids.shape
+    request.infer(step_inputs(ids, positions=np.tile(np.arange(start, start + n), (answers, 1)),
+                              attention_mask=np.ones((answers, start + n), np.int64), rows=1 if last_only else n))
     return time.perf_counter() - began
 
 

@@ -6,13 +6,16 @@
    exact in (f32 with or without dynamic quantization), at K=0 and each K, beside the fastest main alone again:
    tokens/s, acceptance and identity; where the pair keeps its draft in two weight formats, first a draft token of
    each in that configuration, and the Ks with the cheaper (int4 kernels are the cheaper with AVX-512, int8 ones
-   with AVX2), which the own engine then loads on this host;
+   with AVX2), which the own engine then loads on this host; and at several at once, the answers speculating in its
+   batch at each of a few Ks (DecodingParams.batch_k) beside its batched main alone;
 3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay).
 
 Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift (these VMs move
 by 2x within minutes) falls on every line alike; the figures are the rounds' sums. From them: the K a lone
-answer gets (0: speculation does not pay on this host, the main alone serves). Prompts are the pair's own where it
-keeps them (CALIBRATION_PROMPTS), else the repository's held-out ones, through the pair's chat template."""
+answer gets (0: speculation does not pay on this host, the main alone serves), and the K answers beyond the pair's
+speculating streams get in the batch (0: the main alone's batch, where no K beat it and the library's main alone).
+Prompts are the pair's own where it keeps them (CALIBRATION_PROMPTS), else the repository's held-out ones, through
+the pair's chat template."""
 
 from __future__ import annotations
 
@@ -63,6 +66,7 @@ class Budget:
     streams: int = 4  # answered at once, for the main alone under load
     ks: tuple[int, ...] = (1, 2, 3, 4)
     stopped_ks: tuple[int, ...] = (6, 8)  # measured with the draft stopping where unsure (DRAFT_STOP_BELOW)
+    batch_ks: tuple[int, ...] = ()  # `streams` answers speculating in the own engine's batch (none: not measured)
     rounds: int = 2
     cost_sizes: tuple[int, ...] = tuple(range(1, 9))
     seconds: float = 240  # no round starts that would end past this (its length guessed from the last)
@@ -76,6 +80,7 @@ class Line:
     k: int = 0
     streams: int = 1
     draft_stop_below: float | None = None
+    batch_k: int = 0
     tokens: int = 0
     seconds: float = 0.0
     proposed: int = 0
@@ -104,7 +109,7 @@ class Line:
     def _answer(self, text: str, *, max_new_tokens: int) -> tuple[list[int], SpeculationStats, float]:
         submitted = time.perf_counter()
         ids, _, stats = answer(self.engine, text, k=self.k, max_new_tokens=max_new_tokens,
-                               draft_stop_below=self.draft_stop_below)
+                               draft_stop_below=self.draft_stop_below, batch_k=self.batch_k)
         return ids, stats, (stats.first_token_at or submitted) - submitted
 
     @property
@@ -153,7 +158,7 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
              for config in offered(capabilities)}
     steps = Steps(total=budget.rounds + (budget.rounds + 1 if spec.draft_dir else 0), report=progress)
     results: dict = {"budget": {**vars(budget), "ks": list(budget.ks), "stopped_ks": list(budget.stopped_ks),
-                                "cost_sizes": list(budget.cost_sizes)},
+                                "batch_ks": list(budget.batch_ks), "cost_sizes": list(budget.cost_sizes)},
                      "prompts": prompts[:budget.prompts], "rounds": {}}
     engines = {name: build_engine(each) for name, each in alone.items()}
     try:
@@ -184,6 +189,7 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
         for engine in engines.values():
             engine.close()
     results["best_k"] = {"1": best_k(results)} if results.get("ks") else {}  # none: out of time before any K
+    results["batch_k"] = best_batch_k(results)
     results["library_alone"] = library_alone(results)
     results["seconds"] = round(time.monotonic() - started, 1)
     progress(steps.total, steps.total, "done")
@@ -192,19 +198,22 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
 
 def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str], budget: Budget, started: float,
                 steps: Steps) -> dict:
-    """The own engine in configuration `name`: its main alone (K=0, and batched at several streams) and each K,
-    in rounds beside the fastest main alone measured again (so that the K is judged against it in one run)."""
+    """The own engine in configuration `name`: its main alone (K=0, and batched at several streams), each K and
+    each K in the batch at several streams, in rounds beside the fastest main alone measured again (so that the Ks
+    are judged against it in one run). One answer speculates on its own, as a pair's first stream does."""
     config = CONFIGS[name]
-    engine = build_engine(replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=0,
+    engine = build_engine(replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=1,
                                   prompt_cache_tokens=0, **config.fields))
     try:
         reference, alone = Line(fastest), Line(engine)
         reference_batched, batched = Line(fastest, streams=budget.streams), Line(engine, streams=budget.streams)
         ks = {k: Line(engine, k=k) for k in budget.ks} | {
             k: Line(engine, k=k, draft_stop_below=DRAFT_STOP_BELOW) for k in budget.stopped_ks}
-        steps.next(f"the own engine in {config.label}, K={', '.join(map(str, ks))}")
-        rounds = _rounds([reference, alone, reference_batched, batched, *ks.values()], prompts=prompts, budget=budget,
-                         started=started, steps=steps)
+        in_batch = {k: Line(engine, k=k, streams=budget.streams, batch_k=k) for k in budget.batch_ks}
+        batch = f"; {budget.streams} at once in its batch, K={', '.join(map(str, in_batch))}" if in_batch else ""
+        steps.next(f"the own engine in {config.label}, K={', '.join(map(str, ks))}{batch}")
+        rounds = _rounds([reference, alone, reference_batched, batched, *ks.values(), *in_batch.values()],
+                         prompts=prompts, budget=budget, started=started, steps=steps)
     finally:
         engine.close()
     steps.next(f"the main's cost of verifying 1-{budget.cost_sizes[-1]} tokens in {config.label}")
@@ -214,6 +223,7 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
             "fastest_again": reference.figures() | _at_once(reference_batched),
             "own_main_alone": alone.figures() | _at_once(batched),
             "ks": {str(k): line.figures(alone=alone) for k, line in ks.items()}, "rounds": {"own": rounds},
+            "batch_ks": {str(k): line.figures(alone=batched) for k, line in in_batch.items()},
             "verify_cost": {str(n): round(ms / costs[1], 3) for n, ms in costs.items()},
             "verify_ms": round(costs[1], 2)}
 
@@ -288,13 +298,27 @@ def best_k(results: dict) -> int:
     return k if k and drafted[k] > alone else 0
 
 
+def best_batch_k(results: dict) -> int:
+    """The K answers beyond the pair's speculating streams are fastest with in the own engine's batch, 0 where none
+    beat both the own engine's batched main alone and the fastest main alone at as many streams (the library's),
+    with every answer the batched main alone's."""
+    own, library = results.get("own_main_alone"), results.get("fastest_again")
+    if not own or not library:
+        return 0
+    alone = max(own["tokens_per_s_streams"], library["tokens_per_s_streams"])
+    drafted = {int(k): line["tokens_per_s"] for k, line in results.get("batch_ks", {}).items()
+               if line["identical"] == line["answers"] and line["tokens_per_s"] > alone}
+    return max(drafted, key=drafted.__getitem__, default=0)
+
+
 def _at_once(line: Line) -> dict:
     return {"tokens_per_s_streams": line.tokens_per_s, "first_token_ms_streams": line.first_token_ms}
 
 
 def library_alone(results: dict) -> dict[str, bool]:
     """{streams: whether the library's main alone, in the configuration it serves in, beat the own engine's: more
-    tokens a second by the margin, its first tokens no later (where both were timed)}."""
+    tokens a second by the margin, its first tokens no later (where both were timed)}. Not at several streams where
+    answers speculate in the own engine's batch: that K beat the library's main alone there."""
     own, fastest = results.get("own_main_alone"), results["configs"][results["fastest"]]
     if not own:
         return {}
@@ -305,7 +329,7 @@ def library_alone(results: dict) -> dict[str, bool]:
         return (again[f"tokens_per_s{suffix}"] > LIBRARY_MARGIN * own[f"tokens_per_s{suffix}"]
                 and (library_first is None or own_first is None or library_first <= own_first))
 
-    return {"1": beats(""), str(fastest["streams"]): beats("_streams")}
+    return {"1": beats(""), str(fastest["streams"]): beats("_streams") and not results.get("batch_k")}
 
 
 @dataclass

@@ -39,7 +39,7 @@ def execute_calibration(*, calibration_id: int, say: Callable[[str], object] | N
             HostCalibration.objects.filter(id=calibration_id).update(progress=f"{done}/{total}: {label}")
 
     budget = Budget(max_new_tokens=settings.CALIBRATION_TOKENS, ks=settings.CALIBRATION_KS,
-                    stopped_ks=settings.CALIBRATION_STOPPED_KS,
+                    stopped_ks=settings.CALIBRATION_STOPPED_KS, batch_ks=settings.CALIBRATION_BATCH_KS,
                     seconds=settings.CALIBRATION_SECONDS)
     try:
         with jobs.leased(model=HostCalibration, job_id=calibration_id):

@@ -1,18 +1,25 @@
-"""The main alone for many answers at once, on the own engine: one batched inference a step.
+"""Many answers at once on the own engine: one batched inference a step for all of them.
 
-The own engine runs each answer in its own thread on its own infer request, which suits speculation
-(each answer verifies its own K+1 tokens and cuts what the main rejected) but not load: four answers of
-the main alone then cost four inferences of one token a step where one of four tokens costs far less on a
-CPU (the weights are read once). So an answer of the main alone (K=0) takes a row of a shared batch: its
-thread calls `feed` as it would on its own cache, and one driver thread runs the rows that asked, together.
+The own engine runs each answer in its own thread on its own infer request, which suits one answer
+speculating (it verifies its own K+1 tokens and cuts what the main rejected) but not load: four answers
+then cost four inferences a step, where one inference of four rows costs far less on a CPU (the weights are
+read once). So beyond the pair's speculating streams an answer takes a row of a shared batch: its thread calls
+`feed` as it would on its own cache, and one driver thread runs the rows that asked, together. The main alone's
+answers feed one token a step; answers speculating in the batch (DecodingParams.batch_k, exact.py) feed their K+1 to
+verify to the main's batch and a token at a time to the draft's, a batch of its own.
 
 A row joins by a prefill of its own (on a second infer request), whose cache is then copied into the
-batch's, or with the cache it has (an answer that speculated on its own until more answers came: exact.py);
-rows shorter than the batch are padded with masked slots. A row leaving is cut out of the cache,
-and so are the slots no remaining row attends to. A row alone in the batch computes what it would on its
-own cache, bitwise (same inputs, same kernels); beside other rows its logits can differ in the last bits
-(the padded slots change the attention's summation order), as in any batched server: an answer of the main
-alone is the main's either way, but two answers to one prompt at different loads may part at a near-tie.
+batch's, or with the cache it has (an answer that speculated on its own until more answers came: exact.py).
+Rows feeding fewer tokens than others in a step are padded before their tokens with masked slots; tokens the
+main rejected are masked, not cut (the batch's cache is one array for every row); once the cache holds
+COMPACT_SLOTS more slots than its longest row's live ones, each row's live slots are packed to the front. A row
+leaving is cut out of the cache, and so are the slots no remaining row attends to. A row alone in the batch
+computes what it would on its own cache (same inputs, same kernels, but for the masked slots); beside other
+rows its logits can differ in the last bits (the padded slots change the attention's summation order), as in
+any batched server; but under the CPU's dynamic quantization (int8 activations) masked slots, padded or rejected,
+move the logits by up to 0.3 (docs/exactness.md): an answer is a computation of the main either way, but two answers
+to one prompt at different loads may part at a near-tie, and a row speculating here parts from the batched main
+alone's answer where one that cuts its rejections would not (docs/speculation.md#speculating-in-the-batch).
 """
 
 from __future__ import annotations
@@ -30,6 +37,12 @@ from inference.engines.stepped_model import step_inputs
 
 log = logging.getLogger(__name__)
 GATHER_S = 0.02  # how long a step waits for rows that have not asked yet (their threads emit the last step)
+# ... and, where rows speculate, for those still drafting (K draft inferences): the main's batch steps all its rows
+# at once only if it waits for them; stepping those that asked while the rest draft splits the rows into two groups
+# that stay out of step, each batch then inferring while the other does, on the same cores (the real pair, four
+# answers at K=1: half the main alone's batch so; docs/speculation.md#speculating-in-the-batch).
+DRAFTING_GATHER_S = 1.0
+COMPACT_SLOTS = 64  # dead or padded slots the cache holds beyond its longest row's live ones before it is packed
 
 
 class BatchRow:
@@ -38,11 +51,14 @@ class BatchRow:
     def __init__(self, batch: SharedBatch):
         self.batch = batch
         self.joined = False
+        self.drafting = False  # it speculates: between its main steps it drafts (exact.Decoding)
         self.position = 0  # the next token's position
         self.tokens: list[int] = []  # what it asked to feed, until the driver answers
         self.logits: np.ndarray | BaseException | None = None
         self.answered = threading.Event()
-        self.dead = 0  # a row never holds rejected tokens: the main alone rejects none
+        self.dead = 0  # the batch packs its cache itself: exact.Decoding never rebuilds a row's
+        self.slots: list[int] = []  # the cache's columns of its live tokens, in order (the driver's to change)
+        self.rejected = 0  # its last fed tokens the main rejected, masked at its next step by the driver
         self.failed: Exception | None = None  # the batch was reset under it (SharedBatch._reset)
         self.cache: dict[str, np.ndarray] | None = None  # joining with a cache of its own (adopt)
 
@@ -53,14 +69,18 @@ class BatchRow:
     def adopt(self, cache: dict[str, np.ndarray]) -> None:
         """Joining the batch with a cache of its own: each state [1, kv heads, slots, head size], every slot live."""
         self.cache = cache
-        self.feed([])
+        self._ask([])
 
     def feed(self, token_ids: list[int]) -> np.ndarray:
-        """The last fed token's logits (a row [1, vocabulary]): the prompt's when joining, then one a step."""
+        """Logits for each fed token (the last one's alone in a batch of `last_row_only`); the prompt's last
+        token's alone when joining."""
         if self.failed is not None:
             raise RuntimeError("the batched main failed") from self.failed
-        if self.joined and len(token_ids) != 1:
-            raise ValueError("a row of the batch feeds one token a step")
+        if self.joined and not token_ids:
+            raise ValueError("a row of the batch feeds a token at least")
+        return self._ask(token_ids)
+
+    def _ask(self, token_ids: list[int]) -> np.ndarray:
         self.answered.clear()
         self.batch.ask(self, token_ids)
         self.answered.wait()
@@ -71,11 +91,12 @@ class BatchRow:
         return result
 
     def drop_last(self, n: int) -> None:
-        if n:
-            raise ValueError("the main alone rejects no token")
+        """The last n fed tokens were rejected: masked by the driver before this row's next step."""
+        self.rejected += n
+        self.position -= n
 
     def rebuild(self, live_ids: list[int]) -> None:
-        raise ValueError("a row of the batch holds no dead slot")
+        raise ValueError("the batch packs its rows' live slots itself")
 
     def close(self) -> None:
         self.batch.leave(self)
@@ -84,8 +105,9 @@ class BatchRow:
 class SharedBatch:
     """The rows of one compiled main, stepped by one driver thread, started with the first row."""
 
-    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache):
+    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache, last_row_only: bool = False):
         self.prompts = prompts
+        self.last_row_only = last_row_only  # a draft's batch: each row proposes from its last token's logits
         self.step_request = compiled.create_infer_request()
         self.prefill_request = compiled.create_infer_request()
         self.rows: list[BatchRow] = []  # in the cache's batch order
@@ -121,7 +143,8 @@ class SharedBatch:
                 if not (self._asked or self._leaving or self.rows):
                     self._driver = None
                     return
-                deadline = time.monotonic() + GATHER_S
+                deadline = time.monotonic() + (DRAFTING_GATHER_S if any(row.drafting for row in self.rows)
+                                               else GATHER_S)
                 while (not self._leaving and self._asked and len(self._asked) < len(self.rows)
                        and all(row.joined for row in self._asked)):
                     if not self._changed.wait(timeout=max(deadline - time.monotonic(), 0)):
@@ -131,6 +154,8 @@ class SharedBatch:
             try:
                 for row in leaving:
                     self._remove(row)
+                self._mask_rejected([row for row in asked if row.joined])
+                self._pack_if_sparse()
             except Exception as exc:
                 log.exception("a row could not leave the batch")
                 self._reset(exc, waiting=asked)
@@ -193,22 +218,62 @@ class SharedBatch:
         mask[-1, :n] = 1
         self.mask = mask
         self.rows.append(row)
-        row.joined, row.position = True, n
+        row.joined, row.position, row.slots = True, n, list(range(n))
         return [logits]
 
     def _step(self, stepping: list[BatchRow]) -> list[np.ndarray]:
-        """One inference of one token for every row; a row that did not ask takes a masked slot."""
-        asked = set(map(id, stepping))
-        tokens = np.array([[row.tokens[0] if id(row) in asked else 0] for row in self.rows], dtype=np.int64)
-        column = np.array([[1 if id(row) in asked else 0] for row in self.rows], dtype=np.int64)
-        mask = np.concatenate([self.mask, column], axis=1)
-        positions = np.array([[row.position] for row in self.rows], dtype=np.int64)
-        self.step_request.infer(step_inputs(tokens, positions=positions, attention_mask=mask, rows=1))
+        """One inference for every row: each that asked feeds its tokens, after masked slots where others feed
+        more; a row that did not ask takes masked slots."""
+        n = max(len(row.tokens) for row in stepping)
+        width, asked = self.mask.shape[1], set(map(id, stepping))
+        tokens = np.zeros((len(self.rows), n), dtype=np.int64)
+        positions = np.zeros((len(self.rows), n), dtype=np.int64)
+        columns = np.zeros((len(self.rows), n), dtype=np.int64)
+        for index, row in enumerate(self.rows):
+            fed = len(row.tokens) if id(row) in asked else 0
+            positions[index] = row.position  # the padding's, masked
+            if fed:
+                tokens[index, n - fed:] = row.tokens
+                positions[index, n - fed:] = np.arange(row.position, row.position + fed)
+                columns[index, n - fed:] = 1
+        mask = np.concatenate([self.mask, columns], axis=1)
+        self.step_request.infer(step_inputs(tokens, positions=positions, attention_mask=mask,
+                                            rows=1 if self.last_row_only else n))
         logits = self.step_request.get_output_tensor(0).data
         self.mask = mask  # a failed inference appended no slot
+        answers = []
         for row in stepping:
-            row.position += 1
-        return [logits[self.rows.index(row)].copy() for row in stepping]
+            fed = len(row.tokens)
+            row.slots += range(width + n - fed, width + n)
+            row.position += fed
+            first = logits.shape[1] - (1 if self.last_row_only else fed)  # its rows among the last n positions'
+            answers.append(logits[self.rows.index(row), first:].copy())
+        return answers
+
+    def _mask_rejected(self, rows: list[BatchRow]) -> None:
+        """The slots of tokens the main rejected, masked from now on."""
+        for row in rows:
+            if row.rejected:
+                self.mask[self.rows.index(row), row.slots[-row.rejected:]] = 0
+                del row.slots[-row.rejected:]
+                row.rejected = 0
+
+    def _pack_if_sparse(self) -> None:
+        """Each row's live slots packed to the front of the cache, once it holds COMPACT_SLOTS more than its
+        longest row's (the rest: rejected tokens, padding)."""
+        live = self.mask.sum(axis=1)
+        if not self.rows or self.mask.shape[1] - int(live.max()) < COMPACT_SLOTS:
+            return
+        width = int(live.max())
+        for state in self.step_request.query_state():  # [batch, kv heads, slots, head size]
+            data = state.state.data
+            packed = np.zeros((*data.shape[:2], width, data.shape[3]), data.dtype)
+            for index, row in enumerate(self.rows):
+                packed[index, :, : len(row.slots)] = data[index][:, row.slots]
+            state.state = ov.Tensor(packed)
+        self.mask = (np.arange(width)[None, :] < live[:, None]).astype(np.int64)
+        for row in self.rows:
+            row.slots = list(range(len(row.slots)))
 
     def _remove(self, row: BatchRow) -> None:
         """Cut the row out of the cache, and the slots no row left attends to."""
@@ -224,6 +289,8 @@ class SharedBatch:
             data = np.delete(state.state.data, index, axis=0)
             state.state = ov.Tensor(np.ascontiguousarray(data[:, :, kept]))
         self.mask = mask[:, kept]
+        for other in self.rows:
+            other.slots = np.searchsorted(kept, other.slots).tolist()
 
 
 def _padded(cache: np.ndarray, width: int) -> np.ndarray:

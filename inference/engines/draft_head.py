@@ -21,6 +21,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
+from inference.engines.batch import BatchRow, SharedBatch
 from inference.engines.kv_cache import KvSequence
 from inference.engines.prefill import PrefillCache
 from inference.engines.stepped_model import UnsupportedHead, logits_matmul, read_stepped
@@ -111,3 +112,14 @@ class WidenedSequence(KvSequence):
 
     def feed(self, token_ids: list[int]) -> np.ndarray:
         return self.head.widen(super().feed(token_ids)[0])[None, :]
+
+
+class WidenedRow(BatchRow):
+    """A row of the draft's batch when its head is cut: as WidenedSequence, its rows widened."""
+
+    def __init__(self, batch: SharedBatch, head: DraftHead):
+        super().__init__(batch)
+        self.head = head
+
+    def feed(self, token_ids: list[int]) -> np.ndarray:
+        return self.head.widen(super().feed(token_ids)[-1])[None, :]

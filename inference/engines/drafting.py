@@ -21,9 +21,10 @@ from typing import NamedTuple
 import numpy as np
 
 from inference.engines.acceptance import draw, probabilities
+from inference.engines.batch import BatchRow
 from inference.engines.constraint import TokenConstraint, masked
 from inference.engines.decoding import DecodingParams
-from inference.engines.kv_cache import KvSequence
+from inference.engines.kv_cache import KvCache, KvSequence
 from inference.engines.ngram import PromptLookup
 from inference.engines.payoff import Payoff
 from inference.engines.step_length import StepLength
@@ -45,7 +46,9 @@ class Drafting:
 
     def __init__(self, draft: KvSequence, *, lookup: PromptLookup | None, params: DecodingParams,
                  rng: np.random.Generator, constraint: TokenConstraint | None, judged: bool = True):
-        self.draft, self.lookup = draft, lookup
+        self.draft: KvCache = draft
+        self.lookup = lookup
+        self.stop_below = params.draft_stop_below
         self.params, self.rng, self.constraint = params, rng, constraint
         self.backlog: list[int] = []  # tokens the draft has not seen, before the last emitted one
         self.payoff = Payoff(judging=judged)  # judged: drafters sit out where they do not pay
@@ -67,7 +70,7 @@ class Drafting:
             return Proposal([], Drafter.DRAFT, [], [])
         if self.step_length is not None:
             k = self.step_length.k(k)
-        return self._drafted(k, [*self.backlog, last], threshold=self.params.draft_stop_below)
+        return self._drafted(k, [*self.backlog, last], threshold=self.stop_below)
 
     def settle(self, *, last: int, proposal: Proposal, accepted: int, token: int, seconds: float,
                verify_seconds: float) -> None:
@@ -97,7 +100,17 @@ class Drafting:
 
     def stop(self) -> None:
         """The answer goes on without speculating (the main alone's batch): the draft is not fed again."""
-        self.draft.request.reset_state()
+        self.draft.close()
+
+    def into_batch(self, row: BatchRow) -> None:
+        """The answer speculates in the batch from now on (exact.py): its draft a row of the draft's batch, the
+        cache it had copied in, proposing K tokens every step, so that the rows ask each batch together (a lookup's
+        step, a stop or a drafter sitting out would send one row to the main while the others draft)."""
+        assert isinstance(self.draft, KvSequence)
+        row.adopt(self.draft.live_cache())
+        self.draft.close()
+        self.draft, self.lookup, self.step_length, self.stop_below = row, None, None, None
+        self.payoff = Payoff(judging=False)
 
     def _looked_up(self, room: int) -> Proposal:
         """The lookup's proposals, cut before the first token the grammar refuses (its state follows them)."""

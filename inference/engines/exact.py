@@ -28,10 +28,10 @@ import numpy as np
 import openvino as ov
 
 from inference.engines.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
-from inference.engines.batch import SharedBatch
+from inference.engines.batch import BatchRow, SharedBatch
 from inference.engines.constraint import TokenConstraint, load_vocabulary, masked
 from inference.engines.decoding import DecodingParams
-from inference.engines.draft_head import WidenedSequence, compile_draft
+from inference.engines.draft_head import WidenedRow, WidenedSequence, compile_draft
 from inference.engines.drafting import Drafting, Proposal
 from inference.engines.interface import ActiveRequest, Finished, StepTokens
 from inference.engines.kv_cache import KvCache, KvSequence
@@ -105,6 +105,7 @@ class OwnEngine:
         self.main_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.draft_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
         self.batch = SharedBatch(self.main, prompts=self.main_prompts)
+        self.draft_batch = SharedBatch(self.draft, prompts=self.draft_prompts, last_row_only=True)
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
         self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
@@ -137,6 +138,12 @@ class OwnEngine:
         if self.draft_head is None:
             return KvSequence(self.draft, prompts=self.draft_prompts, last_row_only=True)
         return WidenedSequence(self.draft, self.draft_head, prompts=self.draft_prompts)
+
+    def draft_row(self) -> BatchRow:
+        """A request's row of the draft's batch, its rows widened as draft_sequence's."""
+        if self.draft_head is None:
+            return self.draft_batch.row()
+        return WidenedRow(self.draft_batch, self.draft_head)
 
     def grammar_vocabulary(self) -> llg.LLTokenizer:
         """The main's vocabulary as llguidance reads it, built once (a second or so on 152k tokens)."""
@@ -200,6 +207,8 @@ class Decoding:
             return self._decode()
         finally:
             self.main.close()
+            if self.drafting:
+                self.drafting.draft.close()
 
     def _decode(self) -> Finished:
         logits = self.main.prefill(self.prompt_ids)[-1]
@@ -221,16 +230,23 @@ class Decoding:
 
     def _join_batch_if_busy(self) -> None:
         """Beyond the pair's speculating streams, an answer speculating on its own cache moves, cache and all,
-        to the main alone's batch: an answer speculating beside the batch (or beside another) costs an inference
-        a step of its own, where the batch's row costs next to nothing (docs/benchmark.md#real-pair). It stays there."""
+        to the batch: an answer speculating beside the batch (or beside another) costs an inference a step of its
+        own, where the batch's row costs next to nothing (docs/benchmark.md#real-pair). There it speculates on at
+        its K for the batch (`DecodingParams.batch_k`), its draft a row of the draft's batch, or goes on as the
+        main alone (0). It stays there."""
         limit = self.engine.spec.speculating_streams
         if not (isinstance(self.main, KvSequence) and limit and self.engine.active_count > limit):
             return  # already a row of the batch (every answer at K=0 is), or no limit
         row = self.engine.batch.row()
         row.adopt(self.main.live_cache())
-        if self.drafting:
+        self.main.close()
+        self.main, self.k = row, min(self.k, self.params.batch_k)
+        if self.drafting and self.k:
+            self.drafting.into_batch(self.engine.draft_row())
+            row.drafting = True
+        elif self.drafting:
             self.drafting.stop()
-        self.main, self.k, self.drafting = row, 0, None
+            self.drafting = None
 
     def _allowed(self, logits: np.ndarray) -> np.ndarray:
         """The logits with the tokens the grammar refuses now at -inf; unchanged without a grammar."""

@@ -102,13 +102,14 @@ class KvSequence:
         return len(self.mask) - self.position
 
     def live_cache(self) -> dict[str, np.ndarray]:
-        """A copy of the cache, each state [1, kv heads, slots, head size]: the live slots of a cache that cuts."""
-        if not self.cut_rejected:
-            raise ValueError("a masked cache holds dead slots")
-        return {state.name: np.array(state.state.data) for state in self.request.query_state()}
+        """A copy of the cache's live slots, each state [1, kv heads, slots, head size] (a slot's keys hold its
+        position: the live ones keep theirs, in order)."""
+        live = np.flatnonzero(self.mask)
+        return {state.name: np.ascontiguousarray(state.state.data[:, :, live]) for state in self.request.query_state()}
 
     def close(self) -> None:
-        """Nothing to free beyond the infer request, which goes with this object (a batch row leaves its batch)."""
+        """The cache given back now, not when the answer's objects go (a batch row leaves its batch)."""
+        self.request.reset_state()
 
     def rebuild(self, live_ids: list[int]) -> None:
         """Drop the dead slots: a fresh cache holding the live tokens only."""

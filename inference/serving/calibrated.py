@@ -47,7 +47,8 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
                            "draft_stop_below"),  # the lone answer's K, measured with the draft stopping where unsure
                        library_alone={int(streams): bool(faster)
                                       for streams, faster in results.get("library_alone", {}).items()},
-                       draft_alternative=results.get("draft") == "alternative", step_costs=step_costs(results))
+                       draft_alternative=results.get("draft") == "alternative", step_costs=step_costs(results),
+                       batch_k=int(results.get("batch_k", 0)))
 
 
 def step_costs(results: dict) -> tuple[float, ...]:
@@ -88,6 +89,7 @@ def summary(calibration: HostCalibration) -> dict:
     else:
         verdict = f"The main alone is fastest in {fastest['label']} ({fastest['tokens_per_s']:.1f} tok/s)" + (
             "; speculation was not measured in time, the pair's own K serves." if results.get("own_config") else ".")
+    verdict += _under_load(results)
     if (timed := results.get("draft_ms")) and "alternative" in timed:
         verdict += (f" A draft token took {timed['draft']:.1f} ms as registered, {timed['alternative']:.1f} ms in its "
                     "other weight format: the own engine loads " + (
@@ -97,7 +99,21 @@ def summary(calibration: HostCalibration) -> dict:
                               line["tokens_per_s_streams"]} for name, line in configs.items()},
         "fastest_config": results["fastest"], "own_engine_config": results.get("own_config") or None,
         "best_k": k, "draft_stop_below": stop, "speculation_tokens_per_s": speculating,
+        "batch_k": results.get("batch_k", 0),
         "speedup": round(speculating / fastest["tokens_per_s"], 2) if speculating else None,
         "verify_cost": results.get("verify_cost"), "draft_token_ms": results.get("draft_ms"),
         "draft": results.get("draft", "draft") if results.get("draft_ms") else None,
         "seconds": results.get("seconds"), "verdict": verdict}
+
+
+def _under_load(results: dict) -> str:
+    """What the verdict says of answers beyond the pair's speculating streams, where the batch's Ks were measured."""
+    if not results.get("batch_ks"):
+        return ""
+    streams = results["configs"][results["fastest"]]["streams"]
+    alone = max(results["own_main_alone"]["tokens_per_s_streams"], results["fastest_again"]["tokens_per_s_streams"])
+    if not (k := results.get("batch_k")):
+        return f" Under load ({streams} at once) no K in the own engine's batch beat the main alone: it serves there."
+    rate = results["batch_ks"][str(k)]["tokens_per_s"]
+    return (f" Under load answers speculate at K={k} in the own engine's batch: {rate:.1f} tok/s at {streams} at "
+            f"once, {rate / alone:.2f}x the fastest main alone there.")

@@ -37,6 +37,7 @@ class Reason(StrEnum):
     OWN_CONSTRAINED = "own-constrained"
     OWN_ENGINE = "own-engine"
     OWN_BATCH = "own-batch"
+    OWN_BATCH_SPECULATING = "own-batch-speculating"
     ALTERNATIVES = "alternatives"
     HANDED_OVER = "handed-over"
     FAST_MODE = "fast-mode"
@@ -83,6 +84,8 @@ SENTENCES: dict[Reason, str] = {
     Reason.OWN_ENGINE: "on SpecChat's own engine (few enough of the pair's answers here)",
     Reason.OWN_BATCH: "the main alone, batched on SpecChat's own engine (more of the pair's answers here than it "
                       "speculates for)",
+    Reason.OWN_BATCH_SPECULATING: "speculating at K={k} in one batch with the pair's other answers on SpecChat's "
+                                  "own engine (on this host faster than the main alone under load: calibrated)",
     Reason.ALTERNATIVES: ALTERNATIVES,
     Reason.HANDED_OVER: "handed over to {to} from token {token}, {load} running here ({then})",
     # The device's default precision quantizes activations differently for one token and for K+1 verified at once.

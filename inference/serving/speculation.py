@@ -79,6 +79,7 @@ class HostFigures:
     library_alone: dict[int, bool] = field(default_factory=dict)  # {streams: the library's main alone is faster}
     draft_alternative: bool = False  # the own engine loads the pair's draft in its other weight format: cheaper here
     step_costs: tuple[float, ...] = ()  # a draft token, then the verify of 2, 3, ... tokens, as shares of a main token
+    batch_k: int = 0  # beyond the pair's speculating streams, answers speculate at this K in the own engine's batch
 
     @property
     def calibrated(self) -> bool:
@@ -111,6 +112,7 @@ class Plan:
     threshold: float | None = None
     draft_stop_below: float | None = None  # the own engine's draft holds back a token it is this unsure of
     step_costs: tuple[float, ...] = ()  # the own engine's draft proposes up to K, what the answer's acceptance pays for
+    batch_k: int = 0  # the K it speculates at once it runs in the own engine's batch (0: the main alone there)
     why: tuple[Why, ...] = ()
     measured_here: bool = False  # this worker's recent figures show this path clearly faster at the load
 
@@ -223,12 +225,15 @@ def plan(*, pair: ModelPair, asked: Asked, load: Load, live: LiveFigures | None 
 
 
 def _on_the_host(*, asked: Asked, planned: Plan, calibration: HostFigures, lone: bool) -> Plan:
-    """The main alone where the host measured it fastest: on the library's pipeline rather than the own engine's
+    """Speculation in the own engine's batch where the host measured it faster than any main alone under load;
+    the main alone where the host measured it fastest: on the library's pipeline rather than the own engine's
     batch when that was faster there under load (a second copy of the main's weights, freed when idle), and for
     a `lone` answer (within the pair's own streams) only when it was faster at one stream too."""
     if not calibration.calibrated:
         return planned.because(Why(Reason.NOT_CALIBRATED))
-    if (planned.route == Route.OWN_SPECULATIVE and asked.k is None and planned.draft_stop_below is None
+    if calibration.batch_k and planned.route.is_own_engine():
+        planned = _in_the_batch(asked=asked, planned=planned, k=calibration.batch_k)
+    if (lone and planned.route == Route.OWN_SPECULATIVE and asked.k is None and planned.draft_stop_below is None
             and calibration.step_costs):
         planned = replace(planned, step_costs=calibration.step_costs).because(Why(Reason.K_PER_ANSWER))
     on_library = calibration.lone_alone_on_library if lone else calibration.alone_on_library
@@ -240,6 +245,17 @@ def _on_the_host(*, asked: Asked, planned: Plan, calibration: HostFigures, lone:
         return planned
     config = calibration.own_config if planned.route.is_own_engine() else calibration.main_alone_config
     return planned.because(Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[config].label}))
+
+
+def _in_the_batch(*, asked: Asked, planned: Plan, k: int) -> Plan:
+    """An answer of the own engine speculating at the host's K for its batch once it runs there (engines/batch.py):
+    from the start where it joins the batch (beyond the pair's speculating streams, where it was planned to run
+    there as the main alone), else once more answers come. Not where it asked for the main alone."""
+    if planned.route == Route.OWN_MAIN_ALONE and asked.speculative and Reason.OWN_BATCH in planned.reasons:
+        why = tuple(why for why in planned.why if why.code != Reason.OWN_BATCH)
+        return Plan(route=Route.OWN_SPECULATIVE, sampled=planned.sampled, k=k, batch_k=k,
+                    why=(*why, Why(Reason.OWN_BATCH_SPECULATING, {"k": k})))
+    return replace(planned, batch_k=k) if planned.route == Route.OWN_SPECULATIVE else planned
 
 
 def on_the_library(*, pair: ModelPair, asked: Asked, load: int, live: LiveFigures | None,

@@ -28,9 +28,13 @@ class Command(BaseCommand):
         shown = summary(calibration)
         rows = [f"| {name} | {line['tokens_per_s']:.1f} | {rate:.1f} |" for name, line in shown["main_alone"].items()
                 for rate in [v for key, v in line.items() if key != "tokens_per_s"]]
-        ks = [f"| K={k} | {line['tokens_per_s']:.1f} | {line['acceptance']} | {line['identical']}/{line['answers']} |"
-              for k, line in calibration.results.get("ks", {}).items()]
         results = calibration.results
+        streams = results["configs"][results["fastest"]]["streams"]
+        in_batch = f", {streams} at once in its batch"
+        ks = [f"| K={k}{where} | {line['tokens_per_s']:.1f} | {line['acceptance']} | "
+              f"{line['identical']}/{line['answers']} |"
+              for figures, where in ((results.get("ks", {}), ""), (results.get("batch_ks", {}), in_batch))
+              for k, line in figures.items()]
         for label, line in ((f"{results['fastest']}, again beside the own engine", results.get("fastest_again")),
                             (f"own engine's main alone ({results.get('own_config')})", results.get("own_main_alone"))):
             if line:

@@ -32,14 +32,17 @@ class Command(BaseCommand):
                                  "drafters proposing every step, paying or not: engines/payoff.py)")
         parser.add_argument("--json-schema", type=Path, help="hold every answer to this JSON schema (a file)")
         parser.add_argument("--streams", type=int, default=1, help="answers each line runs at once")
+        parser.add_argument("--batch-ks", type=int_list, default=(),
+                            help="with --streams beyond the pair's own engine streams: lines where the answers beyond "
+                                 "them speculate in the batch at each of these Ks (DecodingParams.batch_k)")
         parser.add_argument("--draft-only", action="store_true",
                             help="each own K also with the prompt lookup off (the draft alone proposes)")
         parser.add_argument("--temperature", type=float, default=0.0,
                             help="sampled answers (seeded by their index), every line alike")
         parser.add_argument("--out", type=Path, help="write the figures here as JSON")
 
-    def handle(self, *args, pair, prompts_file, ks, max_new_tokens, repeats, out, json_schema, streams, draft_only,
-               temperature, **options):
+    def handle(self, *args, pair, prompts_file, ks, max_new_tokens, repeats, out, json_schema, streams, batch_ks,
+               draft_only, temperature, **options):
         record = ModelPair.objects.filter(slug=pair).first()
         if record is None or not record.draft_dir:
             raise CommandError(f"No pair '{pair}' with a draft is registered.")
@@ -68,7 +71,8 @@ class Command(BaseCommand):
         draft_costs = {mode: modes.draft_cost(spec=spec, mode=mode) for mode in measured}
         lines = modes.compare_modes(spec=spec, prompts=prompts, ks=ks, max_new_tokens=max_new_tokens,
                                     repeats=repeats, modes=options["modes"], grammar=grammar, streams=streams,
-                                    own_engine_streams=record.own_engine_streams, draft_only=draft_only,
+                                    own_engine_streams=record.own_engine_streams, batch_ks=batch_ks,
+                                    draft_only=draft_only,
                                     temperature=temperature, say=self.stderr.write)
         self.stdout.write(modes.report(lines, costs, draft_costs))
         if out:

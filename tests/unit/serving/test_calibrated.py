@@ -38,6 +38,8 @@ SPECULATES_ALONE = HostFigures(host=HOST, main_alone_config="bf16", own_config="
                                library_alone={1: True, 4: True})
 LIBRARY_ALWAYS = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 0},
                              library_alone={1: True, 4: True})
+# answers beyond the pair's speculating streams speculate at K=2 in the own engine's batch (the Intel host, model 167)
+BATCHES = replace(COSTED, batch_k=2)
 
 
 # (pair fields, request, load, calibration, live figures) -> (route, K, the reasons' codes)
@@ -103,6 +105,19 @@ TABLE = [
      (R.ASKED_OFF, R.FASTEST_CONFIG)),
     (OWN, Asked(alternatives=True, speculative=False), Load(streams=9), LIBRARY_ALWAYS, None, OWN_ALONE, None,
      (R.ASKED_OFF, R.ALTERNATIVES, R.FASTEST_CONFIG)),  # only the own engine computes alternatives
+    # where speculating in the own engine's batch beat every main alone under load: a burst speculates there, greedy,
+    # sampled, under a grammar or at a K named (set aside, and said); a lone answer speculates at its K until more
+    # come, then at the batch's; an answer that asked for the main alone runs as one
+    (OWN, Asked(), Load(streams=3), BATCHES, None, OWN_K, 2, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH_SPECULATING)),
+    (OWN, Asked(sampled=True), Load(streams=3), BATCHES, None, OWN_K, 2,
+     (R.BEYOND_OWN_STREAMS, R.OWN_BATCH_SPECULATING)),
+    (OWN, Asked(constrained=True), Load(streams=3), BATCHES, None, OWN_K, 2,
+     (R.BEYOND_OWN_STREAMS, R.OWN_BATCH_SPECULATING)),
+    (OWN, Asked(k=5), Load(streams=3), BATCHES, None, OWN_K, 2,
+     (R.K_ASKED, R.BEYOND_OWN_STREAMS, R.OWN_BATCH_SPECULATING)),
+    (OWN, Asked(), Load(streams=1), BATCHES, None, OWN_K, 4, (R.CALIBRATED_BEST_K, R.OWN_ENGINE, R.K_PER_ANSWER)),
+    (OWN, Asked(speculative=False), Load(streams=3), BATCHES, None, OWN_ALONE, None,
+     (R.ASKED_OFF, R.OWN_BATCH, R.FASTEST_CONFIG)),
     # a host with no calibration yet: safe defaults, and the answer says so
     (OWN, Asked(), Load(streams=1), NOT_YET, None, OWN_K, 4, (R.PROFILE_BEST_K, R.OWN_ENGINE, R.NOT_CALIBRATED)),
     ({"own_engine_streams": 1}, Asked(), Load(streams=1), NOT_YET, None, OWN_K, 5,
@@ -118,8 +133,9 @@ def test_a_calibrated_host_plans_from_what_it_measured(fields, asked, load, cali
     assert planned.draft_stop_below == (calibration.draft_stop_below if stops else None)
     assert planned_decoding(DecodingParams(max_new_tokens=8), planned).draft_stop_below == planned.draft_stop_below
     costed = R.K_PER_ANSWER in codes
-    assert planned_decoding(DecodingParams(max_new_tokens=8), planned).step_costs == (
-        calibration.step_costs if costed else ())
+    decoding = planned_decoding(DecodingParams(max_new_tokens=8), planned)
+    assert decoding.step_costs == (calibration.step_costs if costed else ())
+    assert decoding.batch_k == (calibration.batch_k if route == OWN_K else 0)  # its K once in the batch
 
 
 def test_the_costs_a_k_per_answer_weighs_are_the_calibrations_timings_as_shares_of_a_main_token():
@@ -237,3 +253,11 @@ def test_a_calibration_says_what_it_decided_in_figures_and_words():
     losing = summary_of({**RESULTS, "best_k": {"1": 0}})
     assert losing["speedup"] is None
     assert losing["verdict"].startswith("Speculation is slower than the main alone on this host")
+    under_load = {**RESULTS, "own_main_alone": {"tokens_per_s": 9.8, "tokens_per_s_streams": 28.0},
+                  "fastest_again": {"tokens_per_s": 10.0, "tokens_per_s_streams": 30.0},
+                  "batch_ks": {"1": {"tokens_per_s": 36.0}, "2": {"tokens_per_s": 39.0}}}
+    batches = summary_of({**under_load, "batch_k": 2})
+    assert batches["batch_k"] == 2 and ("Under load answers speculate at K=2 in the own engine's batch: 39.0 tok/s at "
+                                        "4 at once, 1.30x the fastest main alone there.") in batches["verdict"]
+    assert "no K in the own engine's batch beat the main alone" in summary_of({**under_load, "batch_k": 0})["verdict"]
+    assert "Under load" not in shown["verdict"]  # calibrated before the batch's Ks were measured
