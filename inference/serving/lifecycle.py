@@ -65,6 +65,7 @@ def heartbeat_payload() -> dict:
         "engines": STATE.engines.loaded(),
         "slots": settings.WORKER_SLOTS,
         "devices": list(runtime_devices()),  # what pairs may name (pair_checks.registrable_devices)
+        "host_facts": this_host().facts,  # whose calibrations the chat weighs its answers against (device aside)
         # {slug: {streams: {K: tok/s}}}: what the plans follow (engines/rates.py), for /metrics
         "figures": {slug: rates.figures() for slug, rates in STATE.engines.rates.items()},
     }
