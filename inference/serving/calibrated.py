@@ -99,11 +99,22 @@ def summary(calibration: HostCalibration) -> dict:
                               line["tokens_per_s_streams"]} for name, line in configs.items()},
         "fastest_config": results["fastest"], "own_engine_config": results.get("own_config") or None,
         "best_k": k, "draft_stop_below": stop, "speculation_tokens_per_s": speculating,
+        "main_alone_tokens_per_s": fastest["tokens_per_s"],
         "batch_k": results.get("batch_k", 0),
         "speedup": round(speculating / fastest["tokens_per_s"], 2) if speculating else None,
         "verify_cost": results.get("verify_cost"), "draft_token_ms": results.get("draft_ms"),
         "draft": results.get("draft", "draft") if results.get("draft_ms") else None,
         "seconds": results.get("seconds"), "verdict": verdict}
+
+
+CALIBRATION_FAILED = "The calibration failed on this host; an admin can see why on the pair's page."
+
+
+def public_summary(calibration: HostCalibration) -> dict:
+    """summary() as API keys read it (/v1/config): a failure as a code and a sentence, not the exception's own
+    text (paths, the library's words), which the admin shows."""
+    return summary(calibration) | {"error": {"code": "calibration_failed", "message": CALIBRATION_FAILED}
+                                   if calibration.error else None}
 
 
 def _under_load(results: dict) -> str:
