@@ -7,8 +7,10 @@ from django.db.models import Exists, OuterRef, Q
 from chatsite.chat.models import Conversation, Message
 from inference import selectors as inference_selectors
 from inference import transport
+from inference.engines.host import Host
 from inference.engines.speculation_stats import FIGURES
-from inference.models import ModelPair
+from inference.models import JobStatus, ModelPair
+from inference.serving import calibrated, speculation
 
 
 def user_is_active(*, user) -> bool:
@@ -81,7 +83,8 @@ def message_json(message: Message) -> dict:
 
 def chat_pairs() -> list[dict]:
     """The enabled pairs as the chat's picker shows them, the admin's default first, each with whether
-    a worker serves it now (None when Redis cannot be asked: the page still opens)."""
+    a worker serves it now (None when Redis cannot be asked: the page still opens) and what its workers' host
+    measured of it (host_figures)."""
     pairs = sorted(ModelPair.objects.filter(enabled=True), key=lambda p: (not p.is_default, p.name))
     try:
         workers = inference_selectors.live_workers(client=transport.sync_client())
@@ -90,9 +93,40 @@ def chat_pairs() -> list[dict]:
     return [{
         "slug": p.slug, "name": p.name, "description": p.description, "completes_text": p.completes_text,
         "max_new_tokens_cap": p.max_new_tokens_cap, "num_assistant_tokens": p.num_assistant_tokens,
-        "mode": "draft model" if p.draft_dir else "prompt lookup" if p.prompt_lookup else "no draft",
         "served": None if workers is None else inference_selectors.pair_state(pair=p, workers=workers).served,
+        **host_figures(pair=p, workers=workers or []),
     } for p in pairs]
+
+
+def host_figures(*, pair: ModelPair, workers: list[dict]) -> dict:
+    """What the server does with the pair on the host of a worker serving it, from the pair's newest finished
+    calibration there: the fastest main alone's tokens/s, as the admin's verdict quotes it (what an answer's speed
+    is weighed against; None where that host is not calibrated, and no speed-up is claimed), and the K an answer
+    alone that names none is planned with (0: the main alone; None: the draft goes on while confident)."""
+    hosts = [_machine(beat.get("host_facts") or {}) for beat in workers if pair.queue in beat.get("queues", ())]
+    calibration = next((c for c in pair.calibrations.filter(status=JobStatus.FINISHED).order_by("-finished_at")
+                        if _machine(c.host_facts) in hosts), None)
+    figures = calibrated.host_figures(pair=pair, host=Host(calibration.host, calibration.host_facts)) if calibration \
+        else None
+    planned = speculation.plan(pair=pair, asked=speculation.Asked(), load=speculation.Load(streams=1),
+                               calibration=figures)
+    return {"main_alone_tokens_per_s": calibrated.summary(calibration).get("main_alone_tokens_per_s")
+            if calibration else None,
+            "planned_k": 0 if planned.route.is_main_alone() else planned.k}
+
+
+def _machine(facts: dict) -> dict:
+    """A host's facts but its device (a calibration is of the pair's device, a heartbeat names the CPU's)."""
+    return {name: value for name, value in facts.items() if name != "device"}
+
+
+def new_chat_pair(*, user, pairs: list[dict]) -> str:
+    """The pair a new chat opens on: the one the user last wrote with while it is offered, else the default
+    (listed first). The page moves on to a pair that can answer when nobody serves this one."""
+    offered = [p["slug"] for p in pairs]
+    last = (Conversation.objects.filter(user=user, pair__slug__in=offered).order_by("-updated_at")
+            .values_list("pair__slug", flat=True).first())
+    return last or (offered[0] if offered else "")
 
 
 def export_json(*, conversation: Conversation) -> dict:
@@ -113,8 +147,9 @@ def export_json(*, conversation: Conversation) -> dict:
 
 
 def export_markdown(*, conversation: Conversation) -> str:
-    """The conversation as a Markdown document: answers as written, user messages as quoted text
-    (kept verbatim in a fenced block when they hold code, as a completion pair's prompts do)."""
+    """The conversation as a Markdown document: answers as written (a code block an answer left open, cut or
+    stopped, closed at its end, so it cannot swallow the turns after it), user messages as quoted text (kept
+    verbatim in a fenced block when they hold code, as a completion pair's prompts do)."""
     lines = [f"# {conversation.title}", ""]
     if conversation.pair:
         lines += [f"Pair: {conversation.pair.name}", ""]
@@ -124,7 +159,7 @@ def export_markdown(*, conversation: Conversation) -> str:
         if m.role == Message.Role.USER:
             lines += ["## You", "", _fenced(m.text), ""]
         else:
-            lines += ["## Answer", "", m.text or "*(no text)*", ""]
+            lines += ["## Answer", "", _closed(m.text) if m.text else "*(no text)*", ""]
     return "\n".join(lines)
 
 
@@ -132,3 +167,25 @@ def _fenced(text: str) -> str:
     """Text in a code fence longer than any run of backticks inside it, so it cannot close early."""
     fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
     return f"{fence}\n{text}\n{fence}"
+
+
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+
+
+def _closed(text: str) -> str:
+    """The text with a fenced code block it leaves open closed (CommonMark: a fence closes with the same
+    character, at least as many, and nothing after it but spaces)."""
+    opened = ""
+    for line in text.splitlines():
+        match = FENCE.match(line)
+        if match is None:
+            continue
+        fence, rest = match.groups()
+        if not opened:
+            if not (fence[0] == "`" and "`" in rest):  # a backtick fence's info string holds no backtick
+                opened = fence
+        elif fence[0] == opened[0] and len(fence) >= len(opened) and not rest.strip():
+            opened = ""
+    if not opened:
+        return text
+    return f"{text}{opened}" if text.endswith("\n") else f"{text}\n{opened}"

@@ -11,7 +11,7 @@ reload, a network blip), the answer is stopped.
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -41,6 +41,7 @@ def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str
     """Add the user's message after the shown path, and a streaming answer; on any error nothing is saved."""
     web.check_prompt_text(text, param="prompt")
     pair = web.find_pair(slug=pair_slug)
+    options = chat_options(pair=pair, options=options)
     with answer_slot(user=user), transaction.atomic():
         if conversation_id:
             conversation = _owned(user=user, conversation_id=conversation_id)
@@ -62,6 +63,7 @@ def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Mess
         message = _shown_message(user=user, message_id=message_id, role=Message.Role.ASSISTANT)
         conversation = message.conversation
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
+        options = _kept_budget(pair=pair, message=message, options=chat_options(pair=pair, options=options))
         conversation.save(update_fields=["updated_at"])
         return _answer(user=user, pair=pair, conversation=conversation, after=message.parent, options=options,
                        param="message")
@@ -75,6 +77,7 @@ def edit_and_resend(*, user, message_id: int, text: str, options: web.Generation
         message = _shown_message(user=user, message_id=message_id, role=Message.Role.USER)
         conversation = message.conversation
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
+        options = chat_options(pair=pair, options=options)
         conversation.save(update_fields=["updated_at"])  # the title stays: the old branch is still there
         edited = Message.objects.create(conversation=conversation, parent=message.parent, role=Message.Role.USER,
                                         content=text)
@@ -83,17 +86,26 @@ def edit_and_resend(*, user, message_id: int, text: str, options: web.Generation
 
 
 def continue_answer(*, user, message_id: int, options: web.GenerationOptions) -> Message:
-    """The last answer, cut at its max tokens, written further: a new generation whose prompt is the
-    conversation with that answer as the assistant's unfinished turn; its text is appended to the same
-    message (the cut text moves to `earlier_text`, the message's generation is the newest part)."""
+    """An answer cut at its max tokens or stopped, written further: a new generation whose prompt is the
+    conversation with that answer as the assistant's unfinished turn. The last answer is written further in place
+    (the cut text moves to `earlier_text`, the message's generation is the newest part); an earlier one, which the
+    turns after it followed as it was, becomes a new version of its turn holding its text and going on from there
+    (the old version and what followed it stay reachable)."""
     with answer_slot(user=user), transaction.atomic():
         message = _shown_message(user=user, message_id=message_id, role=Message.Role.ASSISTANT)
         conversation = message.conversation
-        if message.generation is None or message.generation.finish_reason != FinishReason.LENGTH:
-            raise errors.InvalidValue("Only an answer that reached the max tokens can be continued.", param="message")
-        if message.replies.filter(shown=True).exists():
-            raise errors.InvalidValue("Only the last answer can be continued.", param="message")
+        if message.generation is None or message.generation.finish_reason not in CONTINUABLE:
+            raise errors.InvalidValue("Only an answer that reached the max tokens or was stopped can be continued.",
+                                      param="message")
+        if not message.text:
+            raise errors.InvalidValue("This answer was stopped before its first word: regenerate it instead.",
+                                      param="message")
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
+        options = chat_options(pair=pair, options=options)
+        if message.replies.filter(shown=True).exists():
+            message = Message.objects.create(conversation=conversation, parent=message.parent,
+                                             role=Message.Role.ASSISTANT, earlier_text=message.text)
+            _show(message)
         prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param="message",
                                        continuing=True)
         message.earlier_text = message.text
@@ -103,6 +115,26 @@ def continue_answer(*, user, message_id: int, options: web.GenerationOptions) ->
         message.save(update_fields=["earlier_text", "generation", "messages_left_out"])
         conversation.save(update_fields=["updated_at"])
         return message
+
+
+CONTINUABLE = (FinishReason.LENGTH, FinishReason.STOPPED)
+
+
+def chat_options(*, pair: ModelPair, options: web.GenerationOptions) -> web.GenerationOptions:
+    """A chat answer that names no max tokens may run to the pair's cap (start_generation keeps it within what
+    the context leaves): the API's short default cut chat answers mid-sentence, where peers let them finish."""
+    if options.max_new_tokens is not None:
+        return options
+    return replace(options, max_new_tokens=pair.max_new_tokens_cap)
+
+
+def _kept_budget(*, pair: ModelPair, message: Message, options: web.GenerationOptions) -> web.GenerationOptions:
+    """A continued answer regenerated keeps the length it was given over its parts (the max tokens asked now
+    would cut the new version where the old one was first cut)."""
+    if not message.earlier_text or options.max_new_tokens is None:
+        return options
+    written = len(web.encode_prompt(pair=pair, prompt=message.text, add_special_tokens=False))
+    return replace(options, max_new_tokens=min(pair.max_new_tokens_cap, max(options.max_new_tokens, written)))
 
 
 def show_version(*, user, message_id: int) -> Conversation:

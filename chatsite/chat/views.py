@@ -23,7 +23,8 @@ def chat(request, conversation_id: int | None = None):
             return redirect(f"{reverse('chat')}?gone")
         messages = selectors.shown_path_json(conversation=conversation)
     pairs = selectors.chat_pairs()
-    selected = conversation.pair.slug if conversation and conversation.pair else (pairs[0]["slug"] if pairs else "")
+    selected = (conversation.pair.slug if conversation and conversation.pair
+                else selectors.new_chat_pair(user=request.user, pairs=pairs))
     return render(request, "chat/chat.html", {
         "conversation": conversation,
         "conversations": selectors.conversations_for(user=request.user),

@@ -61,10 +61,11 @@ class RealPair:
 
 QWEN_CODER = RealPair(
     slug="qwen2.5-coder-1.5b",
-    name="Qwen2.5-Coder 1.5B Instruct + 0.5B draft",
+    name="Qwen2.5-Coder 1.5B",
     description="Qwen2.5-Coder-1.5B-Instruct, a real instruction-tuned code model (Apache-2.0): ask it to write, "
-                "explain or fix code, in a chat. Its 0.5B sibling drafts for it. Imported from Qwen's own GGUF files "
-                "(q4_k_m), re-quantized to OpenVINO IR: the main to int8, the draft to int4.",
+                "explain or fix code, in a chat. Its 0.5B sibling guesses ahead for it, which makes it faster. "
+                "Imported from Qwen's own GGUF files (q4_k_m), re-quantized to OpenVINO IR: the main to int8, the "
+                "draft to int4.",
     source="https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF and .../Qwen2.5-Coder-0.5B-Instruct-GGUF",
     main=PinnedGguf(filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", size=1_117_320_768,

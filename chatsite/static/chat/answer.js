@@ -71,7 +71,7 @@ export class Answer {
     this.render();
     const meta = this.el.querySelector(".meta");
     // A continued answer's figures are its last part's (each part is a generation of its own).
-    meta.textContent = metrics ? (this.earlier ? "Continued; this part: " : "") + formatMetrics(metrics) : "";
+    meta.textContent = metrics ? (this.earlier ? "Continued; this part: " : "") + formatMetrics(metrics, this.pair) : "";
     meta.title = metrics ? technicalMetrics(metrics) : "";
     this.addActions();
     this.chat.finished();
@@ -112,8 +112,10 @@ export class Answer {
       this.chat.regenerate(this);
     });
     actions.append(copyButton("Copy", "copy-answer", "Copy the whole answer"), regen);
-    if (this.finishReason === "length") { // cut at the max tokens: written further on demand, as one answer
-      const more = copyButton("Continue", "continue", "Write this answer further (it stopped at the max tokens)");
+    // Cut at the max tokens or stopped: written further on demand, as one answer.
+    if ((this.finishReason === "length" || this.finishReason === "stopped") && this.text) {
+      const why = this.finishReason === "length" ? "it reached the max tokens" : "it was stopped";
+      const more = copyButton("Continue", "continue", `Write this answer further (${why})`);
       more.addEventListener("click", () => {
         actions.remove();
         this.chat.continueAnswer(this);

@@ -8,7 +8,7 @@
 
 import { Answer } from "./answer.js";
 import { initConversations, listConversation, post, setTitle } from "./conversations.js";
-import { currentSettings, initPairs, settingsProblem, showEmptyState } from "./pairs.js";
+import { currentSettings, initPairs, regenerateSettings, settingsProblem, showEmptyState } from "./pairs.js";
 import { copyButton, copyText } from "./render.js";
 import { inPlainWords } from "./words.js";
 
@@ -141,7 +141,8 @@ function askAgain(action, answer) {
   }
   const ref = String(++refCounter);
   pendingRegenerate.set(ref, answer);
-  if (!send({ action, message: answer.messageId, settings: currentSettings(), ref })) {
+  const settings = action === "regenerate" ? regenerateSettings() : currentSettings();
+  if (!send({ action, message: answer.messageId, settings, ref })) {
     pendingRegenerate.delete(ref);
     answer.addActions();
   }
@@ -178,12 +179,13 @@ function stopAnswers() {
   inFlight().forEach((a) => send({ action: "stop", generation: a.generationId }));
 }
 
-// Regenerate and Continue under the last answer only (the server takes any shown answer's regeneration, but one
-// pair of buttons reads clearer); Edit on every message sent: editing an earlier one starts a branch.
+// Regenerate under the last answer only (the server takes any shown answer's regeneration, but one button reads
+// clearer); Continue under every answer cut or stopped (an earlier one goes on as a new version of its turn); Edit
+// on every message sent: editing an earlier one starts a branch.
 function updateActions() {
   const articles = [...messagesEl.querySelectorAll("article.message")];
   const last = articles.at(-1);
-  for (const button of messagesEl.querySelectorAll("button.regenerate, button.continue")) {
+  for (const button of messagesEl.querySelectorAll("button.regenerate")) {
     button.hidden = button.closest("article") !== last;
   }
   for (const article of articles) {

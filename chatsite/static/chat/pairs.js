@@ -15,7 +15,7 @@ export function initPairs(page, pairs, setStatus) {
     option.value = pair.slug;
     // A pair nobody serves cannot answer: greyed out, saying why (as of the page's load).
     option.disabled = pair.served === false;
-    option.textContent = option.disabled ? `${pair.name} — nobody serves it` : `${pair.name} (${pair.mode})`;
+    option.textContent = option.disabled ? `${pair.name} — nobody serves it` : pair.name;
     option.title = option.disabled ? UNSERVED : pair.description;
     select.appendChild(option);
   }
@@ -42,7 +42,10 @@ function showPair(pair) {
   if (pair) {
     maxTokens.max = pair.max_new_tokens_cap;
     if (Number(maxTokens.value) > pair.max_new_tokens_cap) maxTokens.value = pair.max_new_tokens_cap;
-    $("k").placeholder = pair.num_assistant_tokens ? `auto (${pair.num_assistant_tokens})` : "auto";
+    // What the server does for an answer alone when K is left empty, as planned for this host (0: the main model
+    // alone, faster here).
+    const k = pair.planned_k;
+    $("k").placeholder = k === 0 ? "auto (off)" : k ? `auto (${k})` : "auto";
   }
   $("pair-description").textContent = pair ? pair.description : "";
   $("pair-description").title = $("pair-description").textContent; // in full, where one line cuts it
@@ -61,13 +64,21 @@ export function showEmptyState() {
   $("pair-description").hidden = !$("empty").hidden; // said once: in the empty state, else under the composer
 }
 
+// Regenerate asks for another answer: one drawn at this temperature, unless Options set one (the same settings
+// would give the same text word for word: a new message is answered at temperature 0, the likeliest words).
+export const REGENERATE_TEMPERATURE = 0.7;
+
+export function regenerateSettings() {
+  const settings = currentSettings();
+  settings.temperature ??= REGENERATE_TEMPERATURE;
+  return settings;
+}
+
 export function currentSettings() {
   const num = (id) => ($(id).value === "" ? null : Number($(id).value));
-  const settings = {
-    max_tokens: num("max-tokens"),
-    temperature: num("temperature") ?? 0,
-    speculative: $("speculative").checked,
-  };
+  const settings = { speculative: $("speculative").checked };
+  if (num("max-tokens") !== null) settings.max_tokens = num("max-tokens"); // else: as long as the answer needs
+  if (num("temperature") !== null) settings.temperature = num("temperature");
   if (num("k") !== null) settings.num_assistant_tokens = num("k");
   if (num("threshold") !== null) settings.assistant_confidence_threshold = num("threshold");
   return settings;

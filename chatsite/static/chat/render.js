@@ -209,18 +209,20 @@ function speculationWords(m) {
   return `K=${m.speculative_k}`;
 }
 
-// An ended answer's figures in words a newcomer reads without hovering (touch has none): what it cost, then
-// what speculation did. How much faster than the main model alone is not said: no figure for the main alone
-// at that load reaches the page (the worker's live rates stay in the worker), and a guess would mislead.
-export function formatMetrics(m) {
+// An ended answer's figures in words a newcomer reads without hovering (touch has none): the wait for its first
+// token, then how fast it wrote (tokens/s after that first token: the wait is a figure of its own), and how that
+// compares with the pair's main model alone on this host, as the host's calibration timed it (the admin's verdict
+// quotes the same figure); then what speculation did.
+export function formatMetrics(m, pair) {
   const figures = [];
-  if (m.completion_tokens != null) {
-    figures.push(plural(m.completion_tokens, "token") + (m.tokens_per_s != null ? ` at ${m.tokens_per_s.toFixed(1)} tokens/s` : ""));
-  }
-  if (m.ttft_ms != null) figures.push(`first token after ${formatMs(m.ttft_ms)}`);
+  const writing = writingRate(m);
+  if (m.ttft_ms != null) figures.push(`first token after ${formatMs(m.ttft_ms)}` + (writing ? `, then ${writing.toFixed(1)} tokens/s` : ""));
+  if (m.completion_tokens != null) figures.push(plural(m.completion_tokens, "token"));
   if (m.finish_reason === "stopped") figures.push("stopped");
   else if (m.finish_reason === "length") figures.push("reached the max tokens");
   const lines = [figures.join(" · ")];
+  const alone = pair?.main_alone_tokens_per_s;
+  if (writing && alone) lines.push(speedWords(writing / alone, m));
   const speculation = speculationWords(m);
   if (m.acceptance_rate != null && m.main_steps && m.completion_tokens) {
     lines.push(`Speculation (${speculation}): the draft's guesses were kept ${Math.round(m.acceptance_rate * 100)}% `
@@ -232,6 +234,23 @@ export function formatMetrics(m) {
     lines.push(`Speculation: ${speculation}.`);
   }
   return lines.filter(Boolean).join("\n");
+}
+
+// Tokens per second once the first token was out: None for an answer of one token (no time to divide).
+export function writingRate(m) {
+  const seconds = (m.duration_ms - (m.ttft_ms ?? 0)) / 1000;
+  return m.completion_tokens > 1 && seconds > 0 ? (m.completion_tokens - 1) / seconds : null;
+}
+
+function speedWords(ratio, m) {
+  const times = `${ratio.toFixed(1)}×`;
+  if (m.speculative_mode === "off" || !m.speculative_mode) {
+    return `About ${times} the speed of the main model alone on this host (no guessing ahead this time).`;
+  }
+  const how = "a small draft model guesses the next words and the main model checks several guesses at once";
+  return ratio >= 1.05
+    ? `About ${times} as fast as the main model alone on this host: ${how}.`
+    : `About ${times} the speed of the main model alone on this host: ${how}, and here few guesses were right.`;
 }
 
 function formatMs(ms) {

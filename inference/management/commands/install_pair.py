@@ -5,6 +5,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from inference import demo
 from inference.calibration.measure import CALIBRATION_PROMPTS
 from inference.models import HostCalibration, ModelPair
 from inference.pairs import catalog, head_vocabulary, importer
@@ -64,7 +65,10 @@ class Command(BaseCommand):
         pair.draft_alternative_dir = f"{slug}/{alternative.name}" if has_alternative else ""
         for name, value in {**real.pair_settings, **devices}.items():
             setattr(pair, name, value)
-        pair.is_default = pair.is_default or default
+        # The chat opens on a real pair once one is installed: it takes the mark from the demo (an admin's own
+        # choice of another pair stays), and the demo stays one click away.
+        chosen_elsewhere = ModelPair.objects.filter(is_default=True).exclude(slug__in=[slug, demo.SLUG]).exists()
+        pair.is_default = pair.is_default or default or not chosen_elsewhere
         try:
             pair.full_clean()
         except ValidationError as exc:

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.demo import main_model
+from inference.demo import SLUG, main_model
 from inference.models import ModelPair
 
 
@@ -22,10 +22,11 @@ class Command(BaseCommand):
         measured = info.get("measured_large" if main == "large" else "measured", {})
         if main == "large":
             main_model.build(out=self.stdout.write)
-        pair = ModelPair.objects.filter(slug="demo-code").first() or ModelPair(slug="demo-code")
-        pair.name = "Demo code pair"
-        pair.description = ("Completes Python code: type the start of a function (its def line) and it writes the "
-                            "body. A small model trained for the demo: it does not answer questions.")
+        pair = ModelPair.objects.filter(slug=SLUG).first() or ModelPair(slug=SLUG)
+        pair.name = "Demo (tiny, not a real model)"
+        pair.description = ("A tiny model trained only to show how the app works: its answers are nonsense. It "
+                            "continues Python code: type the start of a function (its def line). For real answers "
+                            "pick a real model, which an admin installs.")
         pair.completes_text = True
         pair.is_default = pair.is_default or not ModelPair.objects.filter(is_default=True).exists()
         pair.main_dir = f"{settings.DEMO_PAIR_DIR}/{main_model.TARGET.name if main == 'large' else 'main'}"

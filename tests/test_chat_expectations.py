@@ -1,0 +1,263 @@
+"""The chat as people expect it from its peers (issue 57), in Debian's headless Chromium on the real stack (daphne, a
+Celery worker running the demo pair) at a laptop's and a phone's width: a new chat opens on the real pair and then on
+the pair last used, names fit the picker, an answer runs to its end, Continue follows every cut or stopped answer, the
+speed line counts from the first token and compares with the main model alone on this host, tables keep words whole,
+Regenerate gives another answer, and the Markdown export stays valid whatever an answer holds.
+Screenshots go to /tmp/shots-57."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+
+from chatsite.chat.models import Conversation, Message
+from inference.engines.host import this_host
+from inference.models import Generation, HostCalibration, JobStatus, ModelPair
+from tests.conftest import in_thread, log_in
+from tests.test_chat import PROMPT
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
+SHOTS = Path("/tmp/shots-57")
+SIZES = [(1280, 800), (390, 844)]
+
+
+def wait_for_answers(page, count: int) -> None:
+    page.wait_for_function(f"""() => document.querySelectorAll('article.assistant').length === {count}
+        && !document.querySelector('article.assistant.streaming')""")
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    page.wait_for_timeout(300)  # a resized page's sidebar slides away first
+    page.screenshot(path=str(SHOTS / f"{name}.png"))
+    assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]  # no sideways scroll
+
+
+def sent_frames(page) -> list[dict]:
+    frames: list[dict] = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda payload: frames.append(json.loads(payload))))
+    return frames
+
+
+def kept_turns(*, pair, user, turns: list[tuple[str, str, str]], title: str = "Kept") -> Conversation:
+    """A conversation as the worker leaves it: (question, answer, finish reason) per turn."""
+    conversation = Conversation.objects.create(user=user, pair=pair, title=title)
+    parent = None
+    for question, text, finish_reason in turns:
+        status = Generation.Status.STOPPED if finish_reason == "stopped" else Generation.Status.FINISHED
+        generation = Generation.objects.create(
+            pair=pair, user=user, prompt=question, status=status, text=text, steps=[["", text]],
+            finish_reason=finish_reason, completion_tokens=12, main_steps=12, tokens_per_s=10.0, ttft_ms=50.0,
+            duration_ms=1200.0)
+        asked = Message.objects.create(conversation=conversation, parent=parent, role=Message.Role.USER,
+                                       content=question)
+        parent = Message.objects.create(conversation=conversation, parent=asked, role=Message.Role.ASSISTANT,
+                                        generation=generation)
+    return conversation
+
+
+# ------------------------------------------------------------------ 1. the pair a chat opens on, its name
+FITS = """() => {
+    const select = document.getElementById('pair');
+    const style = getComputedStyle(select);
+    const context = document.createElement('canvas').getContext('2d');
+    context.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+    const widest = Math.max(...[...select.options].map((o) => context.measureText(o.textContent).width));
+    return {widest, width: select.getBoundingClientRect().width, right: select.getBoundingClientRect().right,
+            page: document.documentElement.clientWidth};
+}"""
+
+
+@pytest.fixture
+def installed_pair(demo_pair) -> ModelPair:
+    """A real pair as `make real-pair` leaves it beside the demo: the chat's default (tests/test_real_pair.py checks
+    that install_pair takes the mark from the demo). It runs on the demo's files, on a queue the test worker serves."""
+    demo_pair.refresh_from_db()
+    assert demo_pair.is_default and "not a real model" in demo_pair.name  # the demo says what it is
+    return ModelPair.objects.create(name="Qwen2.5-Coder 1.5B", slug="demo-plain", main_dir=demo_pair.main_dir,
+                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=3, is_default=True,
+                                    description="A real instruction-tuned code model (a stand-in here).")
+
+
+def test_a_new_chat_opens_on_the_real_pair_then_on_the_pair_last_used(installed_pair, user, live_server_url, page):
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    assert page.input_value("#pair") == "demo-plain"  # a new user's first chat: on the real pair
+    names = page.locator("#pair option").all_inner_texts()
+    assert names == ["Qwen2.5-Coder 1.5B", "Demo (tiny, not a real model)"], names  # no "(draft model)"
+    for width, height in SIZES:
+        page.set_viewport_size({"width": width, "height": height})
+        fits = page.evaluate(FITS)
+        assert fits["widest"] + 20 <= fits["width"] and fits["right"] <= fits["page"], (width, fits)  # names whole
+        shot(page, f"new-chat-real-{width}")
+
+    page.select_option("#pair", "demo-code")
+    assert "nonsense" in page.inner_text("#empty-description")  # the demo says what it is
+    page.fill("#prompt", PROMPT)
+    page.fill("#max-tokens", "8")
+    page.click("#send")
+    wait_for_answers(page, 1)
+    for width, height in SIZES:
+        page.set_viewport_size({"width": width, "height": height})
+        page.goto(f"{live_server_url}/")  # a new chat, on any browser of hers: the pair she last used
+        page.wait_for_selector("body[data-connected='1']")
+        assert page.input_value("#pair") == "demo-code"
+        fits = page.evaluate(FITS)
+        assert fits["widest"] + 20 <= fits["width"] and fits["right"] <= fits["page"], (width, fits)
+        shot(page, f"new-chat-last-used-{width}")
+
+
+# ------------------------------------------------------------------ 2. answers not cut; Continue
+def test_an_answer_is_not_cut_short_by_default(demo_pair, user, live_server_url, page):
+    frames = sent_frames(page)
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    assert page.input_value("#max-tokens") == ""  # nothing to set for an answer to finish
+    page.fill("#prompt", PROMPT)
+    page.click("#send")
+    wait_for_answers(page, 1)
+    assert "max_tokens" not in frames[-1]["settings"]
+    generation = in_thread(Generation.objects.get)
+    # Up to the pair's cap, within what the context leaves after the prompt (the demo's context is 1,024 tokens).
+    assert generation.params["decoding"]["max_new_tokens"] == min(demo_pair.max_new_tokens_cap,
+                                                                 1024 - generation.prompt_tokens)
+    assert generation.completion_tokens > 128 or generation.finish_reason == "stop"
+
+
+CUT_CODE = "Here it is:\n\n```python\ndef merge(a, b):\n    out = []\n    while a and b:"
+
+
+@pytest.fixture
+def cut_and_stopped(demo_pair, user) -> Conversation:
+    return kept_turns(pair=demo_pair, user=user, turns=[
+        (PROMPT, CUT_CODE, "length"), ("def merge(a, b):", "    result = [", "stopped"), ("class Stack:", "", "stopped")])
+
+
+def test_continue_follows_every_cut_or_stopped_answer(cut_and_stopped, live_server_url, page):
+    conversation = cut_and_stopped
+    log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{conversation.id}/")
+    page.wait_for_selector("body[data-connected='1']")
+    answers = page.locator("article.assistant")
+    wait_for_answers(page, 3)
+    continues = [answers.nth(i).locator("button.continue") for i in range(3)]
+    assert continues[0].is_visible() and continues[1].is_visible()  # cut (not the last answer), stopped
+    assert continues[2].count() == 0  # stopped before its first word: nothing to write on from
+    assert answers.nth(2).locator("button.regenerate").is_visible()
+
+    continues[1].click()  # an earlier answer: a new version of its turn, going on from its text
+    page.wait_for_function("() => document.querySelectorAll('article.assistant').length === 2 "
+                           "&& !document.querySelector('article.assistant.streaming')")
+    assert answers.nth(1).locator(".versions span").inner_text() == "2/2"
+    newest = in_thread(lambda: Message.objects.select_related("generation").order_by("-id").first())
+    assert newest.earlier_text == "    result = [" and newest.text.startswith("    result = [")
+    assert newest.generation.prompt.endswith("    result = [")  # written on from the stopped answer's last character
+    assert newest.text in answers.nth(1).locator(".body").inner_text()
+    for width, height in SIZES:
+        page.set_viewport_size({"width": width, "height": height})
+        shot(page, f"continued-earlier-{width}")
+    answers.nth(1).get_by_role("button", name="Previous version").click()  # the old turns, all still there
+    wait_for_answers(page, 3)
+
+
+# ------------------------------------------------------------------ 3. the speed line
+MAIN_ALONE_TOKENS_PER_S = 50.0
+
+
+@pytest.fixture
+def calibrated_demo(demo_pair) -> ModelPair:
+    """The demo pair with this host's calibration as a worker records it: the fastest main alone's tokens/s, which
+    the admin's verdict quotes."""
+    host = this_host(demo_pair.runs_on)  # the test worker's
+    HostCalibration.objects.create(pair=demo_pair, host=host.signature, host_facts=host.facts,
+                                   status=JobStatus.FINISHED, results={
+        "configs": {"f32": {"label": "f32", "tokens_per_s": MAIN_ALONE_TOKENS_PER_S, "streams": 4,
+                            "tokens_per_s_streams": 120.0}},
+        "fastest": "f32", "own_config": "f32", "best_k": {"1": 2},
+        "ks": {"2": {"tokens_per_s": 60.0, "identical": 4, "answers": 4}}})
+    return demo_pair
+
+
+def test_the_speed_line_counts_from_the_first_token_and_weighs_the_main_alone(calibrated_demo, user, live_server_url,
+                                                                            page):
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    k = re.fullmatch(r"auto \((\d+)\)", page.get_attribute("#k", "placeholder"))  # what the server plans here
+    assert k, page.get_attribute("#k", "placeholder")
+    page.fill("#prompt", PROMPT)
+    page.fill("#max-tokens", "48")
+    page.click("#send")
+    wait_for_answers(page, 1)
+    meta = page.locator("article.assistant .meta").inner_text()
+    generation = in_thread(Generation.objects.get)
+    writing = (generation.completion_tokens - 1) / ((generation.duration_ms - generation.ttft_ms) / 1000)
+    wait = re.search(r"first token after ([\d.]+) (ms|s), then ([\d.]+) tokens/s", meta)
+    assert wait, meta  # the wait as its own figure, the rate after it
+    assert abs(float(wait[3]) - writing) <= 0.1
+    assert abs(float(wait[1]) * (1 if wait[2] == "ms" else 1000) - generation.ttft_ms) <= 100
+    faster = re.search(r"About ([\d.]+)× (as fast as|the speed of) the main model alone on this host", meta)
+    assert faster, meta
+    assert abs(float(faster[1]) - writing / MAIN_ALONE_TOKENS_PER_S) <= 0.05 + 0.15 * writing / MAIN_ALONE_TOKENS_PER_S
+    assert "guesses" in meta.split("\n")[1]  # what speculation is, in a newcomer's words
+    assert generation.speculative_k == int(k[1])  # as the K option said it would be
+    for width, height in SIZES:
+        page.set_viewport_size({"width": width, "height": height})
+        shot(page, f"speed-line-{width}")
+
+
+# ------------------------------------------------------------------ 5. tables
+TABLE = ("| Name | Mutable | Ordered | Typical use | Lookup cost | Example literal |\n"
+         "|---|---|---|---|---|---|\n"
+         "| list | Mutable | Ordered | sequences that grow | linear search | [1, 2, 3] |\n"
+         "| tuple | Immutable | Ordered | fixed records | linear search | (1, 2) |\n"
+         "| dictionary | Mutable | Insertion-ordered | mapping keys to values | constant on average | {'a': 1} |\n")
+WORDS_WHOLE = """() => {
+    const table = document.querySelector('article.assistant table');
+    const context = document.createElement('canvas').getContext('2d');
+    const broken = [];
+    for (const cell of table.querySelectorAll('th, td')) {
+        const style = getComputedStyle(cell);
+        context.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+        const room = cell.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+        for (const word of cell.textContent.split(/\\s+|(?<=-)/).filter(Boolean)) {  // a hyphen may end a line
+            if (context.measureText(word).width > room + 0.5) broken.push(word);
+        }
+    }
+    return {broken, scrolls: table.scrollWidth > table.clientWidth, wider: table.scrollWidth > table.parentElement.clientWidth};
+}"""
+
+
+@pytest.fixture
+def table_answer(demo_pair, user) -> Conversation:
+    demo_pair.completes_text = False  # an answer in Markdown
+    demo_pair.save()
+    return kept_turns(pair=demo_pair, user=user, turns=[("Compare Python's collections", TABLE, "stop")])
+
+
+@pytest.mark.parametrize("width, height", SIZES)
+def test_tables_keep_words_whole_and_scroll_sideways(table_answer, live_server_url, page, width, height):
+    conversation = table_answer
+    page.set_viewport_size({"width": width, "height": height})
+    log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{conversation.id}/")
+    page.wait_for_selector("article.assistant table")
+    found = page.evaluate(WORDS_WHOLE)
+    assert found["broken"] == [], found
+    if width < 768:
+        assert found["scrolls"], found  # wider than a phone's column: it scrolls, the page does not
+    shot(page, f"table-{width}")
+
+
+# ------------------------------------------------------------------ 6. the Markdown export
+def test_the_markdown_export_closes_what_an_answer_left_open(demo_pair, user, client):
+    conversation = kept_turns(pair=demo_pair, user=user, turns=[
+        (PROMPT, CUT_CODE, "length"), ("And with tildes?", "~~~~\nx = 1\n~~~", "stopped"),
+        ("And a fence in the info?", "``` py `x`\nnot a fence\n````\n```js\nlet a", "length"),
+        ("Last", "Done.", "stop")])
+    client.force_login(user)
+    exported = client.get(f"/c/{conversation.id}/export.md").content.decode()
+    tokens = MarkdownIt("commonmark").parse(exported)
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open" and t.tag == "h2"]
+    assert headings == ["You", "Answer"] * 4, exported
+    fences = [t.content for t in tokens if t.type == "fence"]
+    assert "def merge(a, b):\n    out = []\n    while a and b:\n" in fences  # the cut code, shown as code
