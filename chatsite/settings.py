@@ -165,6 +165,10 @@ WORKER_SLOTS = env_int("SPECCHAT_WORKER_SLOTS", 16)  # concurrent generations pe
 CHAT_MAX_CONCURRENT = env_int("SPECCHAT_CHAT_MAX_CONCURRENT", 2)  # answers one user may have in flight in the chat
 CHAT_ABANDON_GRACE_S = env_int("SPECCHAT_CHAT_ABANDON_GRACE_S", 10)  # closed chat's answers await a reconnect
 ACCESS_RECHECK_S = env_int("SPECCHAT_ACCESS_RECHECK_S", 5)  # open streams re-check their key or user this often
+# A chat socket whose output waiting for the client (in daphne, past what the kernel holds) passes this is closed:
+# a client that reads nothing would keep it all in daphne's memory (chatsite/edge.py). Above the largest frame a
+# page is sent (a long conversation's messages).
+CHAT_SOCKET_UNSENT_BYTES = env_int("SPECCHAT_CHAT_SOCKET_UNSENT_BYTES", 16 * 1024 * 1024)
 # An answer's final write is retried on fresh connections this long (a database restarting, SQLite
 # locked); then its readers get an error event all the same.
 FINAL_WRITE_RETRY_S = env_int("SPECCHAT_FINAL_WRITE_RETRY_S", 30)
@@ -178,9 +182,10 @@ QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if s
 ENGINE_RENEW_AFTER_REQUESTS = env_int("SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS", 200)
 # A pair's main alone and exact engine each hold another copy of the main: freed after this long unused; 0: kept.
 RELEASE_EXTRA_ENGINES_AFTER_S = env_int("SPECCHAT_RELEASE_EXTRA_ENGINES_AFTER_S", 120)
-# Prompt tokens whose prefilled cache the own engine keeps per model (engines/prefill.py): a prompt asked again
-# starts from it. 0 keeps none: the benchmarks' workers, so every line prefills what a user's new prompt would.
-PROMPT_CACHE_TOKENS = env_int("SPECCHAT_PROMPT_CACHE_TOKENS", 1024)
+# MB of keys and values the own engine keeps for the prompts and answers it served (engines/prefix_cache.py), its
+# main's and its draft's together: a conversation's next turn, or another prompt starting alike, reads only what they
+# lack. 0 keeps none: the one-turn benchmarks' workers, so every line prefills what a user's new prompt would.
+PREFIX_CACHE_MB = env_int("SPECCHAT_PREFIX_CACHE_MB", 512)
 # A step process that sends no step for this long while requests wait (plus as much again per 512 prompt
 # tokens still to prefill) is killed and its answers failed; the next request loads it again. 0: no watchdog.
 # Well above a decode step (well under a second for the real pair here) so its answers end within a minute.

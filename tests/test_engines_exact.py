@@ -186,20 +186,6 @@ def test_answers_of_the_main_alone_at_once_each_end_as_asked(engine):
 
 
 @pytest.mark.no_database
-def test_a_prompt_asked_again_starts_from_its_kept_cache_and_gets_the_same_answer(engine):
-    """The second time a prompt comes (K=3, then K=0 in the batch), the main's and the draft's caches are copies
-    of the first prefill's: the same answer, bitwise the same logits, and no prefill run."""
-    prompt = "def merge_sorted(left, right):"
-    ids = engine.tokenizer.encode(prompt).input_ids.data[0].tolist()
-    first = answer(engine, prompt, 3)
-    hits = (engine.main_prompts.hits, engine.draft_prompts.hits)
-    assert answer(engine, prompt, 3) == first and answer(engine, prompt, 0) == first
-    assert (engine.main_prompts.hits, engine.draft_prompts.hits) == (hits[0] + 2, hits[1] + 1)
-    fresh = KvSequence(engine.main).prefill(ids)[-1]  # a prefill of its own, its head on the last row as the kept one's
-    assert np.array_equal(KvSequence(engine.main, prompts=engine.main_prompts).prefill(ids)[-1], fresh)
-
-
-@pytest.mark.no_database
 def test_greedy_answers_with_the_draft_are_the_main_alones_token_for_token(engine):
     for prompt in PROMPTS:
         alone = answer(engine, prompt, 0)

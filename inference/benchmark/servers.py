@@ -136,7 +136,7 @@ def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
                          f"that server with --url")
     root = Path(settings.BASE_DIR)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "chatsite.settings"),
-           "SPECCHAT_PROMPT_CACHE_TOKENS": "0",  # every variant prefills every prompt, as a user's new one
+           "SPECCHAT_PREFIX_CACHE_MB": "0",  # every variant prefills every prompt, as a user's new one
            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
            "SPECCHAT_CHAT_MAX_CONCURRENT": str(worker_threads),  # the benchmark user's websocket sweep, as its key
            # No engine renewal within the run: a pipeline built mid-run takes the cores for seconds and

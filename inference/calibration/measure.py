@@ -203,7 +203,7 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
     are judged against it in one run). One answer speculates on its own, as a pair's first stream does."""
     config = CONFIGS[name]
     engine = build_engine(replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=1,
-                                  prompt_cache_tokens=0, **config.fields))
+                                  prefix_cache_mb=0, **config.fields))
     try:
         reference, alone = Line(fastest), Line(engine)
         reference_batched, batched = Line(fastest, streams=budget.streams), Line(engine, streams=budget.streams)

@@ -8,8 +8,10 @@ read once). So beyond the pair's speculating streams an answer takes a row of a 
 answers feed one token a step; answers speculating in the batch (DecodingParams.batch_k, exact.py) feed their K+1 to
 verify to the main's batch and a token at a time to the draft's, a batch of its own.
 
-A row joins by a prefill of its own (on a second infer request), whose cache is then copied into the
-batch's, or with the cache it has (an answer that speculated on its own until more answers came: exact.py).
+A row joins with a cache of its own, copied into the batch's: its prompt's, prefilled in its own thread on an infer
+request of its own (chunk by chunk, from the prefix cache: the batch steps on meanwhile), or the cache it has (an
+answer that speculated on its own until more answers came: exact.py). A row leaving keeps its live slots in the
+prefix cache, for the conversation's next turn.
 Rows feeding fewer tokens than others in a step are padded before their tokens with masked slots; tokens the
 main rejected are masked, not cut (the batch's cache is one array for every row); once the cache holds
 COMPACT_SLOTS more slots than its longest row's live ones, each row's live slots are packed to the front. A row
@@ -32,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 import openvino as ov
 
-from inference.engines.prefill import PrefillCache
+from inference.engines.prefix_cache import PrefixCache, ProgressCallback
 from inference.engines.stepped_model import step_inputs
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ GATHER_S = 0.02  # how long a step waits for rows that have not asked yet (their
 # that stay out of step, each batch then inferring while the other does, on the same cores (the real pair, four
 # answers at K=1: half the main alone's batch so; docs/speculation.md#speculating-in-the-batch).
 DRAFTING_GATHER_S = 1.0
+LEAVE_WAIT_S = 5.0  # how long an answer waits for its slots to reach the prefix cache (a step or two)
 COMPACT_SLOTS = 64  # dead or padded slots the cache holds beyond its longest row's live ones before it is packed
 
 
@@ -51,6 +54,9 @@ class BatchRow:
     def __init__(self, batch: SharedBatch):
         self.batch = batch
         self.joined = False
+        self.cached = 0  # the prompt's tokens its prefill found in the prefix cache
+        self.keep_ids: list[int] | None = None  # leaving: the tokens its live slots hold, for the prefix cache
+        self.left = threading.Event()
         self.drafting = False  # it speculates: between its main steps it drafts (exact.Decoding)
         self.position = 0  # the next token's position
         self.tokens: list[int] = []  # what it asked to feed, until the driver answers
@@ -62,9 +68,16 @@ class BatchRow:
         self.failed: Exception | None = None  # the batch was reset under it (SharedBatch._reset)
         self.cache: dict[str, np.ndarray] | None = None  # joining with a cache of its own (adopt)
 
-    def prefill(self, prompt_ids: list[int]) -> np.ndarray:
-        """Joining the batch, by a prefill of its own (from the batch's cache of recent prompts)."""
-        return self.feed(prompt_ids)
+    def prefill(self, prompt_ids: list[int], *, on_chunk: ProgressCallback | None = None) -> np.ndarray:
+        """Joining the batch with its prompt's cache, prefilled here (from the prefix cache where it can)."""
+        request = self.batch.prefill_request()
+        try:
+            logits, self.cached = self.batch.prompts.prefill(request, prompt_ids, on_chunk=on_chunk)
+            self.adopt({state.name: state.state.data for state in request.query_state()})
+        finally:
+            request.reset_state()
+            self.batch.prefill_done(request)
+        return logits
 
     def adopt(self, cache: dict[str, np.ndarray]) -> None:
         """Joining the batch with a cache of its own: each state [1, kv heads, slots, head size], every slot live."""
@@ -72,11 +85,13 @@ class BatchRow:
         self._ask([])
 
     def feed(self, token_ids: list[int]) -> np.ndarray:
-        """Logits for each fed token (the last one's alone in a batch of `last_row_only`); the prompt's last
-        token's alone when joining."""
+        """Logits for each fed token (the last one's alone in a batch of `last_row_only`); the first feed joins
+        the batch, as a prefill."""
         if self.failed is not None:
             raise RuntimeError("the batched main failed") from self.failed
-        if self.joined and not token_ids:
+        if not self.joined:
+            return self.prefill(token_ids)
+        if not token_ids:
             raise ValueError("a row of the batch feeds a token at least")
         return self._ask(token_ids)
 
@@ -98,18 +113,22 @@ class BatchRow:
     def rebuild(self, live_ids: list[int]) -> None:
         raise ValueError("the batch packs its rows' live slots itself")
 
-    def close(self) -> None:
-        self.batch.leave(self)
+    def close(self, *, keep_ids: list[int] | None = None) -> None:
+        """Leave the batch; with `keep_ids`, once its live slots are in the prefix cache."""
+        self.keep_ids = keep_ids
+        if self.batch.leave(self) and keep_ids:
+            self.left.wait(timeout=LEAVE_WAIT_S)
 
 
 class SharedBatch:
     """The rows of one compiled main, stepped by one driver thread, started with the first row."""
 
-    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache, last_row_only: bool = False):
+    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefixCache, last_row_only: bool = False):
         self.prompts = prompts
         self.last_row_only = last_row_only  # a draft's batch: each row proposes from its last token's logits
+        self.compiled = compiled
         self.step_request = compiled.create_infer_request()
-        self.prefill_request = compiled.create_infer_request()
+        self._prefill_requests: list[ov.InferRequest] = []  # idle ones, for the next rows' prefills
         self.rows: list[BatchRow] = []  # in the cache's batch order
         self.mask = np.zeros((0, 0), dtype=np.int64)  # [rows, slots]: 1 where a row attends
         self._asked: list[BatchRow] = []
@@ -129,11 +148,22 @@ class SharedBatch:
                 self._driver.start()
             self._changed.notify_all()
 
-    def leave(self, row: BatchRow) -> None:
+    def prefill_request(self) -> ov.InferRequest:
+        with self._changed:
+            return self._prefill_requests.pop() if self._prefill_requests else self.compiled.create_infer_request()
+
+    def prefill_done(self, request: ov.InferRequest) -> None:
+        with self._changed:
+            self._prefill_requests.append(request)
+
+    def leave(self, row: BatchRow) -> bool:
+        """Whether the row was in the batch (the driver takes it out, and sets `row.left`)."""
         with self._changed:
             if row.joined and row.failed is None:
                 self._leaving.append(row)
                 self._changed.notify_all()
+                return True
+            return False
 
     def _drive(self) -> None:
         """Until no row is left: take the rows that asked (joining rows first), step them, answer them."""
@@ -160,6 +190,9 @@ class SharedBatch:
                 log.exception("a row could not leave the batch")
                 self._reset(exc, waiting=asked)
                 continue
+            finally:
+                for row in leaving:
+                    row.left.set()
             joining = [row for row in asked if not row.joined]
             stepping = [row for row in asked if row.joined]
             for row in joining:
@@ -192,16 +225,10 @@ class SharedBatch:
         self.step_request.reset_state()
 
     def _join(self, rows: list[BatchRow]) -> list[np.ndarray]:
-        """Prefill the row's prompt on its own (unless it brings its cache), then copy its cache into the
-        batch's as a new row."""
+        """Copy the row's cache into the batch's as a new row."""
         [row] = rows
-        if row.cache is None:
-            request = self.prefill_request
-            request.reset_state()
-            logits = self.prompts.prefill(request, row.tokens)
-            own = {state.name: state.state.data for state in request.query_state()}
-        else:
-            own, logits = row.cache, np.zeros((1, 0), dtype=np.float32)
+        own = row.cache
+        assert own is not None, "a row joins with its cache (BatchRow.prefill, adopt)"
         n = next(iter(own.values())).shape[2]
         width = max(self.mask.shape[1], n)
         if self.rows:
@@ -211,7 +238,6 @@ class SharedBatch:
         else:
             for state in self.step_request.query_state():
                 state.state = ov.Tensor(np.ascontiguousarray(own[state.name]))
-        self.prefill_request.reset_state()  # its copy of the prompt's cache is in the batch now
         row.cache = None
         mask = np.zeros((len(self.rows) + 1, width), dtype=np.int64)
         mask[:-1, : self.mask.shape[1]] = self.mask
@@ -219,7 +245,7 @@ class SharedBatch:
         self.mask = mask
         self.rows.append(row)
         row.joined, row.position, row.slots = True, n, list(range(n))
-        return [logits]
+        return [np.zeros((1, 0), dtype=np.float32)]
 
     def _step(self, stepping: list[BatchRow]) -> list[np.ndarray]:
         """One inference for every row: each that asked feeds its tokens, after masked slots where others feed
@@ -278,6 +304,9 @@ class SharedBatch:
     def _remove(self, row: BatchRow) -> None:
         """Cut the row out of the cache, and the slots no row left attends to."""
         index = self.rows.index(row)
+        if row.keep_ids:
+            self.prompts.keep(row.keep_ids, {state.name: state.state.data[index][None][:, :, row.slots]
+                                             for state in self.step_request.query_state()})
         del self.rows[index]
         if not self.rows:
             self.step_request.reset_state()

@@ -23,7 +23,7 @@ import openvino.opset13 as ops
 
 from inference.engines.batch import BatchRow, SharedBatch
 from inference.engines.kv_cache import KvSequence
-from inference.engines.prefill import PrefillCache
+from inference.engines.prefix_cache import PrefixCache
 from inference.engines.stepped_model import UnsupportedHead, logits_matmul, read_stepped
 
 # What stands between the head's weight constants and its MatMul, rebuilt from new inputs.
@@ -106,7 +106,7 @@ class WidenedSequence(KvSequence):
     """The draft's cache when its head is cut: each feed gives the last token's row only, widened to the full
     vocabulary (all the engine uses of a draft's logits)."""
 
-    def __init__(self, compiled: ov.CompiledModel, head: DraftHead, *, prompts: PrefillCache | None = None):
+    def __init__(self, compiled: ov.CompiledModel, head: DraftHead, *, prompts: PrefixCache | None = None):
         super().__init__(compiled, prompts=prompts, last_row_only=True)
         self.head = head
 

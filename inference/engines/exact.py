@@ -33,11 +33,11 @@ from inference.engines.constraint import TokenConstraint, load_vocabulary, maske
 from inference.engines.decoding import DecodingParams
 from inference.engines.draft_head import WidenedRow, WidenedSequence, compile_draft
 from inference.engines.drafting import Drafting, Proposal
-from inference.engines.interface import ActiveRequest, Finished, StepTokens
+from inference.engines.interface import ActiveRequest, Finished, PromptRead, StepTokens
 from inference.engines.kv_cache import KvCache, KvSequence
 from inference.engines.ngram import PromptLookup
 from inference.engines.pages import release_freed_heap, release_weight_pages
-from inference.engines.prefill import PrefillCache
+from inference.engines.prefix_cache import PrefixCache, kv_bytes_per_token
 from inference.engines.spec import PairSpec
 from inference.engines.stepped_model import read_stepped
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
@@ -45,7 +45,11 @@ from inference.limits import DEFAULT_K, Drafter, FinishReason
 
 log = logging.getLogger(__name__)
 COMPACT_MIN_DEAD = 64  # rebuild a cache once this many slots (and more than half) are dead
-
+# Beyond this many prompt tokens missing from the draft's prefix cache, the answer does not wait for the draft to read
+# them (its prefill would land in the stream, after the first token): it runs on the main alone, and the draft reads
+# the conversation once the answer is out, ready for the next turn (docs/speculation.md#long-conversations).
+DRAFT_CATCH_UP_TOKENS = 256
+PROGRESS_MIN_TOKENS = 256  # prompts this long to read say how far they got
 
 def _logsumexp(row: np.ndarray) -> float:
     top = float(row.max())
@@ -102,8 +106,10 @@ class OwnEngine:
         self.draft, self.draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
                                                     device=spec.draft_runs_on,
                                                     properties=spec.device_properties(device=spec.draft_runs_on))
-        self.main_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
-        self.draft_prompts = PrefillCache(kept_tokens=spec.prompt_cache_tokens)
+        main_bytes, draft_bytes = kv_bytes_per_token(self.main), kv_bytes_per_token(self.draft)
+        capacity = spec.prefix_cache_mb * 2**20  # shared so that both models keep as many tokens
+        self.main_prompts = PrefixCache(capacity_bytes=capacity * main_bytes // (main_bytes + draft_bytes))
+        self.draft_prompts = PrefixCache(capacity_bytes=capacity * draft_bytes // (main_bytes + draft_bytes))
         self.batch = SharedBatch(self.main, prompts=self.main_prompts)
         self.draft_batch = SharedBatch(self.draft, prompts=self.draft_prompts, last_row_only=True)
         self.tokenizer = load_tokenizer(spec.main_dir)
@@ -168,14 +174,21 @@ class OwnEngine:
         """Nothing to stop: each request's thread ends with it (and the batch's driver with its last row)."""
 
     def _run(self, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams) -> None:
+        decoding = None
         try:
-            finished = Decoding(self, request, prompt_ids, params).run()
+            decoding = Decoding(self, request, prompt_ids, params)
+            finished = decoding.run()
         except Exception as exc:  # a failed request fails alone
             log.exception("exact decoding failed for %s", self.spec.slug)
-            finished = Finished(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+            finished, decoding = Finished(FinishReason.ERROR, f"{type(exc).__name__}: {exc}"), None
+        request.events.put(finished)
+        try:
+            if decoding is not None:
+                decoding.catch_up_draft()
+        except Exception:
+            log.exception("the draft could not read a conversation of %s", self.spec.slug)
         with self._lock:
             self._active.pop(request.request_id, None)
-        request.events.put(finished)
         release_weight_pages()  # what the kernels this request first ran read (engines/pages.py)
         release_freed_heap()
 
@@ -195,6 +208,7 @@ class Decoding:
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
         self.drafting = Drafting(engine.draft_sequence(), lookup=self._lookup(), params=params, rng=self.rng,
                                  constraint=self.constraint, judged=engine.spec.drafters_judged) if self.k else None
+        self.behind: Drafting | None = None  # a draft left out of this answer, to read the conversation after it
 
     def _lookup(self) -> PromptLookup | None:
         """The prompt lookup, tried before the draft where the pair chains it."""
@@ -203,23 +217,42 @@ class Decoding:
         return PromptLookup(self.prompt_ids, max_ngram=self.params.max_ngram_size)
 
     def run(self) -> Finished:
+        """The answer; its caches' live tokens then kept in the prefix caches (unless it failed)."""
+        kept = None
         try:
-            return self._decode()
+            finished = self._decode()
+            kept = self.prompt_ids + self.emitted
+            return finished
         finally:
-            self.main.close()
+            self.main.close(keep_ids=kept)
             if self.drafting:
-                self.drafting.draft.close()
+                self.drafting.draft.close(keep_ids=kept)
+
+    def catch_up_draft(self) -> None:
+        """After the answer is out: the draft left out of it reads the conversation so far, for the next turn."""
+        if self.behind is not None and self.emitted:
+            self.behind.prefill(self.prompt_ids + self.emitted[:-1])
+            self.behind.draft.close()
+
+    def _reading(self, read: int, total: int) -> None:
+        if total >= PROGRESS_MIN_TOKENS:
+            self.request.events.put(PromptRead(read, total))
 
     def _decode(self) -> Finished:
-        logits = self.main.prefill(self.prompt_ids)[-1]
+        logits = self.main.prefill(self.prompt_ids, on_chunk=self._reading)[-1]
+        self.request.cached_tokens = self.main.cached
         first = draw(probabilities(self._allowed(logits), self.params), self.rng)
         if self.constraint:
             self.constraint.take(first)
         finished = self._emit([first], token_scores([logits], [first], self.params))
         if self.drafting and finished is None:  # after the first token is out: not part of its wait
-            self.drafting.prefill(self.prompt_ids)
-            if self.drafting.lookup:
-                self.drafting.lookup.extend([first])
+            missing = len(self.prompt_ids) - self.engine.draft_prompts.cached_tokens(self.prompt_ids)
+            if missing > DRAFT_CATCH_UP_TOKENS:
+                self.behind, self.drafting = self.drafting, None
+            else:
+                self.drafting.prefill(self.prompt_ids)
+                if self.drafting.lookup:
+                    self.drafting.lookup.extend([first])
         while finished is None:
             if self.request.stop_requested:
                 return Finished(FinishReason.STOPPED)

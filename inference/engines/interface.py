@@ -31,6 +31,13 @@ class StepTokens(NamedTuple):
     proposed: int | None = None  # how many it proposed (the accepted ones are all the tokens but the last)
 
 
+class PromptRead(NamedTuple):
+    """How far the prefill of a long prompt got: `read` of its `total` tokens are in the cache."""
+
+    read: int
+    total: int
+
+
 class Finished(NamedTuple):
     finish_reason: FinishReason
     error: str = ""
@@ -46,7 +53,8 @@ class ActiveRequest:
         self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)
         self.added_at = added_at
-        self.events: queue.Queue[StepTokens | Finished] = queue.Queue()
+        self.events: queue.Queue[StepTokens | PromptRead | Finished] = queue.Queue()
+        self.cached_tokens = 0  # prompt tokens the engine found in its prefix cache (set before the first token)
         self.stop_requested = False
 
     def stop(self) -> None:

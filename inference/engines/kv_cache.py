@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 import openvino as ov
 
-from inference.engines.prefill import PrefillCache
+from inference.engines.prefix_cache import PrefixCache, ProgressCallback
 from inference.engines.stepped_model import step_inputs
 
 
@@ -18,14 +18,16 @@ class KvCache(Protocol):
     """One model's KV cache for one answer, fed a step at a time."""
 
     position: int  # the next token's position: the live tokens so far
+    cached: int  # the prompt's tokens its prefill found in the prefix cache
 
     @property
     def dead(self) -> int:
         """Slots the cache holds for rejected tokens (masked, not cut): rebuild() drops them."""
         ...
 
-    def prefill(self, prompt_ids: list[int]) -> np.ndarray:
-        """The prompt into a fresh cache: logits whose last row is the prompt's last token's."""
+    def prefill(self, prompt_ids: list[int], *, on_chunk: ProgressCallback | None = None) -> np.ndarray:
+        """The prompt into a fresh cache, from the model's prefix cache where it holds its start: logits whose last
+        row is the prompt's last token's. `cached` then says how many prompt tokens were found there."""
         ...
 
     def feed(self, token_ids: list[int]) -> np.ndarray:
@@ -41,8 +43,9 @@ class KvCache(Protocol):
         """A fresh cache holding `live_ids` only."""
         ...
 
-    def close(self) -> None:
-        """The answer is over: whatever the cache holds elsewhere is given back."""
+    def close(self, *, keep_ids: list[int] | None = None) -> None:
+        """The answer is over: whatever the cache holds elsewhere is given back, its live slots (which hold
+        `keep_ids`, or more) kept in the model's prefix cache first."""
         ...
 
 
@@ -57,10 +60,11 @@ class KvSequence:
     `compiled` is stepped (engines/stepped_model.py). A draft's sequence is `last_row_only`: it proposes from the
     last fed token's logits, so its head runs for that token alone."""
 
-    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefillCache | None = None, cut_rejected: bool = False,
+    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefixCache | None = None, cut_rejected: bool = False,
                  last_row_only: bool = False):
         self.request = compiled.create_infer_request()
-        self.prompts = prompts or PrefillCache(kept_tokens=0)  # the model's recent prompts (none kept: a test's own)
+        self.prompts = prompts or PrefixCache(capacity_bytes=0)  # the model's prefix cache (none kept: a test's own)
+        self.cached = 0
         self.cut_rejected = cut_rejected
         self.last_row_only = last_row_only
         self.mask = np.zeros(0, dtype=np.int64)
@@ -76,9 +80,9 @@ class KvSequence:
         self.position += n
         return self.request.get_output_tensor(0).data[0]
 
-    def prefill(self, prompt_ids: list[int]) -> np.ndarray:
-        """The prompt into a fresh cache (a copy, when it was prefilled lately): the last token's logits."""
-        logits = self.prompts.prefill(self.request, prompt_ids)
+    def prefill(self, prompt_ids: list[int], *, on_chunk: ProgressCallback | None = None) -> np.ndarray:
+        """The prompt into a fresh cache (its start from the prefix cache): the last token's logits."""
+        logits, self.cached = self.prompts.prefill(self.request, prompt_ids, on_chunk=on_chunk)
         self.mask = np.ones(len(prompt_ids), dtype=np.int64)
         self.position = len(prompt_ids)
         return logits
@@ -107,8 +111,10 @@ class KvSequence:
         live = np.flatnonzero(self.mask)
         return {state.name: np.ascontiguousarray(state.state.data[:, :, live]) for state in self.request.query_state()}
 
-    def close(self) -> None:
+    def close(self, *, keep_ids: list[int] | None = None) -> None:
         """The cache given back now, not when the answer's objects go (a batch row leaves its batch)."""
+        if keep_ids and self.position:
+            self.prompts.keep(keep_ids, self.live_cache())
         self.request.reset_state()
 
     def rebuild(self, live_ids: list[int]) -> None:

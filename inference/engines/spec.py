@@ -12,8 +12,7 @@ from pathlib import Path
 from inference.engines.devices import AUTO
 from inference.limits import Drafter, Route
 
-KEPT_TOKENS = 1024  # prompt tokens kept prefilled per model (engines/prefill.py): ~57 MB for the real main's f32
-# cache, ~25 MB for its draft's (settings.PROMPT_CACHE_TOKENS sets it for a worker's engines)
+PREFIX_CACHE_MB = 512  # the own engine's prefix caches, main and draft together (engines/prefix_cache.py)
 HEAD_IDS_FILE = "head_vocabulary.npy"  # beside a draft's IR: the ids its head keeps (pairs/head_vocabulary.py)
 
 
@@ -37,7 +36,7 @@ class PairSpec:
     exact_sampling: bool = False  # the own engine (engines/exact.py) rather than openvino-genai's pipeline
     own_engine: bool = False  # the pair serves its first streams on its own engine (ModelPair.own_engine_streams)
     speculating_streams: int = 0  # on the own engine: beyond this many answers, speculating ones join the batch
-    prompt_cache_tokens: int = KEPT_TOKENS  # on the own engine: prompt tokens kept prefilled per model (0: none)
+    prefix_cache_mb: int = PREFIX_CACHE_MB  # on the own engine: its prefix caches' bound (0: none)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
     chained_lookup: bool = True  # on the own engine: the prompt lookup proposes first, the draft where it has nothing
     draft_head_ids: str = ""  # on the own engine: a file of the ids the draft's head keeps (engines/draft_head.py)
