@@ -261,3 +261,63 @@ def test_the_markdown_export_closes_what_an_answer_left_open(demo_pair, user, cl
     assert headings == ["You", "Answer"] * 4, exported
     fences = [t.content for t in tokens if t.type == "fence"]
     assert "def merge(a, b):\n    out = []\n    while a and b:\n" in fences  # the cut code, shown as code
+
+
+# ------------------------------------------------------------------ 4. Regenerate
+def test_regenerate_gives_another_answer_and_keeps_a_continued_ones_length(demo_pair, user, live_server_url, page):
+    frames = sent_frames(page)
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    page.fill("#prompt", PROMPT)
+    page.fill("#max-tokens", "8")
+    page.click("#send")
+    wait_for_answers(page, 1)
+    answer = page.locator("article.assistant")
+    answer.locator("button.continue").click()  # 8 tokens more, as the same answer
+    page.wait_for_function("() => !document.querySelector('article.assistant.streaming') "
+                           "&& document.querySelectorAll('article.assistant button.continue, "
+                           "article.assistant button.regenerate').length > 0")
+    continued = in_thread(lambda: Message.objects.get(role=Message.Role.ASSISTANT).text)
+    answer.locator("button.regenerate").click()
+    page.wait_for_selector("article.assistant:not(.streaming) .versions")
+    assert frames[-1]["action"] == "regenerate" and frames[-1]["settings"]["temperature"] == 0.7  # none was set
+    again = in_thread(lambda: Generation.objects.order_by("-created_at").first())
+    assert again.params["decoding"]["temperature"] == 0.7
+    assert again.params["decoding"]["max_new_tokens"] >= 16  # the length both parts had, not the 8 asked now
+    assert again.text != continued  # another answer, not the same one word for word
+
+    page.click("#options-toggle")
+    page.fill("#temperature", "0")  # the user's own temperature is kept
+    answer.locator("button.regenerate").click()
+    page.wait_for_function("() => document.querySelector('article.assistant .versions span')?.textContent === '3/3' "
+                           "&& !document.querySelector('article.assistant.streaming')")
+    assert frames[-1]["settings"]["temperature"] == 0
+
+
+# ------------------------------------------------------------------ 7, 10. the options
+OPTION_GEOMETRY = """() => {
+    const box = (id) => document.getElementById(id).getBoundingClientRect();
+    return {sendLeft: box('send').left, sendBelowPrompt: box('send').top - box('prompt').bottom,
+            help: document.getElementById('option-help').textContent,
+            helpShown: document.getElementById('option-help').getBoundingClientRect().height > 0};
+}"""
+
+
+@pytest.mark.parametrize("width, height", SIZES)
+def test_options_say_what_they_do_on_a_tap_and_send_stays_put(demo_pair, user, live_server_url, page, width, height):
+    page.set_viewport_size({"width": width, "height": height})
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    closed = page.evaluate(OPTION_GEOMETRY)
+    page.click("#options-toggle")
+    page.locator("#k").wait_for()
+    opened = page.evaluate(OPTION_GEOMETRY)
+    assert (opened["sendLeft"], opened["sendBelowPrompt"]) == (closed["sendLeft"], closed["sendBelowPrompt"])
+    assert opened["helpShown"]
+    page.click("#k")
+    assert "guesses ahead" in page.evaluate(OPTION_GEOMETRY)["help"]  # said on a tap, not in a tooltip
+    page.click("#temperature")
+    assert "0.7 for Regenerate" in page.evaluate(OPTION_GEOMETRY)["help"]
+    page.click("#speculative")
+    assert "main model writes alone" in page.evaluate(OPTION_GEOMETRY)["help"]
+    shot(page, f"options-{width}")

@@ -166,7 +166,7 @@ def test_system_prompt_edit_and_resend_and_the_last_answers_controls(demo_pair, 
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_server_url, "alice", "alice-password")
     page.wait_for_selector("body[data-connected='1']")
-    assert "Completes Python code" in page.locator("#empty-description").inner_text()
+    assert "continues Python code" in page.locator("#empty-description").inner_text()
     assert not page.locator("#empty-unavailable").is_visible()  # the worker serves it
     page.screenshot(path=str(SHOTS / "empty-390.png"))
 
@@ -273,5 +273,5 @@ def test_controls_are_labelled_and_text_contrasts(long_conversation, live_server
     log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{long_conversation.id}/")
     page.wait_for_selector("article.assistant .code-block")
     page.click("#system-toggle")
-    page.click(".options summary")
+    page.click("#options-toggle")
     assert page.evaluate(ACCESSIBILITY) == {"unlabelled": [], "low": []}

@@ -127,7 +127,7 @@ def test_errors_a_chat_user_causes_are_told_in_the_pages_words(unserved_pair, ke
     assert unserved.is_disabled() and unserved.inner_text() == "Unserved — nobody serves it"  # greyed out, saying why
     assert "ask an admin to start a worker" in unserved.get_attribute("title")
 
-    page.click(".options summary")
+    page.click("#options-toggle")
     page.fill("#k", "3")
     page.fill("#threshold", "0.5")
     assert status_after_send(page).startswith("Options: set K or Threshold, not both")
@@ -210,7 +210,7 @@ def test_the_conversation_keeps_the_room(formatted_chat, live_server_url, page, 
             assert not page.evaluate(GEOMETRY)["sideways"]
             page.keyboard.press("Escape")
             assert page.locator("#delete").is_hidden()
-        for panel, opener in (("options", ".options summary"), ("system", "#system-toggle")):
+        for panel, opener in (("options", "#options-toggle"), ("system", "#system-toggle")):
             if panel == "system" and width < 768:  # a phone's top bar keeps the chat's actions behind a button
                 page.click("#actions-toggle")
             page.click(opener)
@@ -258,7 +258,7 @@ def test_show_steps_keeps_the_rendering_and_marks_each_step(stepped_answer, live
     generation = stepped_answer
     log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{generation.message.conversation_id}/")
     page.wait_for_selector("article.assistant .code-block")
-    page.click(".options summary")
+    page.click("#options-toggle")
     page.check("#show-steps")
     state = page.evaluate(STEP_COVERAGE)
     assert state["steps"] and state["strong"] == 1 and state["tables"] == 1 and state["highlighted"] > 100, state
@@ -293,7 +293,7 @@ def test_keyboard_search_and_kept_settings(two_chats, live_server_url, page):
     assert page.inner_text("article.user .body") == "How do I sort a list stably?"
 
     page.fill("#max-tokens", "77")
-    page.click(".options summary")
+    page.click("#options-toggle")
     page.fill("#temperature", "0.7")
     page.reload()
     page.wait_for_selector("body[data-connected='1']")

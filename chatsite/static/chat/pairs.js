@@ -31,10 +31,28 @@ export function initPairs(page, pairs, setStatus) {
   for (const id of SETTINGS) {
     for (const type of ["input", "change"]) $(id).addEventListener(type, () => keepSettings(select.value));
   }
+  initOptions();
   $("show-steps").checked = localStorage.getItem("specchat:show-steps") === "1";
   $("show-steps").addEventListener("change", () => localStorage.setItem("specchat:show-steps", $("show-steps").checked ? "1" : "0"));
   if (!page.pairs.length) setStatus("No pair is registered yet: an admin adds one in Admin → Model pairs.", true);
   show();
+}
+
+// The Options row, opened and closed by its button; each setting's explanation shown under it when the setting is
+// tapped or focused (a phone shows no tooltip).
+function initOptions() {
+  const toggle = $("options-toggle");
+  toggle.addEventListener("click", () => {
+    const open = toggle.getAttribute("aria-expanded") !== "true";
+    toggle.setAttribute("aria-expanded", String(open));
+    $("option-fields").hidden = !open;
+  });
+  for (const type of ["focusin", "click"]) {
+    $("option-fields").addEventListener(type, (e) => {
+      const help = e.target.closest("label")?.dataset.help;
+      if (help) $("option-help").textContent = help;
+    });
+  }
 }
 
 function showPair(pair) {
