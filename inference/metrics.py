@@ -51,6 +51,11 @@ FAMILIES = (
     Family("specchat_request_errors", "counter", "Generations that ended in an engine error."),
     Family("vllm:prompt_tokens", "counter", "Prompt tokens processed."),
     Family("vllm:generation_tokens", "counter", "Tokens generated."),
+    Family("vllm:prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache."),
+    Family("vllm:prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache (not prefilled again)."),
+    Family("specchat_prefix_cache_bytes", "gauge",
+           "Bytes a worker's prefix caches hold for a pair (the own engine's main and draft; bounded by "
+           "SPECCHAT_PREFIX_CACHE_MB)."),
     Family("vllm:time_to_first_token_seconds", "histogram",
            "Time from the request entering the batch to its first token."),
     Family("vllm:time_per_output_token_seconds", "histogram",
@@ -100,7 +105,7 @@ def _observe(pipe, name: str, labels: dict, buckets: tuple[float, ...], value: f
 
 
 def record_generation(*, client: redis.Redis, pair: str, finish_reason: FinishReason, prompt_tokens: int,
-                      figures: SpeculationFigures, mode: str, k: int | None) -> None:
+                      cached_tokens: int, figures: SpeculationFigures, mode: str, k: int | None) -> None:
     """Count one ended generation (worker side). Never raises: metrics must not break a generation."""
     labels = {"model_name": pair}
     try:
@@ -116,6 +121,8 @@ def record_generation(*, client: redis.Redis, pair: str, finish_reason: FinishRe
         count("specchat_requests_by_mode", 1, {"mode": mode, "k": str(k) if k is not None else ""})
         tokens = figures.completion_tokens
         count("vllm:prompt_tokens", prompt_tokens)
+        count("vllm:prefix_cache_queries", prompt_tokens)
+        count("vllm:prefix_cache_hits", cached_tokens)
         count("vllm:generation_tokens", tokens)
         if figures.ttft_ms is not None:
             ttft = figures.ttft_ms / 1000
@@ -158,11 +165,14 @@ def _queue_gauges() -> dict[str, float]:
 
 
 def _live_gauges(client: redis.Redis) -> dict[str, float]:
-    return {_sample("specchat_live_tokens_per_second",
-                    {"model_name": slug, "worker": beat["name"], "k": k, "streams": streams}): rate
-            for beat in live_workers(client=client)
-            for slug, by_streams in beat.get("figures", {}).items()
-            for streams, by_k in by_streams.items() for k, rate in by_k.items()}
+    beats = live_workers(client=client)
+    return {**{_sample("specchat_live_tokens_per_second",
+                       {"model_name": slug, "worker": beat["name"], "k": k, "streams": streams}): rate
+               for beat in beats
+               for slug, by_streams in beat.get("figures", {}).items()
+               for streams, by_k in by_streams.items() for k, rate in by_k.items()},
+            **{_sample("specchat_prefix_cache_bytes", {"model_name": slug, "worker": beat["name"]}): held
+               for beat in beats for slug, held in beat.get("prefix_cache_bytes", {}).items()}}
 
 
 def _order(sample: str, names: tuple[str, ...]) -> tuple:

@@ -232,6 +232,7 @@ class Generation(models.Model):
                                                           "(serving/speculation.py, Reason).")
     error = models.TextField(blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0, help_text="prompt tokens found in the prefix cache")
     completion_tokens = models.PositiveIntegerField(default=0)
     ttft_ms = models.FloatField(null=True, blank=True)
     tokens_per_s = models.FloatField(null=True, blank=True)

@@ -6,7 +6,8 @@ reconnecting websocket or an SSE client with Last-Event-ID resumes from its id: 
 nothing is read twice. The stream expires some time after the generation ends; the finished
 answer lives on in the database.
 
-Event types: start {prompt_tokens, worker}, delta {at, steps: [[draft_text, main_text], ...]},
+Event types: start {prompt_tokens, worker}, prompt {read, total} (a long prompt's prefill, how far it got),
+delta {at, steps: [[draft_text, main_text], ...]},
 done {finish_reason, text, metrics...}, error {message}. A Redis restart loses the stream: the worker
 then writes its history again (see StreamWriter) and readers align on the deltas' `at`.
 """

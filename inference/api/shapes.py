@@ -28,6 +28,7 @@ def usage(record: Mapping) -> dict:
     """OpenAI's usage plus the speculative figures, from a done event or a Generation's fields."""
     prompt, completion = record["prompt_tokens"], record["completion_tokens"]
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": record.get("cached_tokens") or 0},
             **{name: record.get(name) for name in SPECULATIVE_USAGE}}
 
 

@@ -249,7 +249,7 @@ def run_once(engine: Engine, *, prompt: str, params: DecodingParams) -> tuple[st
     text = TextAssembler(engine.tokenizer)
     request = engine.submit(prompt=prompt, params=params)
     try:
-        while not isinstance(item := request.events.get(timeout=TOKEN_TIMEOUT_S), Finished):
+        while not isinstance(item := request.next_step(timeout=TOKEN_TIMEOUT_S), Finished):
             stats.add_step(len(item.token_ids), item.at, drafter=item.drafter, proposed=item.proposed)
             text.add(item.token_ids)
     except queue.Empty:

@@ -106,7 +106,7 @@ def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int, grammar:
                                                   grammar_text=grammar.text if grammar else ""))
     stats = SpeculationStats(num_assistant_tokens=k, speculative=bool(k), max_new_tokens=max_new_tokens)
     tokens: list[int] = []
-    while not isinstance(event := request.events.get(timeout=600), Finished):
+    while not isinstance(event := request.next_step(timeout=600), Finished):
         tokens += event.token_ids
         stats.add_step(len(event.token_ids), event.at, drafter=event.drafter, proposed=event.proposed)
     if event.finish_reason not in {FinishReason.STOP, FinishReason.LENGTH}:

@@ -181,14 +181,14 @@ class OwnEngine:
         except Exception as exc:  # a failed request fails alone
             log.exception("exact decoding failed for %s", self.spec.slug)
             finished, decoding = Finished(FinishReason.ERROR, f"{type(exc).__name__}: {exc}"), None
+        with self._lock:
+            self._active.pop(request.request_id, None)
         request.events.put(finished)
-        try:
+        try:  # not counted as an answer running: the next turn plans as if it had finished
             if decoding is not None:
                 decoding.catch_up_draft()
         except Exception:
             log.exception("the draft could not read a conversation of %s", self.spec.slug)
-        with self._lock:
-            self._active.pop(request.request_id, None)
         release_weight_pages()  # what the kernels this request first ran read (engines/pages.py)
         release_freed_heap()
 

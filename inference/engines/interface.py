@@ -57,6 +57,13 @@ class ActiveRequest:
         self.cached_tokens = 0  # prompt tokens the engine found in its prefix cache (set before the first token)
         self.stop_requested = False
 
+    def next_step(self, *, timeout: float) -> StepTokens | Finished:
+        """The next step or the end, past how far the prompt's reading got (what a caller that only counts
+        tokens reads)."""
+        while isinstance(event := self.events.get(timeout=timeout), PromptRead):
+            pass
+        return event
+
     def stop(self) -> None:
         """Ask the engine to stop this request before its next step (keeps what was produced)."""
         if self.stop_requested:

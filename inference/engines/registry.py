@@ -160,6 +160,15 @@ class EngineRegistry:
                  "inference_precision": s.inference_precision, "kv_cache_precision": s.kv_cache_precision,
                  "dynamic_quantization": s.dynamic_quantization} for s in self._engines]
 
+    def prefix_cache_bytes(self) -> dict[str, int]:
+        """Slug -> the bytes its engines' prefix caches hold (the own engine's, main and draft)."""
+        held: dict[str, int] = {}
+        for spec, engine in list(self._engines.items()):
+            for cache in (getattr(engine, "main_prompts", None), getattr(engine, "draft_prompts", None)):
+                if cache is not None:
+                    held[spec.slug] = held.get(spec.slug, 0) + cache.stats.bytes
+        return held
+
     def unload(self, slug: str) -> None:
         for spec in [s for s in self._engines if s.slug == slug]:
             self._engines.pop(spec).close()  # requests in flight finish first

@@ -68,6 +68,7 @@ def heartbeat_payload() -> dict:
         "host_facts": this_host().facts,  # whose calibrations the chat weighs its answers against (device aside)
         # {slug: {streams: {K: tok/s}}}: what the plans follow (engines/rates.py), for /metrics
         "figures": {slug: rates.figures() for slug, rates in STATE.engines.rates.items()},
+        "prefix_cache_bytes": STATE.engines.prefix_cache_bytes(),  # {slug: bytes}, for /metrics
     }
 
 

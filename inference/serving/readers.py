@@ -153,8 +153,8 @@ def nothing_after(*, generation_id, seen: str) -> bool:
     return (timezone.now() - finished_at).total_seconds() >= END_GRACE_S
 
 
-DONE_FIELDS = ("finish_reason", "text", "prompt_tokens", *FIGURES, "speculative_mode", "speculative_reason",
-               "speculative_k", "speculative_route", "speculative_reason_codes")
+DONE_FIELDS = ("finish_reason", "text", "prompt_tokens", "cached_tokens", *FIGURES, "speculative_mode",
+               "speculative_reason", "speculative_k", "speculative_route", "speculative_reason_codes")
 
 
 @reconnecting

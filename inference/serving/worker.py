@@ -18,7 +18,7 @@ from django.utils import timezone
 from inference import selectors, transport
 from inference.engines.decoding import DecodingParams
 from inference.engines.host import this_host
-from inference.engines.interface import ActiveRequest, Engine, Finished, StepTokens
+from inference.engines.interface import ActiveRequest, Engine, Finished, PromptRead, StepTokens
 from inference.engines.registry import EngineRegistry
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.text_assembler import TextAssembler
@@ -208,6 +208,7 @@ class Answer:
         self.steps: list[list] = []
         self.pending: list[list] = []
         self.moving_to: speculation.Plan | None = None
+        self.cached_tokens = 0  # prompt tokens the first engine found in its prefix cache
         self.overran = False  # stopped for running past settings.MAX_ANSWER_S
 
     @staticmethod
@@ -234,7 +235,11 @@ class Answer:
                 item = self.request.events.get(timeout=flush_s)
             except queue.Empty:
                 item = None
-            if isinstance(item, StepTokens):
+            if isinstance(item, PromptRead):
+                self.writer.send({"type": "prompt", "read": item.read, "total": item.total})
+            elif isinstance(item, StepTokens):
+                if not self.steps:
+                    self.cached_tokens = self.request.cached_tokens
                 self.stats.add_step(len(item.token_ids), item.at, drafter=item.drafter, proposed=item.proposed)
                 piece: list = list(self.text.add(item.token_ids))
                 if item.logprobs is not None:  # a third element: each token's text and log probability
@@ -337,6 +342,7 @@ class Answer:
             ended = finish_generation(
                 generation_id=generation.id, status=status, text=self.text.text, steps=self.steps,
                 finish_reason=finished.finish_reason, error=finished.error, prompt_tokens=prompt_tokens,
+                cached_tokens=self.cached_tokens,
                 finished_at=timezone.now(), **asdict(figures))
         except DatabaseError:
             # Retried for FINAL_WRITE_RETRY_S: its readers end with an error rather than wait forever.
@@ -349,12 +355,13 @@ class Answer:
             log.warning("generation %s was failed by another process before it finished here", generation.id)
             return
         record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
-                          prompt_tokens=prompt_tokens, figures=figures, mode=generation.speculative_mode,
-                          k=generation.speculative_k)
+                          prompt_tokens=prompt_tokens, cached_tokens=self.cached_tokens, figures=figures,
+                          mode=generation.speculative_mode, k=generation.speculative_k)
         if finished.finish_reason == FinishReason.ERROR:
             writer.send({"type": "error", "message": finished.error})
         else:
             writer.send({"type": "done", "finish_reason": finished.finish_reason, "prompt_tokens": prompt_tokens,
+                         "cached_tokens": self.cached_tokens,
                          "text": self.text.text, **_served(generation), **asdict(figures)})
 
 

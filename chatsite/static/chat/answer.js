@@ -46,6 +46,10 @@ export class Answer {
     this.lastId = id;
     if (event.type === "start") {
       this.el.querySelector(".meta").textContent = `${plural(event.prompt_tokens, "prompt token")} · writing…`;
+    } else if (event.type === "prompt") {
+      // A long prompt (a pasted file, a long conversation) being read: how far, not a blank wait.
+      const percent = Math.floor((100 * event.read) / event.total);
+      this.el.querySelector(".meta").textContent = `Reading the prompt: ${percent}% of ${plural(event.total, "token")}…`;
     } else if (event.type === "delta") {
       for (const step of event.steps) {
         this.steps.push(step);
