@@ -50,6 +50,9 @@ def build_pipeline(spec: PairSpec) -> og.ContinuousBatchingPipeline:
     scheduler = og.SchedulerConfig()
     scheduler.cache_size = spec.cache_size_gb
     scheduler.dynamic_split_fuse = not spec.prefill_first
+    # A conversation's next turn, or a prompt starting as an earlier one, reads only what the pipeline's KV blocks
+    # lack, as on the own engine (engines/prefix_cache.py); within cache_size_gb.
+    scheduler.enable_prefix_caching = True
     budget = spec.step_budget  # reads the model's config.json
     if budget:
         scheduler.max_num_batched_tokens = budget
