@@ -126,17 +126,18 @@ def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180)
 
 
 @contextmanager
-def local_stack(*, pair: ModelPair, worker_threads: int) -> Iterator[str]:
+def local_stack(*, pair: ModelPair, worker_threads: int, prefix_cache_mb: int = 0) -> Iterator[str]:
     """daphne and one Celery worker for the pair's queue (as `manage.py serve` runs them) on a free
     port, with this process's settings (engines not renewed); yields the base URL. Refuses to start
-    while another worker takes the pair's queue, since it would take part of the load."""
+    while another worker takes the pair's queue, since it would take part of the load. The one-turn lines keep
+    no prefix cache (every variant prefills every prompt, as a user's new one); the conversations keep one."""
     others = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
     if others:
         raise StackError(f"worker(s) {', '.join(others)} already serve {pair.queue}: stop them, or benchmark "
                          f"that server with --url")
     root = Path(settings.BASE_DIR)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "chatsite.settings"),
-           "SPECCHAT_PREFIX_CACHE_MB": "0",  # every variant prefills every prompt, as a user's new one
+           "SPECCHAT_PREFIX_CACHE_MB": str(prefix_cache_mb),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
            "SPECCHAT_CHAT_MAX_CONCURRENT": str(worker_threads),  # the benchmark user's websocket sweep, as its key
            # No engine renewal within the run: a pipeline built mid-run takes the cores for seconds and

@@ -7,11 +7,12 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from inference import errors
-from inference.benchmark import report, runs
+from inference.benchmark import conversation, report, runs
 from inference.benchmark.peer import PeerServer
 from inference.benchmark.prompts import Prompt, prompts_from_file
 from inference.benchmark.servers import StackError, check_served, local_stack, stack_credentials
 from inference.benchmark.stack import StackTarget, StreamError
+from inference.engines.host import this_host
 from inference.models import ModelPair
 from inference.serving.web import chat_prompt
 
@@ -64,6 +65,14 @@ class Command(BaseCommand):
         parser.add_argument("--compare-model", default="", help="the model name that server answers to")
         parser.add_argument("--compare-key", default=os.environ.get("OPENAI_API_KEY", ""),
                             help="its API key, if it wants one (default: $OPENAI_API_KEY)")
+        parser.add_argument("--conversations", type=Path,
+                            help="also a multi-turn chat workload: a JSON list of {name, system, turns} (e.g. "
+                                 "docs/benchmark/real-pair/conversations.json), each turn sent with the whole history, "
+                                 "as it ships, with speculative: false and on --compare-url's server (its prompt "
+                                 "cache on), on a stack that keeps its prefix cache")
+        parser.add_argument("--conversations-only", action="store_true", help="the conversations alone")
+        parser.add_argument("--conversation-repeats", type=int, default=2)
+        parser.add_argument("--conversation-tokens", type=int, default=64, help="new tokens a turn (EOS ignored)")
         parser.add_argument("--out", type=Path, default=Path(settings.BASE_DIR) / "docs" / "benchmark",
                             help="folder for results.json, results.md and the plots")
 
@@ -71,6 +80,40 @@ class Command(BaseCommand):
         pair = ModelPair.objects.filter(slug=o["pair"]).first()
         if pair is None:
             raise CommandError(f"No pair '{o['pair']}'. Known: {', '.join(p.slug for p in ModelPair.objects.all())}")
+        if o["conversations_only"] and not o["conversations"]:
+            raise CommandError("--conversations-only needs --conversations FILE")
+        if not o["conversations_only"]:
+            self.one_turn(pair=pair, o=o)
+        if o["conversations"]:
+            self.conversations(pair=pair, o=o)
+
+    def conversations(self, *, pair: ModelPair, o: dict) -> None:
+        try:
+            chats = conversation.conversations_from_file(o["conversations"])
+            peer = self.peer(url=o["compare_url"], model=o["compare_model"], key=o["compare_key"], stack=True)
+            stack = (nullcontext(o["url"]) if o["url"]
+                     else local_stack(pair=pair, worker_threads=4, prefix_cache_mb=settings.PREFIX_CACHE_MB))
+            with stack_credentials(max_concurrent=4) as credentials, stack as base_url:
+                endpoints = {line: conversation.Endpoint(base_url=base_url.rstrip("/"), model=pair.slug,
+                                                         api_key=credentials.api_key, extra=extra)
+                             for line, extra in conversation.LINE_SETTINGS.items()}
+                if peer:
+                    endpoints[conversation.PEER_LINE] = conversation.Endpoint(
+                        base_url=peer.base_url, model=peer.model, api_key=peer.api_key)
+                turns = conversation.run_conversations(
+                    endpoints=endpoints, conversations=chats, repeats=o["conversation_repeats"],
+                    max_tokens=o["conversation_tokens"], pause_s=1.0, progress=self.stderr.write)
+        except (ValueError, OSError, StackError, StreamError) as exc:
+            raise CommandError(str(exc)) from exc
+        header = [(f"Pair `{pair.slug}`; host: {this_host().described}; conversations: {o['conversations'].name} "
+                  f"({', '.join(chat.name for chat in chats)}); greedy, {o['conversation_tokens']} new tokens a turn "
+                  f"(EOS ignored), {o['conversation_repeats']} repeats, lines interleaved; peer: "
+                  f"{peer.base_url + ' (' + peer.model + ')' if peer else 'none'}.")]
+        files = conversation.write_conversation_report(turns, o["out"], header=header)
+        self.stdout.write("\n".join(["", *header, "", *conversation.report_lines(conversation.summarize(turns))]))
+        self.stdout.write("\nWrote " + ", ".join(str(f) for f in files))
+
+    def one_turn(self, *, pair: ModelPair, o: dict) -> None:
         try:
             options = runs.BenchmarkOptions(
                 max_new_tokens=o["max_new_tokens"], repeats=o["repeats"], ks=o["ks"], thresholds=o["thresholds"],

@@ -1,0 +1,211 @@
+"""The benchmark's multi-turn chat workload (`manage.py benchmark --conversations FILE`): a pasted file and follow-ups,
+each turn sent with the whole history as a chat client does, timed as its user sees it.
+
+Every line (as it ships, `speculative: false`, and the peer of --compare-url with its prompt cache on, as users run
+llama-server) holds the same conversations, one turn after another, interleaved line by line and repeated. Each
+line's conversations open with a system prompt of their own (a line and repeat number in it), so no line reads
+another's prefix from a cache: each pays for its own first turn, and its follow-ups read what it kept itself.
+Reported per line: the first turn's time to first token, the follow-ups' (median and longest), and tokens a second
+after the first token over the whole conversation; which turns came out the same as `speculative: false`'s, and
+which looped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from inference.benchmark.stack import STREAM_TIMEOUT, StreamError
+
+AS_SHIPPED, MAIN_ALONE, PEER_LINE = "as it ships", "speculative: false", "peer"
+LINE_SETTINGS = {AS_SHIPPED: {}, MAIN_ALONE: {"speculative": False}}
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A system prompt and the user's turns (the first holds what was pasted)."""
+
+    name: str
+    system: str
+    turns: tuple[str, ...]
+
+
+def conversations_from_file(path: Path) -> list[Conversation]:
+    """A JSON list of {"name", "system", "turns": [text, ...]} (docs/benchmark/real-pair/conversations.json)."""
+    try:
+        data = json.loads(path.read_text())
+        found = [Conversation(name=str(item["name"]), system=str(item.get("system", "")),
+                              turns=tuple(str(turn) for turn in item["turns"])) for item in data]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a list of conversations with a name and turns ({exc})") from exc
+    if not found or any(len(conversation.turns) < 2 for conversation in found):
+        raise ValueError(f"{path}: each conversation needs two turns at least (a first one, then a follow-up)")
+    return found
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One answer of a conversation, as its client saw it."""
+
+    line: str
+    conversation: str
+    repeat: int
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int | None  # what the server's usage said it read from its cache
+    ttft_s: float
+    tokens: int
+    decode_s: float  # from the first token to the last
+    text: str
+
+    @property
+    def looped(self) -> bool:
+        """The answer repeats itself: a line of 20 characters or more three times, or its second half is its first
+        half again."""
+        lines = [line.strip() for line in self.text.splitlines() if len(line.strip()) >= 20]
+        half = len(self.text) // 2
+        return (any(lines.count(line) >= 3 for line in set(lines))
+                or (half >= 40 and self.text[half:].strip() in self.text[:half]))
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A server the lines ask: its OpenAI base URL (without /v1), model name, key and request fields of its own."""
+
+    base_url: str
+    model: str
+    api_key: str
+    extra: dict = field(default_factory=dict)
+
+
+async def _ask(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[dict], max_tokens: int
+               ) -> tuple[str, float, float, int, int, int | None]:
+    """(text, ttft, decode seconds, completion tokens, prompt tokens, cached tokens) of one streamed answer."""
+    body = {"model": endpoint.model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **endpoint.extra}
+    started = time.perf_counter()
+    first = last = None
+    pieces: list[str] = []
+    usage: dict | None = None
+    headers = {"Authorization": f"Bearer {endpoint.api_key or 'none'}"}
+    async with http.post(endpoint.base_url + "/v1/chat/completions", json=body, headers=headers) as response:
+        if response.status != 200:
+            raise StreamError(f"HTTP {response.status}: {(await response.text())[:300]}")
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or (payload := line[5:].strip()) == "[DONE]":
+                continue
+            chunk = json.loads(payload)
+            if chunk.get("error"):
+                raise StreamError(f"error chunk: {chunk['error'].get('message')}")
+            for choice in chunk.get("choices") or []:
+                if text := (choice.get("delta") or {}).get("content"):
+                    first = first or time.perf_counter()
+                    last = time.perf_counter()
+                    pieces.append(text)
+            usage = chunk.get("usage") or usage
+    if usage is None or first is None or last is None:
+        raise StreamError("the stream ended without text or usage", lost=True)
+    details = usage.get("prompt_tokens_details") or {}
+    return ("".join(pieces), first - started, last - first, int(usage["completion_tokens"]),
+            int(usage["prompt_tokens"]), details.get("cached_tokens"))
+
+
+async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation, repeat: int, max_tokens: int,
+                   pause_s: float) -> list[Turn]:
+    """The conversation's turns one after another, each with the history so far and the answers as they came."""
+    system = f"{conversation.system}\n(Session: {line}, repeat {repeat}.)".strip()
+    messages = [{"role": "system", "content": system}]
+    turns = []
+    async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as http:
+        for index, text in enumerate(conversation.turns):
+            messages.append({"role": "user", "content": text})
+            answer, ttft, decode, tokens, prompt_tokens, cached = await _ask(http, endpoint, messages, max_tokens)
+            messages.append({"role": "assistant", "content": answer})
+            turns.append(Turn(line=line, conversation=conversation.name, repeat=repeat, turn=index,
+                              prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=ttft, tokens=tokens,
+                              decode_s=decode, text=answer))
+            await asyncio.sleep(pause_s)  # the user reads the answer and types the next question
+    return turns
+
+
+def run_conversations(*, endpoints: dict[str, Endpoint], conversations: list[Conversation], repeats: int,
+                      max_tokens: int, pause_s: float, progress: Callable[[str], object] = print) -> list[Turn]:
+    """Every line's conversations, a line after another within each conversation and repeat."""
+    turns: list[Turn] = []
+    for repeat in range(repeats):
+        for conversation in conversations:
+            for line, endpoint in endpoints.items():
+                got = asyncio.run(converse(endpoint=endpoint, line=line, conversation=conversation, repeat=repeat,
+                                           max_tokens=max_tokens, pause_s=pause_s))
+                turns += got
+                progress(f"{line}, {conversation.name}, repeat {repeat}: first token "
+                         + ", ".join(f"{turn.ttft_s:.2f}" for turn in got) + " s")
+    return turns
+
+
+@dataclass(frozen=True)
+class LineSummary:
+    line: str
+    first_ttft_s: float  # median over the conversations and repeats
+    follow_up_ttft_s: float  # median over every follow-up
+    follow_up_ttft_max_s: float
+    tokens_per_s: float  # after the first token, over whole conversations: tokens / decode seconds
+    cached_share: float | None  # of the follow-ups' prompt tokens, what the server said it read from its cache
+    turns: int
+    looped: int
+    same_as_main_alone: int | None  # turns whose text is speculative: false's (same conversation, turn and repeat)
+
+
+def summarize(turns: list[Turn]) -> list[LineSummary]:
+    reference = {(t.conversation, t.repeat, t.turn): t.text for t in turns if t.line == MAIN_ALONE}
+    lines = list(dict.fromkeys(turn.line for turn in turns))
+    summaries = []
+    for line in lines:
+        mine = [turn for turn in turns if turn.line == line]
+        follow_ups = [turn for turn in mine if turn.turn > 0]
+        cached = [turn for turn in follow_ups if turn.cached_tokens is not None]
+        same = (sum(reference.get((t.conversation, t.repeat, t.turn)) == t.text for t in mine)
+                if reference and line not in (MAIN_ALONE, PEER_LINE) else None)
+        summaries.append(LineSummary(
+            line=line, first_ttft_s=statistics.median(turn.ttft_s for turn in mine if turn.turn == 0),
+            follow_up_ttft_s=statistics.median(turn.ttft_s for turn in follow_ups),
+            follow_up_ttft_max_s=max(turn.ttft_s for turn in follow_ups),
+            tokens_per_s=sum(turn.tokens - 1 for turn in mine) / sum(turn.decode_s for turn in mine),
+            cached_share=(sum(t.cached_tokens or 0 for t in cached) / sum(t.prompt_tokens for t in cached)
+                          if cached else None),
+            turns=len(mine), looped=sum(turn.looped for turn in mine), same_as_main_alone=same))
+    return summaries
+
+
+def report_lines(summaries: list[LineSummary]) -> list[str]:
+    """A Markdown table, with each line's tokens a second against speculative: false's and the peer's."""
+    rates = {summary.line: summary.tokens_per_s for summary in summaries}
+    rows = [("| line | first turn: time to first token | follow-ups: median (max) | tokens/s after the first | "
+            "vs `speculative: false` | vs peer | follow-ups' prompt from the cache | looped | same as "
+            "`speculative: false` |"), "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for s in summaries:
+        versus = [f"{s.tokens_per_s / rates[other]:.2f}x" if other in rates and other != s.line else "-"
+                  for other in (MAIN_ALONE, PEER_LINE)]
+        rows.append(f"| {s.line} | {s.first_ttft_s:.2f} s | {s.follow_up_ttft_s:.2f} s ({s.follow_up_ttft_max_s:.2f} s)"
+                    f" | {s.tokens_per_s:.1f} | {versus[0]} | {versus[1]} | "
+                    f"{'-' if s.cached_share is None else f'{s.cached_share:.0%}'} | {s.looped}/{s.turns} | "
+                    f"{'-' if s.same_as_main_alone is None else f'{s.same_as_main_alone}/{s.turns}'} |")
+    return rows
+
+
+def write_conversation_report(turns: list[Turn], out: Path, *, header: list[str]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = summarize(turns)
+    data, table = out / "conversations.json", out / "conversations.md"
+    data.write_text(json.dumps({"header": header, "summary": [asdict(s) for s in summaries],
+                                "turns": [asdict(t) for t in turns]}, indent=1))
+    table.write_text("\n".join(["# Multi-turn chat", "", *header, "", *report_lines(summaries), ""]))
+    return [data, table]
