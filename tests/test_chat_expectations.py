@@ -16,7 +16,7 @@ from chatsite.chat.models import Conversation, Message
 from inference.engines.host import this_host
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
 from tests.conftest import in_thread, log_in
-from tests.test_chat import PROMPT
+from tests.test_chat import PROMPT, connect, events_until_end, send_message
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
 SHOTS = Path("/tmp/shots-57")
@@ -321,3 +321,45 @@ def test_options_say_what_they_do_on_a_tap_and_send_stays_put(demo_pair, user, l
     page.click("#speculative")
     assert "main model writes alone" in page.evaluate(OPTION_GEOMETRY)["help"]
     shot(page, f"options-{width}")
+
+
+# ------------------------------------------------------------------ 8. long pastes
+PASTE = "Why is this slow?\n```python\n" + "\n".join(f"total_{i} = sum(range({i}))  # step {i} of the loop"
+                                                   for i in range(30)) + "\n```"  # the demo reads 1,024 tokens
+FOLD = """() => { const user = document.querySelector('article.user');
+    return {height: user.querySelector('.body').getBoundingClientRect().height,
+            toggle: user.querySelector('button.show-all')?.textContent ?? null,
+            title: document.querySelector('#conversations a.current, #conversations a')?.textContent ?? ''}; }"""
+
+
+@pytest.mark.parametrize("width, height", SIZES)
+def test_a_long_paste_is_folded_and_the_title_is_short(demo_pair, user, live_server_url, page, width, height):
+    page.set_viewport_size({"width": width, "height": height})
+    log_in(page, live_server_url, "alice", "alice-password")
+    page.wait_for_selector("body[data-connected='1']")
+    page.fill("#prompt", PASTE)
+    page.fill("#max-tokens", "4")
+    page.click("#send")
+    wait_for_answers(page, 1)
+    for moment in ("sent", "reloaded"):
+        folded = page.evaluate(FOLD)
+        assert folded["toggle"] == "Show all (33 lines)" and folded["height"] < 320, (moment, folded)
+        assert folded["title"] == "Why is this slow?", (moment, folded)  # a short title, not 80 characters of code
+        shot(page, f"paste-{moment}-{width}")
+        page.reload()
+        wait_for_answers(page, 1)
+    page.click("article.user button.show-all")
+    assert page.evaluate(FOLD)["height"] > 32 * 15  # all of it, on demand
+    assert page.locator("article.user button.show-all").inner_text() == "Show less"
+    first = in_thread(lambda: Conversation.objects.get().title)
+    assert first == "Why is this slow?"
+
+
+async def test_a_title_is_cut_at_a_word(demo_pair, user):
+    communicator = await connect(user)
+    started = await send_message(communicator, max_tokens=2, text="Explain how the garbage collector of CPython "
+                                 "finds reference cycles among container objects")
+    assert started["title"] == "Explain how the garbage collector of CPython…", started  # the sidebar's, at once
+    assert (await Conversation.objects.aget()).title == started["title"]
+    await events_until_end(communicator, started["generation"])
+    await communicator.disconnect()

@@ -146,6 +146,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         generation_id = str(message.generation_id)
         shown = await _pooled(selectors.shown_path_json)(conversation=message.conversation)
         await self.send_json({"type": "started", "conversation": message.conversation_id, "message": message.id,
+                              "title": message.conversation.title,
                               "generation": generation_id, "messages_left_out": message.messages_left_out,
                               "messages": shown, "ref": content.get("ref")})
         await self.start_following(generation_id, "0-0")

@@ -255,8 +255,17 @@ def _owned(*, user, conversation_id: int) -> Conversation:
     return conversation
 
 
+TITLE_CHARS = 48  # what the sidebar shows of a title on one line
+
+
 def _title_from(text: str) -> str:
-    return " ".join(text.split())[:80]
+    """A short title from the first message: its first line that is not a code fence's marker, cut at a word."""
+    lines = [line for line in text.splitlines() if line.strip() and not line.strip().startswith(("```", "~~~"))]
+    first = " ".join((lines or [text])[0].split())
+    if len(first) <= TITLE_CHARS:
+        return first
+    cut = first[:TITLE_CHARS]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ,.;:(") + "…"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,9 +45,28 @@ function addBubble(role, messageId) {
   return el;
 }
 
+// A long message (a pasted file, say) is shown folded to its first lines, with a button to show it all: it would
+// push the answers out of view.
+const FOLD_LINES = 12;
+const FOLD_CHARS = 1200;
+
 function addUserMessage(messageId, text) {
   const el = addBubble("user", messageId);
-  el.querySelector(".body").textContent = text;
+  const body = el.querySelector(".body");
+  body.textContent = text;
+  const lines = text.split("\n").length;
+  if (lines > FOLD_LINES || text.length > FOLD_CHARS) {
+    body.classList.add("folded");
+    const folded = `Show all (${lines > FOLD_LINES ? `${lines} lines` : `${text.length.toLocaleString()} characters`})`;
+    const toggle = copyButton(folded, "show-all", "Show or fold this message");
+    toggle.setAttribute("aria-expanded", "false");
+    toggle.addEventListener("click", () => {
+      const open = body.classList.toggle("folded") === false;
+      toggle.textContent = open ? "Show less" : folded;
+      toggle.setAttribute("aria-expanded", String(open));
+    });
+    el.insertBefore(toggle, el.querySelector(".meta"));
+  }
   return el;
 }
 
@@ -237,9 +256,8 @@ function enterConversation(id, title) {
 function onMessage(msg) {
   if (msg.type === "started") {
     setStatus("");
-    const sent = pendingSends.get(msg.ref);
     if (conversationId !== msg.conversation || !document.querySelector(`#conversations a[data-id="${msg.conversation}"]`)) {
-      enterConversation(msg.conversation, sent ? sent.text.split(/\s+/).join(" ").trim().slice(0, 80) : "New chat");
+      enterConversation(msg.conversation, msg.title);
     }
     pendingSends.delete(msg.ref);
     pendingRegenerate.delete(msg.ref);
