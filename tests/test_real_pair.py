@@ -130,6 +130,20 @@ def test_a_folder_from_other_files_is_installed_again_and_its_calibrations_dropp
     assert not HostCalibration.objects.filter(pair__slug=SLUG).exists()
     assert ModelPair.objects.get(slug=SLUG).id == real_pair.id  # the pair and its history stay
 
+def test_installing_takes_the_chats_default_from_the_demo(transactional_db, real_folder):
+    """After `make real-pair` a new chat opens on the real pair (`make run` registers the demo again, which keeps it
+    one click away); an admin's own choice of default stays."""
+    call_command("register_demo_pair", "--main", "small", stdout=io.StringIO())
+    assert ModelPair.objects.get(slug="demo-code").is_default
+    call_command("install_pair", SLUG, stdout=io.StringIO())
+    assert list(ModelPair.objects.filter(is_default=True).values_list("slug", flat=True)) == [SLUG]
+    call_command("register_demo_pair", "--main", "small", stdout=io.StringIO())  # `make run`
+    assert list(ModelPair.objects.filter(is_default=True).values_list("slug", flat=True)) == [SLUG]
+    chosen = ModelPair.objects.create(name="Chosen", slug="chosen", main_dir=f"{SLUG}/main", is_default=True)
+    call_command("install_pair", SLUG, stdout=io.StringIO())
+    assert list(ModelPair.objects.filter(is_default=True).values_list("slug", flat=True)) == [chosen.slug]
+
+
 # ------------------------------------------------------------------ sampled answers: the own engine's distribution
 @pytest.mark.usefixtures("real_worker")
 def test_sampled_answers_through_the_api_follow_the_main_alones_distribution(live_server_url, real_pair, key):
