@@ -15,6 +15,10 @@ site_app = get_asgi_application()
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 
+from chatsite import edge
+
+edge.install()  # daphne's bounds, before it listens (it imports this module first)
+
 
 class ApiHandler(ASGIHandler):
     """Django with settings.API_MIDDLEWARE instead of settings.MIDDLEWARE, for the REST API."""

@@ -70,7 +70,8 @@ def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calib
     page = admin_client.get(f"/admin/inference/modelpair/{pair.id}/change/").content.decode()
     assert calibration.host_facts["cpu"] in page and "Elsewhere" in page  # each host's own calibration
     assert "the fastest main alone" in page or "slower than the main alone" in page
-    shown = requests.get(f"{live_server_url}/v1/config", timeout=30).json()["calibrated"]["calibrations"]
+    shown = requests.get(f"{live_server_url}/v1/config", headers={"Authorization": f"Bearer {api_key.secret}"},
+                         timeout=30).json()["calibrated"]["calibrations"]  # an API key's: they describe the host
     assert {entry["host_signature"] for entry in shown} == {calibration.host, "another host"}
     here = next(entry for entry in shown if entry["host_signature"] == calibration.host)
     assert here["measured_at"] and here["fastest_config"] == fastest

@@ -62,6 +62,9 @@ BAD_BODIES = [
                                   tool_choice="auto"), "tools[0].function.parameters"),
     ("/v1/chat/completions", chat(tools=[WEATHER, {"type": "function", "function": {
         "name": "g", "parameters": {"properties": {"a": 1}}}}]), "tools[1].function.parameters"),
+    # issue 56, row 8: a tool's answer with no call before it
+    ("/v1/chat/completions", chat(messages=[*MESSAGES, {"role": "tool", "tool_call_id": "call_1", "content": "18"}]),
+     "messages[2].role"),
     # row 8: a grammar the library cannot compile is refused in its own words, without its C++ internals
     ("/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": 1}}}}), "response_format.json_schema.schema"),

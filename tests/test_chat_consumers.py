@@ -116,7 +116,7 @@ async def test_deeply_nested_json_gets_an_error_frame(user, payload):
     await communicator.send_to(text_data=payload)
     reply = await communicator.receive_json_from(timeout=10)
     assert reply["type"] == "error" and reply["code"] == "invalid_json", reply
-    assert "levels deep" in reply["message"]
+    assert "nests deeper than 16 levels" in reply["message"]
     await communicator.send_json_to({"action": "dance"})  # the socket is still open and answering
     assert (await communicator.receive_json_from(timeout=10))["param"] == "action"
     await communicator.disconnect()

@@ -14,7 +14,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatsite.chat.consumers import ACTIONS
+from chatsite.chat.consumers import ACTIONS, MAX_FRAME_CHARS, REF_MAX_CHARS
 from inference.models import Generation
 from tests.api_client import PROMPT
 from tests.test_api_fuzz import HOSTILE, nested
@@ -33,7 +33,8 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=8)
 NOT_JSON = ["[" * 5000 + "]" * 5000, json.dumps(nested(100, keyed=True)), '{"action": "send", "settings": NaN}',
-            '{"action": "follow", "steps": ' + "9" * 5000 + "}", '{"action": "send", "settings": {"top_p": 1e400}}']
+            '{"action": "follow", "steps": ' + "9" * 5000 + "}", '{"action": "send", "settings": {"top_p": 1e400}}',
+            json.dumps({"action": "send", "text": "x" * MAX_FRAME_CHARS})]  # longer than a chat sends
 
 
 @st.composite
@@ -51,7 +52,7 @@ def frames(draw, *, generation_ids: list[str]) -> str:
     content = {"action": action, **{name: draw(plausible[name]) for name in FIELDS[action]}}
     options = [f"settings.{name}" for name in OPTIONS] if "settings" in content else []
     place = draw(st.sampled_from(["action", "ref", *FIELDS[action], *options]))
-    value = draw(st.sampled_from([*HOSTILE, "\ud800"]) | json_values)
+    value = draw(st.sampled_from([*HOSTILE, "\ud800", "r" * (REF_MAX_CHARS + 1)]) | json_values)
     if place.startswith("settings."):
         content["settings"] = {**content["settings"], place.removeprefix("settings."): value}
     else:

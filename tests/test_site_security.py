@@ -16,6 +16,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+import requests
 from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
 from django.contrib.auth.models import Permission
@@ -25,8 +26,9 @@ from django.test import Client, override_settings
 from chatsite.chat.models import Conversation, Message
 from inference import errors, selectors, transport
 from inference.api import auth
-from inference.models import ApiKey, Generation, ModelPair
+from inference.models import ApiKey, Generation, HostCalibration, JobStatus, ModelPair
 from inference.serving import web
+from inference.serving.calibrated import CALIBRATION_FAILED
 from tests.conftest import chat_socket, wait_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -358,3 +360,26 @@ def test_a_pair_that_fails_to_load_tells_clients_no_paths_nor_exception_text(dem
             pair=broken, workers=selectors.live_workers(client=redis_client))).detail and time.monotonic() < deadline:
         time.sleep(0.2)
     assert "openvino_model.xml" in state.detail, state
+
+
+# ------------------------------------------------------------------ what a stranger reads of the host
+def test_calibrations_are_shown_to_api_keys_only_and_their_failures_without_exception_text(live_server_url, demo_pair,
+                                                                                           api_key):
+    """Issue 56, row 5: anyone who reached the port read the CPU model, its ISA flags, the core count, the
+    OpenVINO version and each configuration's speed, and a failed calibration's exception text."""
+    facts = {"cpu": "Probe CPU 9000", "family": 25, "model": 17, "isa": ["AVX2", "AVX512F"], "cores": 2,
+             "openvino": "2099.1", "device": "CPU"}
+    HostCalibration.objects.create(pair=demo_pair, host="a" * 64, host_facts=facts, status=JobStatus.FAILED,
+                                   error=f"RuntimeError: Exception from src/core/x.cpp:12: {django_settings.MODELS_ROOT}")
+    anonymous = requests.get(f"{live_server_url}/v1/config", timeout=30)
+    assert anonymous.status_code == 200 and anonymous.json()["demo-code"]["devices"], anonymous.text
+    assert "calibrations" not in anonymous.json()["demo-code"]
+    assert not any(fact in anonymous.text for fact in ("Probe CPU", "AVX512F", "2099.1", "RuntimeError"))
+    keyed = requests.get(f"{live_server_url}/v1/config", headers={"Authorization": f"Bearer {api_key.secret}"},
+                         timeout=30)
+    shown = keyed.json()["demo-code"]["calibrations"]
+    assert len(shown) == 1 and "Probe CPU 9000" in shown[0]["host"], shown
+    assert shown[0]["error"] == {"code": "calibration_failed", "message": CALIBRATION_FAILED}
+    assert not any(words in keyed.text for words in ("RuntimeError", "x.cpp", str(django_settings.MODELS_ROOT)))
+    wrong = requests.get(f"{live_server_url}/v1/config", headers={"Authorization": "Bearer sk-spec-wrong"}, timeout=30)
+    assert wrong.status_code == 401

@@ -28,7 +28,7 @@ from django.db import DatabaseError, connections
 
 from chatsite.chat import access, selectors, services
 from chatsite.chat.handshake import DATABASE_UNAVAILABLE_CLOSE
-from inference import errors, json_input, transport
+from inference import errors, json_input, limits, transport
 from inference.selectors import generation_for_user
 from inference.serving import readers, web
 from inference.serving.records import reconnecting
@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 ACTIONS = ("send", "follow", "stop", "regenerate", "continue")
 _abandoned: set[asyncio.Task] = set()  # stop checks that outlive their connection
 MAX_JSON_DEPTH = 16  # the deepest a chat message nests (the real ones nest 2 levels)
+# The longest frame a chat sends: a message's longest text, escaped as JSON (6 characters for "\u0001"), with the
+# other fields. A longer one is refused unread; daphne closes the socket (1009) on one over 1 MiB.
+MAX_FRAME_CHARS = 6 * limits.MESSAGE_MAX_CHARS + 4096
+REF_MAX_CHARS = 64  # a frame's `ref`, echoed in its answer: the page numbers its frames
 
 
 def _pooled(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -88,11 +92,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await database_sync_to_async(connections.close_all)()  # the connection's own thread ends with it
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        frame = text_data or bytes_data or ""
+        if len(frame) > MAX_FRAME_CHARS:
+            await self.send_error(errors.InvalidValue(
+                f"A message frame has at most {MAX_FRAME_CHARS:,} characters; this one has {len(frame):,}."))
+            return
         try:
-            content = json_input.parse(text_data or bytes_data or "", max_depth=MAX_JSON_DEPTH)
+            content = json_input.parse(frame, max_depth=MAX_JSON_DEPTH)
         except json_input.JsonInputError as exc:
-            await self.send_error(errors.InvalidJson(f"Messages must be JSON nested at most {MAX_JSON_DEPTH} levels "
-                                                     f"deep: {exc}."))
+            await self.send_error(errors.InvalidJson(f"Messages must be JSON: {exc}."))
             return
         if not isinstance(content, dict):
             await self.send_error(errors.InvalidJson("Messages must be JSON objects."))
@@ -101,20 +109,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content, **kwargs):
         action = content.get("action")
+        ref = None  # echoed only once known to be short: a megabyte's ref echoed to a client that reads nothing
         try:
+            ref = _ref(content)
             if action not in ACTIONS:
                 raise errors.InvalidValue(f"Unknown action {json.dumps(action)[:40]}: use one of {', '.join(ACTIONS)}.",
                             param="action")
             await getattr(self, f"do_{action}")(content)
         except errors.ServiceError as exc:
-            await self.send_error(exc, ref=content.get("ref"))
+            await self.send_error(exc, ref=ref)
         except DatabaseError:
             log.exception("chat action %s failed: the database", action)
-            await self.send_error(errors.DatabaseUnavailable(errors.DATABASE_DOWN), ref=content.get("ref"))
+            await self.send_error(errors.DatabaseUnavailable(errors.DATABASE_DOWN), ref=ref)
         except Exception:
             log.exception("chat action %s failed", action)
-            await self.send_error(errors.InternalError("Internal error; it has been logged."),
-                                  ref=content.get("ref"))
+            await self.send_error(errors.InternalError("Internal error; it has been logged."), ref=ref)
 
     async def send_error(self, exc: errors.ServiceError, *, ref=None):
         await self.send_json({"type": "error", "message": exc.message, "param": exc.param, "code": exc.code,
@@ -242,6 +251,13 @@ def _options(content) -> web.GenerationOptions:
     if value is not None and not isinstance(value, dict):
         raise errors.InvalidType("settings must be an object.", param="settings")
     return web.parse_options(value or {})
+
+
+def _ref(content) -> str | None:
+    ref = content.get("ref")
+    if ref is not None and not (isinstance(ref, str) and len(ref) <= REF_MAX_CHARS):
+        raise errors.InvalidValue(f"ref must be a string of at most {REF_MAX_CHARS} characters.", param="ref")
+    return ref
 
 
 def _integer(content, name: str, *, required: bool) -> int | None:

@@ -23,6 +23,7 @@ def conversations_for(*, user):
 
 
 SEARCH_MAX_WORDS = 8
+SEARCH_MAX_CHARS = 256  # what the sidebar's search box sends is a few words
 
 
 def conversations_matching(*, user, words: list[str]) -> list[int]:
@@ -46,10 +47,13 @@ def messages_of(*, conversation: Conversation):
     return conversation.messages.filter(shown=True).select_related("generation", "generation__pair")
 
 
-def history(*, conversation: Conversation) -> list[dict]:
+def history(*, conversation: Conversation, before: Message | None = None) -> list[dict]:
     """The shown path as chat-template messages (failed or empty answers left out, as an answer not yet
-    written is), after the conversation's system prompt if it has one."""
-    messages = messages_of(conversation=conversation)
+    written is), after the conversation's system prompt if it has one; only what precedes `before` (a shown
+    message) if given: what a new version of that turn follows."""
+    messages = list(messages_of(conversation=conversation))
+    if before is not None:
+        messages = messages[:[m.id for m in messages].index(before.id)]
     system = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt.strip() else []
     return system + [{"role": m.role, "content": m.text} for m in messages if m.text]
 

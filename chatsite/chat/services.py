@@ -39,50 +39,74 @@ def answer_slot(*, user):
 def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str,
                  options: web.GenerationOptions) -> Message:
     """Add the user's message after the shown path, and a streaming answer; on any error nothing is saved."""
-    web.check_prompt_text(text, param="prompt")
+    _check_message_text(text, param="prompt")
     pair = web.find_pair(slug=pair_slug)
     options = chat_options(pair=pair, options=options)
-    with answer_slot(user=user), transaction.atomic():
-        if conversation_id:
+    with answer_slot(user=user):
+        conversation = None
+        if conversation_id is not None:  # 0 is an id like any other: no such conversation, not a new one
             conversation = _owned(user=user, conversation_id=conversation_id)
             _refuse_if_answering(conversation=conversation)
-            conversation.pair = pair
-            if not conversation.messages.exists():  # made first for its system prompt: titled by this message
-                conversation.title = _title_from(text)
-            conversation.save(update_fields=["pair", "title", "updated_at"])
-        else:
-            conversation = Conversation.objects.create(user=user, pair=pair, title=_title_from(text))
-        last = selectors.messages_of(conversation=conversation).last()
-        message = Message.objects.create(conversation=conversation, parent=last, role=Message.Role.USER, content=text)
-        return _answer(user=user, pair=pair, conversation=conversation, after=message, options=options, param="prompt")
+        earlier = selectors.history(conversation=conversation) if conversation else []
+        prompt = prompt_within_context(pair=pair, messages=[*earlier, {"role": "user", "content": text}],
+                                       options=options, param="prompt")
+        with transaction.atomic():
+            if conversation is None:
+                conversation = Conversation.objects.create(user=user, pair=pair, title=_title_from(text))
+            else:
+                conversation.pair = pair
+                if not conversation.messages.exists():  # made first for its system prompt: titled by this message
+                    conversation.title = _title_from(text)
+                conversation.save(update_fields=["pair", "title", "updated_at"])
+            last = selectors.messages_of(conversation=conversation).last()
+            message = Message.objects.create(conversation=conversation, parent=last, role=Message.Role.USER,
+                                             content=text)
+            return _answer(user=user, pair=pair, conversation=conversation, after=message, options=options,
+                           prompt=prompt)
 
 
 def regenerate(*, user, message_id: int, options: web.GenerationOptions) -> Message:
     """A new version of a shown answer, written after the same message; the old one stays a version of it."""
-    with answer_slot(user=user), transaction.atomic():
+    with answer_slot(user=user):
         message = _shown_message(user=user, message_id=message_id, role=Message.Role.ASSISTANT)
         conversation = message.conversation
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
         options = _kept_budget(pair=pair, message=message, options=chat_options(pair=pair, options=options))
-        conversation.save(update_fields=["updated_at"])
-        return _answer(user=user, pair=pair, conversation=conversation, after=message.parent, options=options,
-                       param="message")
+        prompt = prompt_within_context(pair=pair, messages=selectors.history(conversation=conversation, before=message),
+                                       options=options, param="message")
+        with transaction.atomic():
+            conversation.save(update_fields=["updated_at"])
+            return _answer(user=user, pair=pair, conversation=conversation, after=message.parent, options=options,
+                           prompt=prompt)
 
 
 def edit_and_resend(*, user, message_id: int, text: str, options: web.GenerationOptions) -> Message:
     """A shown user message rewritten and answered anew: a branch. The new text becomes a version of that
     turn, shown with its answer; the old message and everything after it stay reachable as the other version."""
-    web.check_prompt_text(text, param="text")
-    with answer_slot(user=user), transaction.atomic():
+    _check_message_text(text, param="text")
+    with answer_slot(user=user):
         message = _shown_message(user=user, message_id=message_id, role=Message.Role.USER)
         conversation = message.conversation
         pair = web.find_pair(slug=conversation.pair.slug if conversation.pair else "")
         options = chat_options(pair=pair, options=options)
-        conversation.save(update_fields=["updated_at"])  # the title stays: the old branch is still there
-        edited = Message.objects.create(conversation=conversation, parent=message.parent, role=Message.Role.USER,
-                                        content=text)
-        _show(edited)
-        return _answer(user=user, pair=pair, conversation=conversation, after=edited, options=options, param="text")
+        earlier = selectors.history(conversation=conversation, before=message)
+        prompt = prompt_within_context(pair=pair, messages=[*earlier, {"role": "user", "content": text}],
+                                       options=options, param="text")
+        with transaction.atomic():
+            conversation.save(update_fields=["updated_at"])  # the title stays: the old branch is still there
+            edited = Message.objects.create(conversation=conversation, parent=message.parent, role=Message.Role.USER,
+                                            content=text)
+            _show(edited)
+            return _answer(user=user, pair=pair, conversation=conversation, after=edited, options=options,
+                           prompt=prompt)
+
+
+def _check_message_text(text: str, *, param: str) -> None:
+    """Before anything is tokenized or written: tokenizing megabytes took seconds of the web process."""
+    web.check_prompt_text(text, param=param)
+    if len(text) > limits.MESSAGE_MAX_CHARS:
+        raise errors.InvalidValue(f"A message has at most {limits.MESSAGE_MAX_CHARS:,} characters; this one has "
+                                  f"{len(text):,}.", param=param)
 
 
 def continue_answer(*, user, message_id: int, options: web.GenerationOptions) -> Message:
@@ -106,11 +130,12 @@ def continue_answer(*, user, message_id: int, options: web.GenerationOptions) ->
             message = Message.objects.create(conversation=conversation, parent=message.parent,
                                              role=Message.Role.ASSISTANT, earlier_text=message.text)
             _show(message)
-        prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param="message",
-                                       continuing=True)
+        prompt = prompt_within_context(pair=pair, messages=selectors.history(conversation=conversation),
+                                       options=options, param="message", continuing=True)
         message.earlier_text = message.text
-        message.generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
-                                                  source=Generation.Source.CHAT, add_special_tokens=False)
+        message.generation = web.start_generation(pair=pair, prompt=prompt.text, prompt_ids=prompt.ids,
+                                                  options=options, user=user, source=Generation.Source.CHAT,
+                                                  add_special_tokens=False)
         message.messages_left_out = prompt.left_out
         message.save(update_fields=["earlier_text", "generation", "messages_left_out"])
         conversation.save(update_fields=["updated_at"])
@@ -152,14 +177,13 @@ def show_version(*, user, message_id: int) -> Conversation:
 
 
 def _answer(*, user, pair: ModelPair, conversation: Conversation, after: Message | None,
-            options: web.GenerationOptions, param: str) -> Message:
-    """A new answer after `after`, shown, its generation started with the shown path as the prompt (the new
-    answer, without text yet, is not part of it)."""
+            options: web.GenerationOptions, prompt: "ChatPrompt") -> Message:
+    """A new answer after `after`, shown, its generation started with `prompt` (the shown path it follows,
+    counted before the transaction: see prompt_within_context)."""
     answer = Message.objects.create(conversation=conversation, parent=after, role=Message.Role.ASSISTANT)
     _show(answer)
-    prompt = prompt_within_context(pair=pair, conversation=conversation, options=options, param=param)
-    answer.generation = web.start_generation(pair=pair, prompt=prompt.text, options=options, user=user,
-                                             source=Generation.Source.CHAT, add_special_tokens=False)
+    answer.generation = web.start_generation(pair=pair, prompt=prompt.text, prompt_ids=prompt.ids, options=options,
+                                             user=user, source=Generation.Source.CHAT, add_special_tokens=False)
     answer.messages_left_out = prompt.left_out
     answer.save(update_fields=["generation", "messages_left_out"])
     return answer
@@ -271,18 +295,20 @@ def _title_from(text: str) -> str:
 @dataclass(frozen=True, kw_only=True)
 class ChatPrompt:
     text: str
+    ids: list[int]  # its tokens, counted to fit the context and carried to the worker as they are
     left_out: int  # the conversation's oldest messages the model does not read
 
 
-def prompt_within_context(*, pair: ModelPair, conversation: Conversation, options: web.GenerationOptions, param: str,
+def prompt_within_context(*, pair: ModelPair, messages: list[dict], options: web.GenerationOptions, param: str,
                           continuing: bool = False) -> ChatPrompt:
-    """The conversation as the model reads it. One longer than the model's context leaves out its oldest
-    turns (a user message and the answers after it), keeping the system prompt and the newest message, until
-    the answer has room for its max tokens (up to half the context): a long conversation goes on rather than
-    being refused for good. The newest message alone is still sent when it leaves MIN_ANSWER_TOKENS; one
+    """`messages` (selectors.history, and the new message if any) as the model reads them. Tokenized outside the
+    actions' transactions: on SQLite a transaction that has written holds the write lock of every user and
+    worker, and tokenizing a long conversation takes a while. One longer than the model's context leaves
+    out its oldest turns (a user message and the answers after it), keeping the system prompt and the newest
+    message, until the answer has room for its max tokens (up to half the context): a long conversation goes on
+    rather than being refused for good. The newest message alone is still sent when it leaves MIN_ANSWER_TOKENS; one
     that does not is refused (errors.ContextLengthExceeded naming `param`). `continuing`: the shown path ends
     with an answer cut at its max tokens, which the model writes on from its last character."""
-    messages = selectors.history(conversation=conversation)
     system = messages[:1] if messages and messages[0]["role"] == "system" else []
     turns = messages[len(system):]
     starts = [i for i, m in enumerate(turns) if m["role"] == Message.Role.USER] or [0]  # where a turn begins
@@ -290,17 +316,18 @@ def prompt_within_context(*, pair: ModelPair, conversation: Conversation, option
     asked = web.asked_max_new_tokens(pair=pair, options=options)
     room = min(asked, context // 2)
 
-    def from_turn(start: int) -> tuple[ChatPrompt, int]:
+    def from_turn(start: int) -> ChatPrompt:
         text = web.chat_prompt(pair=pair, messages=system + turns[start:])
         if continuing:
             text = _unfinished(text, answer=turns[-1]["content"])
-        return ChatPrompt(text=text, left_out=start), len(web.encode_prompt(pair=pair, prompt=text,
-                                                                          add_special_tokens=False))
+        return ChatPrompt(text=text, ids=web.encode_prompt(pair=pair, prompt=text, add_special_tokens=False),
+                          left_out=start)
 
-    whole, tokens = from_turn(0)
-    if tokens + room <= context:
+    whole = from_turn(0)
+    if len(whole.ids) + room <= context:
         return whole
-    kept, tokens = from_turn(starts[-1])
+    kept = from_turn(starts[-1])
+    tokens = len(kept.ids)
     if tokens + room > context:
         if tokens + min(asked, limits.MIN_ANSWER_TOKENS) <= context:
             return kept
@@ -312,8 +339,8 @@ def prompt_within_context(*, pair: ModelPair, conversation: Conversation, option
     low, high = 0, len(starts) - 1  # the fewest turns to leave out: starts[high] is known to fit
     while low < high:
         middle = (low + high) // 2
-        candidate, tokens = from_turn(starts[middle])
-        if tokens + room <= context:
+        candidate = from_turn(starts[middle])
+        if len(candidate.ids) + room <= context:
             kept, high = candidate, middle
         else:
             low = middle + 1

@@ -1,7 +1,9 @@
 import json
 from collections.abc import Callable
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -48,11 +50,17 @@ def _json_action(action: Callable[[dict], dict]):
             return JsonResponse(action({**body, **kwargs, "user": request.user}))
         except json_input.JsonInputError as exc:
             error: errors.ServiceError = errors.InvalidJson(f"The body must be JSON: {exc}.")
+        except RequestDataTooBig:  # Django's own bound, answered in the page's words rather than its HTML page
+            error = errors.RequestTooLarge(f"The body has at most {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes.")
         except errors.ServiceError as exc:
             error = exc
-        return JsonResponse({"error": {"message": error.message, "param": error.param, "code": error.code}},
-                            status=error.status)
+        return _error_response(error)
     return view
+
+
+def _error_response(error: errors.ServiceError) -> JsonResponse:
+    return JsonResponse({"error": {"message": error.message, "param": error.param, "code": error.code}},
+                        status=error.status)
 
 
 def _text(body: dict, name: str) -> str:
@@ -63,10 +71,10 @@ def _text(body: dict, name: str) -> str:
 
 
 def _options(body: dict) -> web.GenerationOptions:
-    settings = body.get("settings") or {}
-    if not isinstance(settings, dict):
+    value = body.get("settings")
+    if value is not None and not isinstance(value, dict):  # [] too, as [1] is
         raise errors.InvalidType("settings must be an object.", param="settings")
-    return web.parse_options(settings)
+    return web.parse_options(value or {})
 
 
 @_json_action
@@ -114,7 +122,13 @@ def show_version(body: dict) -> dict:
 @login_required
 def search(request):
     """The conversations whose title or messages hold every word of `q`: the sidebar's search."""
-    words = request.GET.get("q", "").split()
+    query = request.GET.get("q", "")
+    if len(query) > selectors.SEARCH_MAX_CHARS:
+        return _error_response(errors.InvalidValue(
+            f"q has at most {selectors.SEARCH_MAX_CHARS} characters; this one has {len(query):,}.", param="q"))
+    if "\x00" in query:  # PostgreSQL refuses it in a query; SQLite matched every conversation
+        return _error_response(errors.InvalidValue("q contains a NUL character.", param="q"))
+    words = query.split()
     return JsonResponse({"conversations": selectors.conversations_matching(user=request.user, words=words)})
 
 

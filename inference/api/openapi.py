@@ -284,7 +284,8 @@ def document(*, models: list[str], max_tokens: int) -> dict:
             "/v1/chat/completions/{generation_id}/cancel": _generation_route(True, "cancel"),
             "/v1/models": _open_get("listModels", "The enabled pairs, OpenAI's model list with their state."),
             "/v1/config": _open_get("getConfig", "Each pair's state (AVAILABLE, LOADING, UNAVAILABLE), OVMS's "
-                                                 "shape, and its main's and draft's devices."),
+                                                 "shape, and its main's and draft's devices; with an API key, its "
+                                                 "calibration per host too."),
             "/v1/openapi.json": _open_get("getOpenApi", "This document."),
             "/health": _open_get("health", "200 when the database and Redis answer."),
             "/metrics": _open_get("metrics", "Prometheus metrics, named like vLLM's.", "text/plain"),

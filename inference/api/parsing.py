@@ -228,6 +228,9 @@ def _chat_messages(data: dict) -> list[dict]:
             raise errors.InvalidValue(f"role must be one of {', '.join(CHAT_ROLES)}; got {json.dumps(role)[:40]}.",
                         param=f"messages[{index}].role")
         calls = _tool_calls(message, index) if role == "assistant" else []
+        if role == "tool" and not any(turn.get("tool_calls") for turn in turns):
+            raise errors.InvalidValue("A tool message answers a tool call: an earlier assistant message must make "
+                                      "one (its tool_calls).", param=f"messages[{index}].role")
         content = message.get("content")
         turn = {"role": CHAT_ROLES[role], "content": "" if calls and content is None else _message_text(content, index)}
         turns.append({**turn, "tool_calls": calls} if calls else turn)

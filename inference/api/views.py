@@ -165,22 +165,31 @@ async def models(request):
     return JsonResponse({"object": "list", "data": await sync_to_async(_models)()})
 
 
-def _config() -> dict:
-    """OVMS's shape, each pair's devices, and its calibration per host: which host its figures come from, when."""
+def _config(*, calibrations: bool) -> dict:
+    """OVMS's shape and each pair's devices; with `calibrations`, its calibration per host too: which host its
+    figures come from (its CPU, flags, library version), when, and what they decided."""
     workers = selectors.live_workers(client=transport.sync_client())
     states = {pair: selectors.pair_state(pair=pair, workers=workers) for pair in ModelPair.objects.all()}
-    return {pair.slug: {"model_version_status": [{
+    shown = {pair.slug: {"model_version_status": [{
         "version": "1", "state": state.state,
         "status": {"error_code": "UNAVAILABLE" if state.error else "OK", "error_message": state.error or "OK"},
-    }], "devices": pair.devices,
-        "calibrations": [calibrated.summary(each) for each in selectors.pair_calibrations(pair=pair)]}
-        for pair, state in states.items()}
+    }], "devices": pair.devices} for pair, state in states.items()}
+    if calibrations:
+        for pair in states:
+            shown[pair.slug]["calibrations"] = [calibrated.public_summary(each)
+                                                for each in selectors.pair_calibrations(pair=pair)]
+    return shown
 
 
 @api_view("GET")
 async def config(request):
-    """Each pair's state in OpenVINO Model Server's /v1/config shape, and the devices its models run on."""
-    return JsonResponse(await sync_to_async(_config)())
+    """Each pair's state in OpenVINO Model Server's /v1/config shape, and the devices its models run on. The
+    calibrations describe the host (CPU, flags, core count, library version): an API key's to read (staff read
+    them in the admin), not anyone's who can reach the port."""
+    authorization = request.headers.get("Authorization")
+    if authorization is not None:
+        await sync_to_async(auth.authenticate)(authorization=authorization)
+    return JsonResponse(await sync_to_async(_config)(calibrations=authorization is not None))
 
 
 def _health() -> None:

@@ -233,6 +233,7 @@ def start_generation(
     pair: ModelPair,
     prompt: str,
     options: GenerationOptions,
+    prompt_ids: list[int] | None = None,
     user=None,
     source: str = Generation.Source.CHAT,
     add_special_tokens: bool = True,
@@ -241,11 +242,13 @@ def start_generation(
 ) -> Generation:
     """Validate, record and enqueue one generation. Raises an errors.ServiceError and writes
     nothing when the request cannot be served. `reply`: how the API shapes the answer (its views read it
-    back from the record)."""
+    back from the record). `prompt_ids`: the prompt's tokens where the caller counted them already (the chat,
+    fitting a conversation to the context), so a long prompt is not tokenized twice."""
     if not pair.enabled:
         raise errors.ModelNotFound(f"The model '{pair.slug}' is disabled.", param="model")
     check_prompt_text(prompt, param="prompt")
-    prompt_ids = encode_prompt(pair=pair, prompt=prompt, add_special_tokens=add_special_tokens)
+    if prompt_ids is None:
+        prompt_ids = encode_prompt(pair=pair, prompt=prompt, add_special_tokens=add_special_tokens)
     params = decoding_params(pair=pair, options=options, prompt_tokens=len(prompt_ids))
     client = transport.sync_client()
     state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=client))
