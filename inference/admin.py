@@ -19,7 +19,7 @@ from inference.benchmark import report, runs
 from inference.benchmark.summary import table
 from inference.celery_worker import worker_command_line
 from inference.limits import K_MAX, K_MIN
-from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, ModelPair
+from inference.models import ApiKey, BenchmarkRun, Generation, ImportJob, JobStatus, ModelPair
 from inference.pairs import importer
 from inference.serving import calibrated
 
@@ -32,31 +32,35 @@ class ExtraStyle:
 
 @admin.register(ModelPair)
 class ModelPairAdmin(admin.ModelAdmin):
-    list_display = ("name", "slug", "main_dir", "draft_dir", "devices", "num_assistant_tokens",
-                    "assistant_confidence_threshold", "precision_mode", "enabled", "is_default", "serving_state")
+    # The list an operator scans: what each pair is, whether it serves, what speculation gains on its host, and
+    # the one thing to do next; the settings are on each pair's page.
+    list_display = ("name", "serving_state", "speedup_here", "is_default", "enabled", "next_step")
     list_filter = ("enabled", "device")
     prepopulated_fields = {"slug": ("name",)}
     readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark",
                        "profile_run", "live_figures", "precision_mode", "calibrations")
     actions = ("load_on_worker", "unload_from_worker", "run_benchmark", "calibrate")
+    change_form_template = "admin/inference/modelpair/change_form.html"  # Benchmark and Calibrate buttons on top
     Media = ExtraStyle
+    # The first screen is what an operator needs (state, the host's verdict and its table); the settings are folded.
     fieldsets = (
-        (None, {"fields": ("name", "slug", "enabled", "is_default", "description", "completes_text", "serving_state",
-                           "load_error")}),
-        ("Models", {"fields": ("main_dir", "draft_dir", "draft_alternative_dir", "prompt_lookup", "max_ngram_size",
-                               "device", "draft_device")}),
-        ("Speculation defaults", {"fields": ("num_assistant_tokens", "assistant_confidence_threshold",
-                                             "allow_inexact_sampling", "speculation_profile", "profile_run",
-                                             "live_figures")}),
+        (None, {"fields": ("name", "serving_state", "load_error", "enabled", "is_default")}),
+        ("Speed on its hosts", {"fields": ("calibrations", "live_figures")}),
+        ("What it is", {"classes": ["collapse"], "fields": ("slug", "description", "completes_text")}),
+        ("Models", {"classes": ["collapse"], "fields": ("main_dir", "draft_dir", "draft_alternative_dir",
+                                                        "prompt_lookup", "max_ngram_size", "device", "draft_device")}),
+        ("Speculation defaults", {"classes": ["collapse"],
+                                  "fields": ("num_assistant_tokens", "assistant_confidence_threshold",
+                                             "allow_inexact_sampling", "speculation_profile", "profile_run")}),
         ("Limits and precision", {
+            "classes": ["collapse"],
             "fields": ("max_new_tokens_cap", "cache_size_gb", "max_num_batched_tokens", "prefill_first",
                        "inference_precision", "kv_cache_precision", "precision_mode", "own_engine_streams"),
             "description": "Exact mode (f32 and an f32 KV cache): greedy answers with the draft are the main alone's, "
                            "token for token. Fast mode (the device's defaults, both empty): answers with the draft can "
                            "differ in near-ties; they say so. On a calibrated host the main alone and the own engine "
                            "run in the configuration measured fastest there (see the calibration below)."}),
-        ("Calibration on its hosts", {"fields": ("calibrations",)}),
-        ("Latest benchmark", {"fields": ("latest_benchmark",)}),
+        ("Latest benchmark", {"classes": ["collapse"], "fields": ("latest_benchmark",)}),
     )
 
     def get_queryset(self, request):
@@ -72,12 +76,54 @@ class ModelPairAdmin(admin.ModelAdmin):
             workers = selectors.live_workers(client=transport.sync_client())
         state = selectors.pair_state(pair=pair, workers=workers)
         if state.error:
-            return f"{state.state} ({state.detail or state.error})"
-        return f"{state.state} on {', '.join(state.workers)}"
+            return f"{state.state.lower()} ({state.detail or state.error})"
+        count = len(state.workers)
+        return format_html('<span title="{}">{} on {} worker{}</span>', ", ".join(state.workers), state.state.lower(),
+                           count, "" if count == 1 else "s")
 
-    @admin.display(description="devices")
-    def devices(self, pair: ModelPair) -> str:
-        return ", ".join(f"{model} {device}" for model, device in pair.devices.items() if device)
+    @admin.display(description="speed-up on its host")
+    def speedup_here(self, pair: ModelPair) -> str:
+        """The newest finished calibration's verdict, in one figure: a lone answer with the draft against the
+        fastest main alone there."""
+        calibration = pair.calibrations.filter(status=JobStatus.FINISHED).order_by("-finished_at").first()
+        shown = calibrated.summary(calibration) if calibration else {}
+        if shown.get("speedup"):
+            return f"{shown['speedup']:.2f}x (K={shown['best_k']})"
+        return "main alone faster" if shown.get("verdict") else "not calibrated yet"
+
+    @admin.display(description="next")
+    def next_step(self, pair: ModelPair) -> str:
+        """The one action the pair's state asks for, on its page."""
+        page = reverse("admin:inference_modelpair_change", args=[pair.pk])
+        if not pair.enabled:
+            return format_html('<a href="{}">enable it</a>', page)
+        if not selectors.pair_state(pair=pair, workers=getattr(self, "_workers", [])).served:
+            return format_html('<a href="{}">start a worker for it</a>', page)
+        return format_html('<a href="{}">benchmark or calibrate</a>', page)
+
+    def get_urls(self):
+        own = [path("<int:pair_id>/calibrate/", self.admin_site.admin_view(self.calibrate_one),
+                    name="inference_modelpair_calibrate"),
+               path("<int:pair_id>/benchmark/", self.admin_site.admin_view(self.benchmark_one),
+                    name="inference_modelpair_benchmark")]
+        return own + super().get_urls()
+
+    def calibrate_one(self, request, pair_id: int):
+        """The pair page's Calibrate button (a POST): as the bulk action, for this pair."""
+        if request.method != "POST" or not self.has_change_permission(request):
+            raise PermissionDenied
+        self.calibrate(request, ModelPair.objects.filter(pk=pair_id))
+        return HttpResponseRedirect(reverse("admin:inference_modelpair_change", args=[pair_id]))
+
+    def benchmark_one(self, request, pair_id: int):
+        """The pair page's Benchmark button: the bulk action's form, for this pair."""
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        pairs = ModelPair.objects.filter(pk=pair_id)
+        if not pairs.exists():
+            raise Http404("No such pair")
+        answer = self.run_benchmark(request, pairs)
+        return answer or HttpResponseRedirect(reverse("admin:inference_modelpair_change", args=[pair_id]))
 
     @admin.display(description="measured lately on the workers")
     def live_figures(self, pair: ModelPair) -> str:
@@ -265,9 +311,11 @@ class ApiKeyAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
 
     def response_add(self, request, obj, post_url_continue=None):
+        pair = ModelPair.objects.filter(enabled=True).order_by("-is_default", "name").first()
         response = TemplateResponse(request, "admin/inference/apikey/created.html", {
             **self.admin_site.each_context(request), "title": f"API key '{obj.name}' created",
-            "key": obj, "secret": request.new_api_key_secret, "opts": self.model._meta})
+            "key": obj, "secret": request.new_api_key_secret, "opts": self.model._meta,
+            "base_url": request.build_absolute_uri("/").rstrip("/"), "model": pair.slug if pair else "<model>"})
         add_never_cache_headers(response)
         return response
 

@@ -55,7 +55,7 @@ def test_admin_loads_and_unloads_a_pair_without_restart(admin_client, demo_pair)
     assert "1 worker(s) received it" in page
     assert wait_for_state(pair, "AVAILABLE").state == "AVAILABLE"
     listing = admin_client.get("/admin/inference/modelpair/").content.decode()
-    assert "AVAILABLE on" in listing
+    assert "available on 1 worker" in listing
     admin_client.post("/admin/inference/modelpair/", {"action": "unload_from_worker", "_selected_action": [pair.id]})
     assert wait_for_state(pair, "UNAVAILABLE").state == "UNAVAILABLE"
 

@@ -100,6 +100,11 @@ def summary(calibration: HostCalibration) -> dict:
         "fastest_config": results["fastest"], "own_engine_config": results.get("own_config") or None,
         "best_k": k, "draft_stop_below": stop, "speculation_tokens_per_s": speculating,
         "main_alone_tokens_per_s": fastest["tokens_per_s"],
+        # each K's lone answers (what the verdict chose from), against the fastest main alone as measured beside them
+        "ks": {int(each): {"tokens_per_s": line["tokens_per_s"],
+                           "speedup": line["tokens_per_s"] / fastest["tokens_per_s"],
+                           "identical": line.get("identical") == line.get("answers")}
+               for each, line in sorted(results.get("ks", {}).items(), key=lambda item: int(item[0]))},
         "batch_k": results.get("batch_k", 0),
         "speedup": round(speculating / fastest["tokens_per_s"], 2) if speculating else None,
         "verify_cost": results.get("verify_cost"), "draft_token_ms": results.get("draft_ms"),
