@@ -15,6 +15,7 @@ from inference.engines.draft_head import load_head_ids
 from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
 from inference.engines.library import LibraryEngine
+from inference.engines.prefix_cache import BLOCK_TOKENS
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter
 from tests.distribution import compare, differs, samples
@@ -38,7 +39,7 @@ def sampler(engine, new_tokens: int = NEW_TOKENS, prompt: str = PROMPT, steps: l
 
 def drain(request, steps: list | None = None) -> tuple[int, ...]:
     tokens: list[int] = []
-    while not isinstance(event := request.events.get(timeout=120), Finished):
+    while not isinstance(event := request.next_step(timeout=120), Finished):
         tokens += event.token_ids
         if steps is not None and event.drafter:
             steps.append((event.drafter, event.proposed, len(event.token_ids) - 1))
@@ -80,6 +81,25 @@ def test_exact_engine_samples_follow_the_main_alone(main_alone, exact, sampling)
     report = compare(tested, reference)
     assert not differs(report), report
     assert len(set(tested)) > 20  # a spread-out distribution, or the test would prove little
+
+
+LONG_PROMPT = "".join(f"def step_{n}(values):\n    return [v * {n} for v in values]\n\n" for n in range(12)) + PROMPT
+
+
+@pytest.mark.no_database
+def test_samples_on_a_warm_prefix_follow_the_main_alone(main_alone, exact):
+    """A prompt of several blocks: every sample after the first reads them from the own engine's prefix cache
+    (engines/prefix_cache.py) and prefills only its last tokens; the samples still follow the main alone's."""
+    sampling = {"temperature": 1.0, "num_assistant_tokens": 3}
+    hits = exact.main_prompts.stats.hits
+    reference = samples(sampler(main_alone, prompt=LONG_PROMPT, temperature=1.0), range(N), threads=16)
+    tested = samples(sampler(exact, prompt=LONG_PROMPT, **sampling), range(90_000, 90_000 + N))
+    report = compare(tested, reference)
+    assert not differs(report), report
+    assert len(set(tested)) > 20
+    blocks = len(exact.tokenizer.encode(LONG_PROMPT).input_ids.data[0]) // BLOCK_TOKENS
+    # all but the first few, which ran at once before any had kept the blocks
+    assert blocks >= 2 and exact.main_prompts.stats.hits - hits >= (N - 10) * blocks * BLOCK_TOKENS
 
 
 REPEATING = "x = [1, 2, 3, 4]\ny = [1, 2, 3, 4]\nz = [1, 2,"  # the answer's history repeats from its first token
