@@ -29,9 +29,13 @@ def wait_for_answers(page, count: int) -> None:
 
 
 def shot(page, name: str) -> None:
+    """In the light and the dark scheme."""
     SHOTS.mkdir(exist_ok=True)
     page.wait_for_timeout(300)  # a resized page's sidebar slides away first
     page.screenshot(path=str(SHOTS / f"{name}.png"))
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=str(SHOTS / f"{name}-dark.png"))
+    page.emulate_media(color_scheme="light")
     assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]  # no sideways scroll
 
 

@@ -250,7 +250,8 @@ function speedWords(ratio, m) {
   const how = "a small draft model guesses the next words and the main model checks several guesses at once";
   return ratio >= 1.05
     ? `About ${times} as fast as the main model alone on this host: ${how}.`
-    : `About ${times} the speed of the main model alone on this host: ${how}, and here few guesses were right.`;
+    : `About ${times} the speed of the main model alone on this host: ${how}, which did not pay this time `
+      + "(or the machine was busier than when it was measured).";
 }
 
 function formatMs(ms) {
