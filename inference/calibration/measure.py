@@ -8,7 +8,10 @@
    each in that configuration, and the Ks with the cheaper (int4 kernels are the cheaper with AVX-512, int8 ones
    with AVX2), which the own engine then loads on this host; and at several at once, the answers speculating in its
    batch at each of a few Ks (DecodingParams.batch_k) beside its batched main alone;
-3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay).
+3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay);
+4. a lone answer at the K chosen against the main alone (the own engine's and the fastest) after a long prompt
+   (LONG_CONTEXT tokens, a pasted file, read once and kept in the prefix caches, as in a conversation's follow-ups):
+   the K long answers get, or 0 where the main alone was faster there.
 
 Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift (these VMs move
 by 2x within minutes) falls on every line alike; the figures are the rounds' sums. From them: the K a lone
@@ -19,6 +22,7 @@ the pair's chat template."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +61,8 @@ DRAFT_STOP_BELOW = 0.5
 # A pair's own calibration prompts, beside its main and draft folders (a prompts file as `benchmark --prompts-file`
 # takes): requests like its traffic. `make real-pair` places the real pair's.
 CALIBRATION_PROMPTS = "calibration-prompts.json"
+LONG_CONTEXT = 2000  # prompt tokens of phase 4: a pasted file and a question, as a long chat's follow-ups send
+LONG_QUESTIONS = ("Explain what the first class in this file is for.", "Which function here would you test first?")
 
 
 @dataclass(frozen=True)
@@ -156,7 +162,7 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
     prompts = chat_prompts(spec.main_dir, max(budget.prompts, budget.streams))
     alone = {config.name: replace(spec, speculative=False, exact_sampling=False, own_engine=False, **config.fields)
              for config in offered(capabilities)}
-    steps = Steps(total=budget.rounds + (budget.rounds + 1 if spec.draft_dir else 0), report=progress)
+    steps = Steps(total=budget.rounds + (budget.rounds + 2 if spec.draft_dir else 0), report=progress)
     results: dict = {"budget": {**vars(budget), "ks": list(budget.ks), "stopped_ks": list(budget.stopped_ks),
                                 "batch_ks": list(budget.batch_ks), "cost_sizes": list(budget.cost_sizes)},
                      "prompts": prompts[:budget.prompts], "rounds": {}}
@@ -189,6 +195,9 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
         for engine in engines.values():
             engine.close()
     results["best_k"] = {"1": best_k(results)} if results.get("ks") else {}  # none: out of time before any K
+    if results["best_k"].get("1") and time.monotonic() - started < budget.seconds:
+        steps.next(f"a lone answer after a {LONG_CONTEXT}-token prompt")
+        results["long_context"] = _long_context(spec, results, budget=budget)
     results["batch_k"] = best_batch_k(results)
     results["library_alone"] = library_alone(results)
     results["seconds"] = round(time.monotonic() - started, 1)
@@ -226,6 +235,46 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
             "batch_ks": {str(k): line.figures(alone=batched) for k, line in in_batch.items()},
             "verify_cost": {str(n): round(ms / costs[1], 3) for n, ms in costs.items()},
             "verify_ms": round(costs[1], 2)}
+
+
+def long_prompts(main_dir: str, tokens: int) -> list[str]:
+    """A file of the standard library pasted with a question, cut to about `tokens` through the chat template: the
+    same file, another question each (the file is kept in the prefix cache after the first)."""
+    tokenizer = load_tokenizer(main_dir)
+    source = Path(argparse.__file__).read_text()
+    ids = tokenizer.encode(source, add_special_tokens=False).input_ids.data[0].tolist()
+    pasted = tokenizer.decode(ids[:tokens])
+    return [str(tokenizer.apply_chat_template([{"role": "user", "content": f"```python\n{pasted}\n```\n{question}"}],
+                                              add_generation_prompt=True)) for question in LONG_QUESTIONS]
+
+
+def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
+    """A lone answer at the chosen K after a long prompt, against the own engine's main alone and the fastest main
+    alone, each engine with its prefix cache (the prompt read once, untimed); the K a long answer gets (0: the
+    main alone was faster there)."""
+    k = results["best_k"]["1"]
+    stop = results["ks"][str(k)].get("draft_stop_below")
+    own_config, fastest = CONFIGS[results["own_config"]], CONFIGS[results["fastest"]]
+    if results.get("draft") == "alternative":
+        spec = replace(spec, draft_dir=spec.draft_alternative_dir)
+    own = build_engine(replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=1,
+                               **own_config.fields))
+    library = build_engine(replace(spec, speculative=False, exact_sampling=False, own_engine=False, **fastest.fields))
+    prompts = long_prompts(spec.main_dir, LONG_CONTEXT)
+    try:
+        for engine in (own, library):
+            answer(engine, prompts[0], k=0, max_new_tokens=1)  # the file read and kept, untimed
+        drafted, alone, library_alone = Line(own, k=k, draft_stop_below=stop), Line(own), Line(library)
+        lines = [drafted, alone, library_alone]
+        for round_ in range(budget.rounds):
+            for line in lines[round_ % 3:] + lines[:round_ % 3]:
+                line.run([prompts[round_ % len(prompts)]], max_new_tokens=budget.max_new_tokens)
+    finally:
+        own.close()
+        library.close()
+    faster = drafted.tokens_per_s > max(alone.tokens_per_s, library_alone.tokens_per_s)
+    return {"tokens": LONG_CONTEXT, "k": k if faster else 0, "drafted": drafted.figures(alone=alone),
+            "own_main_alone": alone.figures(), "fastest": library_alone.figures()}
 
 
 def draft_token_ms(spec: PairSpec, *, context: int = 64, repeats: int = 12) -> dict[str, float]:

@@ -28,6 +28,9 @@ from inference.pair_checks import profile_errors
 from inference.serving.reasons import Reason, Why, sentence
 
 log = logging.getLogger(__name__)
+# From this many prompt tokens a lone answer plans by what the host's calibration measured after a long prompt
+# (calibration/measure.py, LONG_CONTEXT): halfway, in tokens, between its short prompts and its long one.
+LONG_CONTEXT_FROM = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +43,7 @@ class Asked:
     sampled: bool = False
     constrained: bool = False  # the output is held to a grammar (response_format, regex, grammar)
     alternatives: bool = False  # top_logprobs: each position's most likely tokens, which only the own engine gives
+    prompt_tokens: int = 0  # the answer's context so far (the worker knows it): a long one plans by its own figures
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +84,7 @@ class HostFigures:
     draft_alternative: bool = False  # the own engine loads the pair's draft in its other weight format: cheaper here
     step_costs: tuple[float, ...] = ()  # a draft token, then the verify of 2, 3, ... tokens, as shares of a main token
     batch_k: int = 0  # beyond the pair's speculating streams, answers speculate at this K in the own engine's batch
+    long_context_k: int | None = None  # a lone answer's K after LONG_CONTEXT_FROM prompt tokens (0: the main alone)
 
     @property
     def calibrated(self) -> bool:
@@ -311,6 +316,8 @@ def _for_the_load(*, pair: ModelPair, asked: Asked, drafting: Plan, load: int, l
     if live is not None and live.exploring and live.rates and drafting.mode == SpeculativeMode.DRAFT:
         return _explore(pair=pair, live=live.rates, load=load)
     calibrated = calibration.k_at(load) if calibration and pair.own_engine_streams and not asked.sampled else None
+    if calibrated and calibration and asked.prompt_tokens >= LONG_CONTEXT_FROM and calibration.long_context_k == 0:
+        return alone.because(Why(Reason.CALIBRATED_LONG_CONTEXT_ALONE, {"tokens": LONG_CONTEXT_FROM}))
     if calibrated == 0:
         return alone.because(Why(Reason.CALIBRATED_MAIN_ALONE_FASTER))
     if calibrated:

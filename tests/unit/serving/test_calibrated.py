@@ -50,6 +50,15 @@ TABLE = [
      (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(), Load(streams=1), LONG_STEPS, None, OWN_K, 8, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(k=3), Load(streams=1), LONG_STEPS, None, OWN_K, 3, (R.K_ASKED, R.OWN_ENGINE)),  # a K named: no stop
+    # a long conversation plans by the long-context line: the main alone where it beat the K there, else the K
+    (OWN, Asked(prompt_tokens=1500), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None, OWN_ALONE, None,
+     (R.CALIBRATED_LONG_CONTEXT_ALONE, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(prompt_tokens=1500), Load(streams=1), replace(LONG_STEPS, long_context_k=8), None, OWN_K, 8,
+     (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+    (OWN, Asked(prompt_tokens=200), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None, OWN_K, 8,
+     (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+    (OWN, Asked(prompt_tokens=1500, k=3), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None, OWN_K, 3,
+     (R.K_ASKED, R.OWN_ENGINE)),
     # where the host's costs were timed, the draft proposes up to K what each answer's acceptance pays for; not at a
     # K the request named, nor where the draft stops by its own confidence, nor on the main alone
     (OWN, Asked(), Load(streams=1), COSTED, None, OWN_K, 4, (R.CALIBRATED_BEST_K, R.OWN_ENGINE, R.K_PER_ANSWER)),
