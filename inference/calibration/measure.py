@@ -39,7 +39,7 @@ from inference.engines.interface import Engine
 from inference.engines.kv_cache import KvSequence
 from inference.engines.precision import CONFIGS, EXACT_ON_OWN_ENGINE, offered
 from inference.engines.registry import build_engine
-from inference.engines.spec import PairSpec
+from inference.engines.spec import PairSpec, context_length
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.tokenizer import load_tokenizer
 from inference.limits import Drafter
@@ -62,6 +62,7 @@ DRAFT_STOP_BELOW = 0.5
 # takes): requests like its traffic. `make real-pair` places the real pair's.
 CALIBRATION_PROMPTS = "calibration-prompts.json"
 LONG_CONTEXT = 2000  # prompt tokens of phase 4: a pasted file and a question, as a long chat's follow-ups send
+LONG_QUESTION_ROOM = 64  # the chat template and the question around the pasted file
 LONG_QUESTIONS = ("Explain what the first class in this file is for.", "Which function here would you test first?")
 
 
@@ -260,7 +261,8 @@ def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
     own = build_engine(replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=1,
                                **own_config.fields))
     library = build_engine(replace(spec, speculative=False, exact_sampling=False, own_engine=False, **fastest.fields))
-    prompts = long_prompts(spec.main_dir, LONG_CONTEXT)
+    tokens = min(LONG_CONTEXT, context_length(Path(spec.main_dir)) - budget.max_new_tokens - LONG_QUESTION_ROOM)
+    prompts = long_prompts(spec.main_dir, tokens)
     try:
         for engine in (own, library):
             answer(engine, prompts[0], k=0, max_new_tokens=1)  # the file read and kept, untimed
@@ -273,7 +275,7 @@ def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
         own.close()
         library.close()
     faster = drafted.tokens_per_s > max(alone.tokens_per_s, library_alone.tokens_per_s)
-    return {"tokens": LONG_CONTEXT, "k": k if faster else 0, "drafted": drafted.figures(alone=alone),
+    return {"tokens": tokens, "k": k if faster else 0, "drafted": drafted.figures(alone=alone),
             "own_main_alone": alone.figures(), "fastest": library_alone.figures()}
 
 

@@ -86,7 +86,7 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     generation = Generation.objects.select_related("pair").filter(id=generation_id).first()
     if generation is None or generation.status != Generation.Status.QUEUED:
         return  # a replayed delivery of a generation that already ran
-    asked = speculation.Asked(**generation.params.get("asked", {}), prompt_tokens=generation.prompt_tokens)
+    asked = replace(speculation.Asked(**generation.params.get("asked", {})), prompt_tokens=generation.prompt_tokens)
     load, slug = current_load(pair=generation.pair), generation.pair.slug
     figures = host_figures(pair=generation.pair)
     planned = speculation.plan(
