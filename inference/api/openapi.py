@@ -132,6 +132,10 @@ def _usage() -> dict:
                      "speculative_reason", "speculative_k", "speculative_route", "speculative_reason_codes"],
         "properties": {
             "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
+            "prompt_tokens_details": {
+                "type": "object", "properties": {"cached_tokens": {"type": "integer"}},
+                "description": "cached_tokens: prompt tokens read from the prefix cache, not prefilled again (the own "
+                               "engine's; 0 on the library's pipeline, which does not say)."},
             "total_tokens": {"type": "integer"},
             "draft_tokens": {"type": "integer", **figure,
                              "description": "Tokens proposed, by the draft model and the n-gram lookup (null in the "
