@@ -367,3 +367,28 @@ async def test_a_title_is_cut_at_a_word(demo_pair, user):
     assert (await Conversation.objects.aget()).title == started["title"]
     await events_until_end(communicator, started["generation"])
     await communicator.disconnect()
+
+
+PASTED_CODE = "Why does this fail?\n```python\ndef f(x):\n    return x +\n```\nThanks."
+
+
+@pytest.fixture
+def pasted_code(demo_pair, user) -> Conversation:
+    demo_pair.completes_text = False  # a chat pair: a message is text, with code in it
+    demo_pair.save()
+    return kept_turns(pair=demo_pair, user=user, turns=[(PASTED_CODE, "It lacks an operand.", "stop")])
+
+
+@pytest.mark.parametrize("width, height", SIZES)
+def test_code_pasted_in_a_message_is_shown_as_code(pasted_code, live_server_url, page, width, height):
+    page.set_viewport_size({"width": width, "height": height})
+    log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{pasted_code.id}/")
+    page.wait_for_selector("article.user .code-block code.hljs")
+    message = page.locator("article.user")
+    assert message.locator(".code-language").inner_text() == "python"
+    assert message.locator("code").inner_text() == "def f(x):\n    return x +"
+    assert "```" not in message.locator(".body").inner_text()
+    assert message.locator(".body").inner_text().startswith("Why does this fail?")
+    shot(page, f"pasted-code-{width}")
+    message.locator("button.edit").click()
+    assert page.input_value("#edit-text") == PASTED_CODE  # edited as typed, fences and all

@@ -34,7 +34,7 @@ export class Answer {
   // A completion pair continues the user's text: the answer is shown after its prompt, as one block.
   prompt() {
     const user = this.el.previousElementSibling;
-    return this.pair?.completes_text && user?.classList.contains("user") ? user.querySelector(".body").textContent : null;
+    return this.pair?.completes_text && user?.classList.contains("user") ? user.querySelector(".body").dataset.text : null;
   }
 
   shownText() {

@@ -9,7 +9,7 @@
 import { Answer } from "./answer.js";
 import { initConversations, listConversation, post, setTitle } from "./conversations.js";
 import { currentSettings, initPairs, regenerateSettings, settingsProblem, showEmptyState } from "./pairs.js";
-import { copyButton, copyText } from "./render.js";
+import { copyButton, copyText, decorateCode } from "./render.js";
 import { inPlainWords } from "./words.js";
 
 const page = JSON.parse(document.getElementById("page-data").textContent);
@@ -53,7 +53,8 @@ const FOLD_CHARS = 1200;
 function addUserMessage(messageId, text) {
   const el = addBubble("user", messageId);
   const body = el.querySelector(".body");
-  body.textContent = text;
+  body.dataset.text = text; // as typed: what Edit starts from and a completion pair continues
+  showUserText(body, text);
   const lines = text.split("\n").length;
   if (lines > FOLD_LINES || text.length > FOLD_CHARS) {
     body.classList.add("folded");
@@ -68,6 +69,31 @@ function addUserMessage(messageId, text) {
     el.insertBefore(toggle, el.querySelector(".meta"));
   }
   return el;
+}
+
+// Code the user pasted between ``` fences is shown as code (highlighted, with Copy), the rest as typed. A completion
+// pair's prompt is code as a whole, shown as typed. The user's text goes in as text nodes only, never as HTML.
+const USER_FENCE = /^```([^\n`]*)\n([\s\S]*?)\n```[ \t]*$/gm;
+
+function showUserText(body, text) {
+  if (pairs.get($("pair").value)?.completes_text) {
+    body.textContent = text;
+    return;
+  }
+  body.replaceChildren();
+  let at = 0;
+  for (const match of text.matchAll(USER_FENCE)) {
+    body.append(text.slice(at, match.index).replace(/\n$/, ""));
+    const pre = document.createElement("pre");
+    pre.title = match[1].trim().split(/\s+/)[0]; // the language, as decorateCode reads it from the renderer's blocks
+    const code = document.createElement("code");
+    code.textContent = match[2];
+    pre.append(code);
+    body.append(pre);
+    at = match.index + match[0].length;
+  }
+  body.append(text.slice(at).replace(/^\n/, ""));
+  decorateCode(body, new Map());
 }
 
 // ‹ 1/2 ›: which version of its turn a message is, and the way to the others (one at a time is shown).
@@ -399,7 +425,7 @@ function chatGone(text) {
 
 function startEdit(article) {
   const body = article.querySelector(".body");
-  const original = body.textContent;
+  const original = body.dataset.text;
   article.classList.add("editing");
   article.querySelector(".actions")?.remove();
   const form = document.createElement("form");
