@@ -84,6 +84,7 @@ def settled(engine: OwnEngine) -> None:
     deadline = time.monotonic() + 30
     while engine.active_count and time.monotonic() < deadline:
         time.sleep(0.02)
+    engine.draft_caught_up()
 
 
 def test_a_follow_up_reads_only_its_new_tokens_and_answers_as_the_main_alone(engine):

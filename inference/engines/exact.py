@@ -50,6 +50,7 @@ COMPACT_MIN_DEAD = 64  # rebuild a cache once this many slots (and more than hal
 # the conversation once the answer is out, ready for the next turn (docs/speculation.md#long-conversations).
 DRAFT_CATCH_UP_TOKENS = 256
 PROGRESS_MIN_TOKENS = 256  # prompts this long to read say how far they got
+CATCH_UP_WAIT_S = 30.0  # an answer whose draft lacks its history waits this long at most for a catch-up under way
 
 def _logsumexp(row: np.ndarray) -> float:
     top = float(row.max())
@@ -119,6 +120,7 @@ class OwnEngine:
         self._ids = itertools.count()
         self.submitted = 0  # requests taken: the registry renews an engine after many (see EngineRegistry)
         self._lock = threading.Lock()
+        self._draft_reading = threading.Lock()  # held while the draft reads a conversation after its answer
         self._warm()
         self.load_seconds = time.perf_counter() - started
         log.info("loaded %s (exact sampling) in %.1f s", spec.slug, self.load_seconds)
@@ -130,6 +132,11 @@ class OwnEngine:
         for k in (2, 0):
             Decoding(self, ActiveRequest(-1, ids, time.perf_counter()), ids,
                      DecodingParams(max_new_tokens=4, num_assistant_tokens=k)).run()
+
+    def draft_caught_up(self, *, timeout: float = CATCH_UP_WAIT_S) -> None:
+        """Once the draft has read the last conversation it was left out of (at most `timeout` seconds)."""
+        if self._draft_reading.acquire(timeout=timeout):
+            self._draft_reading.release()
 
     @property
     def active_count(self) -> int:
@@ -183,12 +190,15 @@ class OwnEngine:
             finished, decoding = Finished(FinishReason.ERROR, f"{type(exc).__name__}: {exc}"), None
         with self._lock:
             self._active.pop(request.request_id, None)
-        request.events.put(finished)
-        try:  # not counted as an answer running: the next turn plans as if it had finished
-            if decoding is not None:
+        if decoding is None or decoding.behind is None:
+            request.events.put(finished)
+            return
+        with self._draft_reading:  # held before the answer is out: the next turn sees the catch-up under way
+            request.events.put(finished)
+            try:  # not counted as an answer running: the next turn plans as if it had finished
                 decoding.catch_up_draft()
-        except Exception:
-            log.exception("the draft could not read a conversation of %s", self.spec.slug)
+            except Exception:
+                log.exception("the draft could not read a conversation of %s", self.spec.slug)
         release_weight_pages()  # what the kernels this request first ran read (engines/pages.py)
         release_freed_heap()
 
@@ -234,6 +244,9 @@ class Decoding:
             self.behind.prefill(self.prompt_ids + self.emitted[:-1])
             self.behind.draft.close()
 
+    def _draft_missing(self) -> int:
+        return len(self.prompt_ids) - self.engine.draft_prompts.cached_tokens(self.prompt_ids)
+
     def _reading(self, read: int, total: int) -> None:
         if total >= PROGRESS_MIN_TOKENS:
             self.request.events.put(PromptRead(read, total))
@@ -246,8 +259,9 @@ class Decoding:
             self.constraint.take(first)
         finished = self._emit([first], token_scores([logits], [first], self.params))
         if self.drafting and finished is None:  # after the first token is out: not part of its wait
-            missing = len(self.prompt_ids) - self.engine.draft_prompts.cached_tokens(self.prompt_ids)
-            if missing > DRAFT_CATCH_UP_TOKENS:
+            if self._draft_missing() > DRAFT_CATCH_UP_TOKENS:
+                self.engine.draft_caught_up()  # the turn before's catch-up, if one is under way, holds most of it
+            if self._draft_missing() > DRAFT_CATCH_UP_TOKENS:
                 self.behind, self.drafting = self.drafting, None
             else:
                 self.drafting.prefill(self.prompt_ids)
