@@ -133,10 +133,19 @@ class ModelPairAdmin(admin.ModelAdmin):
                 for beat in selectors.live_workers(client=transport.sync_client())
                 for streams, by_k in sorted(beat.get("figures", {}).get(pair.slug, {}).items(),
                                             key=lambda item: int(item[0]))]
+        served = [(way["route"], "-" if way["k"] is None else way["k"], way["answers"],
+                   f"{way['median_tokens_per_s']:.1f}") for way in selectors.answers_served_lately(pair=pair)]
+        answers = format_html(
+            "<p>The last answers served, by how:</p><table><tr><th>route</th><th>K</th><th>answers</th>"
+            "<th>median tok/s</th></tr>{}</table>", format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td>"
+                                                                         "<td>{}</td></tr>", served)) if served else ""
         if not rows:
-            return "none yet: plans follow the profile until a worker has measured the main alone and a K at a load"
-        return format_html("<table><tr><th>worker</th><th>streams up to</th><th>tokens/s of step time</th></tr>"
-                           "{}</table>", format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", rows))
+            return format_html("{}<p>The workers' step figures: none yet (they time the library's pipelines, where "
+                               "plans follow them once a worker has measured the main alone and a K at a load).</p>",
+                               answers or "No answer served yet. ")
+        return format_html("{}<table><tr><th>worker</th><th>streams up to</th><th>tokens/s of step time</th></tr>"
+                           "{}</table>", answers,
+                           format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", rows))
 
     @admin.action(description="Load on every live worker (no restart)", permissions=["change"])
     def load_on_worker(self, request, queryset):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,19 @@ def worker_is_alive(*, client: redis.Redis, name: str) -> bool:
 
 def generation_for_user(*, generation_id, user) -> Generation | None:
     return Generation.objects.filter(id=generation_id, user=user).select_related("pair").first()
+
+
+def answers_served_lately(*, pair: ModelPair, last: int = 50) -> list[dict]:
+    """The pair's last finished answers by how they were served (route and K): how many, and their median tokens/s,
+    what the admin shows once answers are served (the workers' own step figures time the library's pipelines only)."""
+    by_way: dict[tuple[str, int | None], list[float]] = {}
+    for route, k, rate in (Generation.objects.filter(pair=pair, status=Generation.Status.FINISHED,
+                                                     tokens_per_s__isnull=False)
+                           .order_by("-finished_at").values_list("speculative_route", "speculative_k",
+                                                                  "tokens_per_s")[:last]):
+        by_way.setdefault((route or "unknown", k), []).append(rate or 0.0)  # none null: filtered above
+    return [{"route": route, "k": k, "answers": len(rates), "median_tokens_per_s": statistics.median(rates)}
+            for (route, k), rates in sorted(by_way.items(), key=lambda item: -len(item[1]))]
 
 
 def finished_calibration(*, pair: ModelPair, host: str) -> HostCalibration | None:

@@ -4,8 +4,9 @@ its state, the host's verdict with the table per K that backs it, and buttons to
 folded below; a new API key has a copy button and a first request to run. Screenshots go to /tmp/shots-57."""
 
 import pytest
+from django.utils import timezone
 
-from inference.models import ApiKey, HostCalibration, JobStatus, ModelPair
+from inference.models import ApiKey, Generation, HostCalibration, JobStatus, ModelPair
 from tests.conftest import in_thread
 from tests.test_chat_expectations import SHOTS, SIZES
 
@@ -24,6 +25,10 @@ def operator(demo_pair, django_user_model):
     HostCalibration.objects.create(pair=demo_pair, host="h" * 64, status=JobStatus.FINISHED, results=RESULTS,
                                    host_facts={"cpu": "AMD EPYC", "family": "25", "model": "17", "cores": 2})
     ModelPair.objects.create(name="Nobody serves it", slug="unserved", main_dir=demo_pair.main_dir)
+    for rate in (12.0, 14.0, 15.0):  # answers served
+        Generation.objects.create(pair=demo_pair, prompt="def f():", status=Generation.Status.FINISHED,
+                                  tokens_per_s=rate, speculative_route="own-speculative", speculative_k=8,
+                                  finished_at=timezone.now())
     return django_user_model.objects.create_superuser("root", "root@example.com", "root-password")
 
 
@@ -67,6 +72,8 @@ def test_the_pair_list_and_page_put_what_an_operator_needs_first(operator, demo_
         if width > 1000:
             assert all(first_screen.values()), first_screen
         assert page.locator("#id_main_dir").is_hidden()  # the settings, folded
+        served = page.locator(".field-live_figures tr", has_text="own-speculative").inner_text().split()
+        assert served == ["own-speculative", "8", "3", "14.0"], served  # live figures once answers are served
 
     page.click("text=Run a benchmark")  # a button, not a hidden bulk action
     page.locator("input[name=apply]").wait_for()
