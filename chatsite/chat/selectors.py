@@ -109,7 +109,7 @@ def host_figures(*, pair: ModelPair, workers: list[dict]) -> dict:
     alone that names none is planned with (0: the main alone; None: the draft goes on while confident)."""
     hosts = [_machine(beat.get("host_facts") or {}) for beat in workers if pair.queue in beat.get("queues", ())]
     calibration = next((c for c in pair.calibrations.filter(status=JobStatus.FINISHED).order_by("-finished_at")
-                        if _machine(c.host_facts) in hosts), None)
+                        if c.results.get("fastest") and _machine(c.host_facts) in hosts), None)
     figures = calibrated.host_figures(pair=pair, host=Host(calibration.host, calibration.host_facts)) if calibration \
         else None
     planned = speculation.plan(pair=pair, asked=speculation.Asked(), load=speculation.Load(streams=1),
