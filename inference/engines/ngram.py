@@ -13,6 +13,10 @@ and for feeding the draft what it skipped, where matches in the prompt were kept
 from __future__ import annotations
 
 MIN_NGRAM = 2  # a single token recurs too often to say anything about what follows it
+# From this many prompt tokens (a pasted file, a long conversation) two tokens recur by chance too often: a match
+# needs three. After a 2,000-token file of the standard library, two-token matches made the lookup a third of an
+# answer's proposals, mostly refused, and speculation slower than the main alone (docs/speculation.md#long-conversations).
+LONG_PROMPT = 1024
 # Tokens proposed at most: on the real pair 8 beat 4 and 16 (the AVX-512 host: verifying 9 tokens costs the main
 # ~1.5x one, 17 ~2x), and a copied run often outlasts 8 (docs/speculation.md).
 LOOKUP_TOKENS = 8
@@ -23,11 +27,12 @@ class PromptLookup:
     occurrence there, indexed once: a proposal is a dictionary look-up of the history's last tokens, not a scan."""
 
     def __init__(self, prompt: list[int], *, max_ngram: int = 3, length: int = LOOKUP_TOKENS):
-        self.sizes = range(max(max_ngram, MIN_NGRAM), MIN_NGRAM - 1, -1)  # longest first
+        shortest = MIN_NGRAM + (len(prompt) >= LONG_PROMPT)
+        self.sizes = range(max(max_ngram, shortest), shortest - 1, -1)  # longest first
         self.length = length
         self.history = list(prompt)
         self.follows: dict[tuple[int, ...], int] = {}
-        for end in range(MIN_NGRAM, len(prompt)):  # the n-grams that end just before prompt[end]
+        for end in range(shortest, len(prompt)):  # the n-grams that end just before prompt[end]
             for n in self.sizes:
                 if end >= n:
                     self.follows[tuple(prompt[end - n:end])] = end
