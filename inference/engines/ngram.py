@@ -14,8 +14,8 @@ from __future__ import annotations
 
 MIN_NGRAM = 2  # a single token recurs too often to say anything about what follows it
 # From this many prompt tokens (a pasted file, a long conversation) two tokens recur by chance too often: a match
-# needs three. After a 2,000-token file of the standard library, two-token matches made the lookup a third of an
-# answer's proposals, mostly refused, and speculation slower than the main alone (docs/speculation.md#long-conversations).
+# needs three. After a 2,000-token file, two-token matches made the lookup a third of an answer's proposals, mostly
+# refused (docs/speculation.md#long-conversations).
 LONG_PROMPT = 1024
 # Tokens proposed at most: on the real pair 8 beat 4 and 16 (the AVX-512 host: verifying 9 tokens costs the main
 # ~1.5x one, 17 ~2x), and a copied run often outlasts 8 (docs/speculation.md).
