@@ -123,6 +123,16 @@ def test_an_answer_is_not_cut_short_by_default(demo_pair, user, live_server_url,
     page.click("#send")
     wait_for_answers(page, 1)
     assert "max_tokens" not in frames[-1]["settings"]
+    # A browser that kept the old defaults beside another setting (any change kept them all) reads them as the new.
+    page.evaluate("""localStorage.setItem('specchat:settings:demo-code',
+        JSON.stringify({'max-tokens': '128', temperature: '0', k: '3', threshold: '', speculative: true}))""")
+    page.reload()
+    page.wait_for_selector("body[data-connected='1']")
+    assert [page.input_value(f"#{name}") for name in ("max-tokens", "temperature", "k")] == ["", "", "3"]
+    page.fill("#max-tokens", "128")  # set by the user from now on: kept
+    page.reload()
+    page.wait_for_selector("body[data-connected='1']")
+    assert page.input_value("#max-tokens") == "128"
     generation = in_thread(Generation.objects.get)
     # Up to the pair's cap, within what the context leaves after the prompt (the demo's context is 1,024 tokens).
     assert generation.params["decoding"]["max_new_tokens"] == min(demo_pair.max_new_tokens_cap,

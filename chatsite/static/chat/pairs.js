@@ -106,8 +106,13 @@ export function currentSettings() {
 // speculative), kept as they are typed, whether or not a message is sent with them.
 function keepSettings(slug) {
   const values = Object.fromEntries(SETTINGS.map((id) => [id, $(id).type === "checkbox" ? $(id).checked : $(id).value]));
+  values.version = 2; // kept since the defaults became empty: its values are the user's own
   localStorage.setItem(settingsKey(slug), JSON.stringify(values));
 }
+
+// The old defaults, which any change of another setting kept beside it: 128 max tokens cut answers short, and
+// temperature 0 kept Regenerate from giving another answer. Read as the new defaults (empty: as the server decides).
+const OLD_DEFAULTS = { "max-tokens": "128", temperature: "0" };
 
 function restoreSettings(slug) {
   let kept = {};
@@ -118,7 +123,8 @@ function restoreSettings(slug) {
   }
   for (const id of SETTINGS) {
     const input = $(id);
-    const value = kept[id] ?? (input.type === "checkbox" ? input.defaultChecked : input.defaultValue);
+    const old = kept.version === undefined && kept[id] === OLD_DEFAULTS[id];
+    const value = (old ? undefined : kept[id]) ?? (input.type === "checkbox" ? input.defaultChecked : input.defaultValue);
     if (input.type === "checkbox") input.checked = Boolean(value);
     else input.value = String(value);
   }
