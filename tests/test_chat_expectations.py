@@ -219,6 +219,31 @@ def test_the_speed_line_counts_from_the_first_token_and_weighs_the_main_alone(ca
         page.set_viewport_size({"width": width, "height": height})
         shot(page, f"speed-line-{width}")
 
+    page.goto(f"{live_server_url}/")  # the main model alone: no speed-up claimed of it
+    page.wait_for_selector("body[data-connected='1']")
+    page.click("#options-toggle")
+    page.uncheck("#speculative")
+    page.fill("#prompt", PROMPT)
+    page.click("#send")
+    wait_for_answers(page, 1)
+    assert "About" not in page.locator("article.assistant .meta").inner_text()
+    alone = in_thread(lambda: Generation.objects.order_by("-created_at").first())
+    alone_rate = (alone.completion_tokens - 1) / ((alone.duration_ms - alone.ttft_ms) / 1000)
+
+    page.goto(f"{live_server_url}/")  # weighed now against the faster of the calibration and the main alone's answers
+    page.wait_for_selector("body[data-connected='1']")
+    page.click("#options-toggle")
+    page.check("#speculative")
+    page.fill("#prompt", PROMPT)
+    page.click("#send")
+    wait_for_answers(page, 1)
+    meta = page.locator("article.assistant .meta").inner_text()
+    again = in_thread(lambda: Generation.objects.order_by("-created_at").first())
+    writing = (again.completion_tokens - 1) / ((again.duration_ms - again.ttft_ms) / 1000)
+    reference = max(MAIN_ALONE_TOKENS_PER_S, alone_rate) if alone.completion_tokens >= 16 else MAIN_ALONE_TOKENS_PER_S
+    faster = re.search(r"About ([\d.]+)×", meta)
+    assert faster and abs(float(faster[1]) - writing / reference) <= 0.05 + 0.15 * writing / reference, (meta, reference)
+
 
 # ------------------------------------------------------------------ 5. tables
 TABLE = ("| Name | Mutable | Ordered | Typical use | Lookup cost | Example literal |\n"

@@ -222,7 +222,8 @@ export function formatMetrics(m, pair) {
   else if (m.finish_reason === "length") figures.push("reached the max tokens");
   const lines = [figures.join(" · ")];
   const alone = pair?.main_alone_tokens_per_s;
-  if (writing && alone) lines.push(speedWords(writing / alone, m));
+  const guessed = m.speculative_mode && m.speculative_mode !== "off"; // the main alone is 1× itself, whatever noise says
+  if (writing && alone && guessed) lines.push(speedWords(writing / alone));
   const speculation = speculationWords(m);
   if (m.acceptance_rate != null && m.main_steps && m.completion_tokens) {
     lines.push(`Speculation (${speculation}): the draft's guesses were kept ${Math.round(m.acceptance_rate * 100)}% `
@@ -242,11 +243,8 @@ export function writingRate(m) {
   return m.completion_tokens > 1 && seconds > 0 ? (m.completion_tokens - 1) / seconds : null;
 }
 
-function speedWords(ratio, m) {
+function speedWords(ratio) {
   const times = `${ratio.toFixed(1)}×`;
-  if (m.speculative_mode === "off" || !m.speculative_mode) {
-    return `About ${times} the speed of the main model alone on this host (no guessing ahead this time).`;
-  }
   const how = "a small draft model guesses the next words and the main model checks several guesses at once";
   return ratio >= 1.05
     ? `About ${times} as fast as the main model alone on this host: ${how}.`
