@@ -94,8 +94,12 @@ class KvSequence:
         if self.cut_rejected:
             length = len(self.mask)
             for state in self.request.query_state():  # [batch, kv heads, sequence, head size] per layer and K/V
-                kept = state.state.data[:, :, : length - n]
-                state.state = ov.Tensor(np.ascontiguousarray(kept))
+                # A region of the state's own tensor: one copy (the plugin's), where a numpy slice made two more; the
+                # cut's cost grows with the context (the real main at 2,000 tokens: 32 ms against 83)
+                cache = state.state
+                end = list(cache.shape)
+                end[2] = length - n
+                state.state = ov.Tensor(cache, ov.Coordinate([0] * len(end)), ov.Coordinate(end))
             self.mask = self.mask[:-n]
         else:
             self.mask[-n:] = 0
