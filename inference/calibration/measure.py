@@ -265,7 +265,8 @@ def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
     tokens = min(LONG_CONTEXT, context_length(Path(spec.main_dir)) - budget.max_new_tokens - LONG_QUESTION_ROOM)
     prompts = long_prompts(spec.main_dir, tokens)
     try:
-        answer(own, prompts[0], k=k, max_new_tokens=1)  # the file read and kept by both models, untimed
+        answer(own, prompts[0], k=k, max_new_tokens=2)  # the file read and kept by both models (the draft after the
+        # answer: it is left out of an answer whose prompt it lacks), untimed
         own.draft_caught_up()
         answer(library, prompts[0], k=0, max_new_tokens=1)
         drafted, alone, library_alone = Line(own, k=k, draft_stop_below=stop), Line(own), Line(library)
