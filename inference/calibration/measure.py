@@ -11,7 +11,7 @@
 3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay);
 4. a lone answer at the K chosen against the main alone (the own engine's and the fastest) after a long prompt
    (LONG_CONTEXT tokens, a pasted file, read once and kept in the prefix caches, as in a conversation's follow-ups):
-   the K long answers get, or 0 where the main alone was faster there.
+   the K long answers get, or 0 where the main alone was faster there, and which main alone runs them faster.
 
 Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift (these VMs move
 by 2x within minutes) falls on every line alike; the figures are the rounds' sums. From them: the K a lone
@@ -278,8 +278,11 @@ def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
         own.close()
         library.close()
     faster = drafted.tokens_per_s > max(alone.tokens_per_s, library_alone.tokens_per_s)
-    return {"tokens": tokens, "k": k if faster else 0, "drafted": drafted.figures(alone=alone),
-            "own_main_alone": alone.figures(), "fastest": library_alone.figures()}
+    library = (library_alone.tokens_per_s > LIBRARY_MARGIN * alone.tokens_per_s
+               and (library_alone.first_token_ms or 0) <= (alone.first_token_ms or 0))
+    return {"tokens": tokens, "k": k if faster else 0, "library_alone": library,
+            "drafted": drafted.figures(alone=alone), "own_main_alone": alone.figures(),
+            "fastest": library_alone.figures()}
 
 
 def draft_token_ms(spec: PairSpec, *, context: int = 64, repeats: int = 12) -> dict[str, float]:

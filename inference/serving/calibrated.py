@@ -49,7 +49,8 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
                                       for streams, faster in results.get("library_alone", {}).items()},
                        draft_alternative=results.get("draft") == "alternative", step_costs=step_costs(results),
                        batch_k=int(results.get("batch_k", 0)),
-                       long_context_k=results.get("long_context", {}).get("k"))
+                       long_context_k=results.get("long_context", {}).get("k"),
+                       long_context_library=bool(results.get("long_context", {}).get("library_alone")))
 
 
 def step_costs(results: dict) -> tuple[float, ...]:

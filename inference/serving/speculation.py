@@ -85,6 +85,7 @@ class HostFigures:
     step_costs: tuple[float, ...] = ()  # a draft token, then the verify of 2, 3, ... tokens, as shares of a main token
     batch_k: int = 0  # beyond the pair's speculating streams, answers speculate at this K in the own engine's batch
     long_context_k: int | None = None  # a lone answer's K after LONG_CONTEXT_FROM prompt tokens (0: the main alone)
+    long_context_library: bool = False  # and there the library's main alone was faster than the own engine's
 
     @property
     def calibrated(self) -> bool:
@@ -241,7 +242,8 @@ def _on_the_host(*, asked: Asked, planned: Plan, calibration: HostFigures, lone:
     if (lone and planned.route == Route.OWN_SPECULATIVE and asked.k is None and planned.draft_stop_below is None
             and calibration.step_costs):
         planned = replace(planned, step_costs=calibration.step_costs).because(Why(Reason.K_PER_ANSWER))
-    on_library = calibration.lone_alone_on_library if lone else calibration.alone_on_library
+    on_library = ((calibration.lone_alone_on_library if lone else calibration.alone_on_library)
+                  or (asked.prompt_tokens >= LONG_CONTEXT_FROM and calibration.long_context_library))
     if planned.route == Route.OWN_MAIN_ALONE and not asked.alternatives and on_library:
         own_whys = {Reason.OWN_ENGINE, Reason.OWN_BATCH}
         planned = replace(planned, route=Route.LIBRARY_MAIN_ALONE,

@@ -57,6 +57,11 @@ TABLE = [
      (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(prompt_tokens=200), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None, OWN_K, 8,
      (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+    # ... on the library's main alone where that was the faster main alone after the long prompt (speculation off too)
+    (OWN, Asked(prompt_tokens=1500), Load(streams=1), replace(LONG_STEPS, long_context_k=0, long_context_library=True),
+     None, ALONE, None, (R.CALIBRATED_LONG_CONTEXT_ALONE, R.FASTEST_CONFIG)),
+    (OWN, Asked(prompt_tokens=1500, speculative=False), Load(streams=1), replace(LONG_STEPS, long_context_library=True),
+     None, ALONE, None, (R.ASKED_OFF, R.FASTEST_CONFIG)),
     (OWN, Asked(prompt_tokens=1500, k=3), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None, OWN_K, 3,
      (R.K_ASKED, R.OWN_ENGINE)),
     # where the host's costs were timed, the draft proposes up to K what each answer's acceptance pays for; not at a
