@@ -12,6 +12,7 @@ repeat: A's longest gap between tokens while B's prompt is read, A's median gap,
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import threading
@@ -71,7 +72,7 @@ def run_arm(engine: OwnEngine, *, block: int, k: int, prompt_b: list[int]) -> tu
         thread.start()
     for thread in threads:
         thread.join()
-    gaps = [(later - earlier, later) for earlier, later in zip(stamps, stamps[1:], strict=False)]
+    gaps = [(later - earlier, later) for earlier, later in itertools.pairwise(stamps)]
     during = [gap for gap, at in gaps if b_sent[0] <= at <= b_first[0] + 1.0] or [0.0]
     return max(during), statistics.median(gap for gap, _ in gaps), b_first[0] - b_sent[0]
 
