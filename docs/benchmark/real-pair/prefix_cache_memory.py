@@ -39,7 +39,7 @@ def main() -> None:
     capacity = sum(cache.capacity_bytes for cache in caches)
     print(f"host: {this_host().described}; keys and values {per_token / 1024:.1f} KB a token (main and draft); "
           f"bound {capacity / MB:.0f} MB = {capacity // per_token:,} tokens")
-    print(f"loaded: PSS {loaded / MB:,.0f} MB")
+    print(f"the engine loaded: PSS {loaded / MB:,.0f} MB")
     rng = np.random.default_rng(0)
     for label, prompts in (("filled", int(1.05 * capacity // per_token) // 1000 + 1), ("past the bound", 4)):
         for _ in range(prompts):
