@@ -107,7 +107,7 @@ def drain(request) -> list[int]:
     from inference.engines.interface import Finished
 
     tokens: list[int] = []
-    while not isinstance(event := request.events.get(timeout=300), Finished):
+    while not isinstance(event := request.next_step(timeout=300), Finished):
         tokens += event.token_ids
     assert event.finish_reason in {"length", "stop"}, event
     return tokens
@@ -189,7 +189,7 @@ def test_the_own_engines_draft_with_its_head_cut_speculates_and_changes_no_greed
             submitted = engine.submit(prompt=prompt, add_special_tokens=False,
                                       params=DecodingParams(max_new_tokens=96, num_assistant_tokens=k))
             answers[k] = []
-            while not isinstance(event := submitted.events.get(timeout=300), Finished):
+            while not isinstance(event := submitted.next_step(timeout=300), Finished):
                 answers[k].append(event.token_ids)
             assert event.finish_reason in {"length", "stop"}, event
         drafted = [token for step in answers[3] for token in step]
