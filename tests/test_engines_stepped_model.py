@@ -9,7 +9,7 @@ import openvino as ov
 import pytest
 
 from inference.engines.kv_cache import KvSequence
-from inference.engines.prefix_cache import CHUNK_TOKENS, PrefixCache
+from inference.engines.prefix_cache import BLOCK_TOKENS, PrefixCache
 from inference.engines.stepped_model import read_stepped
 from tests.test_engines_exact import PAIR, SPEC
 
@@ -30,7 +30,7 @@ def whole_ir_logits(compiled: ov.CompiledModel, prompt: list[int], fed: list[int
     """The whole IR's logits for `fed` after `prompt` (the last prompt token's if none), the prompt fed in the prefix
     cache's chunks as the engine feeds it."""
     request, rows = compiled.create_infer_request(), []
-    chunks = [prompt[start:start + CHUNK_TOKENS] for start in range(0, len(prompt), CHUNK_TOKENS)]
+    chunks = [prompt[start:start + BLOCK_TOKENS] for start in range(0, len(prompt), BLOCK_TOKENS)]
     done = 0
     for ids in [*chunks, list(fed)] if fed else chunks:
         n = len(ids)

@@ -2,12 +2,15 @@
 them, shared by every answer the engine serves (a conversation's next turn, the same system prompt or pasted file
 in another conversation or another user's), bounded in bytes, least recently used evicted first.
 
-A new prompt restores the longest run of kept blocks it starts with and prefills only the rest, in chunks of
-CHUNK_TOKENS; every whole block it then holds is kept. An answer's tokens are kept too when it ends (`keep`): the next
-turn reads only its own question and the few tokens of the last block left partial. What a warm prompt computes can
-differ from a cold prefill of it in the last bits (a block an answer's decoding computed, chunks cut elsewhere), so a
-warm answer and a cold one may part at a near-tie, as in every server with a prefix cache; speculation and the main
-alone read the same blocks, so they give the same answer (docs/exactness.md#the-prefix-cache).
+A prompt is prefilled in chunks of BLOCK_TOKENS on a grid from its first token, and each chunk it completes is kept
+as a block: a new prompt restores the longest run of kept blocks it starts with and prefills only the rest, chunk by
+chunk. Because the grid is fixed, a prompt whose kept blocks came from prefills computes bitwise what a cold prefill
+of it computes (a first chunk, with no cache before it, runs other attention kernels than a later one: chunks cut
+elsewhere parted the real pair's greedy answers). An answer's tokens are kept too when it ends (`keep`): the next turn
+reads only its own question and the tokens of the last block the answer left partial. Those blocks hold what the
+decoding computed, which can differ from a prefill's in the last bits, so a warm follow-up and a cold one may part at
+a near-tie, as in every server with a prefix cache; speculation and the main alone read the same blocks, so they give
+the same answer (docs/exactness.md#the-prefix-cache).
 
 Between chunks other answers' inferences take their turn on the CPU, so one long prompt does not stall the other
 streams; `on_chunk` hears how far a prefill got (the chat shows "Reading the prompt 40%").
@@ -26,9 +29,8 @@ import openvino as ov
 
 from inference.engines.stepped_model import step_inputs
 
-BLOCK_TOKENS = 16  # what a follow-up reads again at most of the turn before, besides its own tokens
-CHUNK_TOKENS = 64  # a prefill's inference: short enough that other streams step between two, long enough that a
-# chunked prefill costs next to a whole one
+BLOCK_TOKENS = 64  # a block, and a prefill's chunk: short enough that other streams step between two and that a
+# follow-up reads little of the turn before again, long enough that a chunked prefill costs next to a whole one
 
 ProgressCallback = Callable[[int, int], object]  # (prompt tokens in the cache so far, prompt tokens)
 
@@ -51,10 +53,9 @@ def _block_key(parent: bytes, tokens: list[int]) -> bytes:
 class PrefixCache:
     """The blocks of one compiled model, least recently used first; `capacity_bytes` 0 keeps none."""
 
-    def __init__(self, *, capacity_bytes: int, block_tokens: int = BLOCK_TOKENS, chunk_tokens: int = CHUNK_TOKENS):
+    def __init__(self, *, capacity_bytes: int, block_tokens: int = BLOCK_TOKENS):
         self.capacity_bytes = capacity_bytes
         self.block_tokens = block_tokens
-        self.chunk_tokens = chunk_tokens
         self._blocks: OrderedDict[bytes, dict[str, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = PrefixCacheStats()
@@ -96,8 +97,8 @@ class PrefixCache:
             for state in request.query_state():
                 state.state = ov.Tensor(np.concatenate([block[state.name] for block in found], axis=2))
         logits = np.zeros((1, 0), dtype=np.float32)
-        for chunk in range(start, n, self.chunk_tokens):
-            end = min(chunk + self.chunk_tokens, n)
+        for chunk in range(start, n, size):
+            end = min(chunk + size, n)
             request.infer(step_inputs(np.array([prompt_ids[chunk:end]], dtype=np.int64),
                                       positions=np.arange(chunk, end, dtype=np.int64)[None],
                                       attention_mask=np.ones((1, end), dtype=np.int64), rows=1))

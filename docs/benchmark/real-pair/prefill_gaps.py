@@ -1,6 +1,6 @@
 """How long one stream waits between two tokens while another user's long prompt is read, on the own engine
 (engines/prefix_cache.py): the prompt read whole in one inference (before the prefix cache) against read in chunks of
-CHUNK_TOKENS, between which the other stream's steps take their turn on the cores.
+BLOCK_TOKENS, between which the other stream's steps take their turn on the cores.
 
 Stream A answers a short chat request (greedy, as it ships: K from the host's calibration, else 4); two seconds in,
 stream B sends a ~2,000-token prompt (a pasted file of the standard library, nobody tuned on it). Printed per arm and
@@ -44,7 +44,7 @@ def long_prompt(engine: OwnEngine, tokens: int) -> list[int]:
 
 def run_arm(engine: OwnEngine, *, block: int, k: int, prompt_b: list[int]) -> tuple[float, float, float]:
     """(A's longest gap while B is read, A's median gap, B's time to first token), seconds."""
-    engine.main_prompts.chunk_tokens = engine.draft_prompts.chunk_tokens = block
+    engine.main_prompts.block_tokens = engine.draft_prompts.block_tokens = block
     a_ids = engine.tokenizer.encode("Write a Python function that merges two sorted lists, with a docstring."
                                     ).input_ids.data[0].tolist()
     stamps: list[float] = []
