@@ -278,9 +278,9 @@ def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
         own.close()
         library.close()
     faster = drafted.tokens_per_s > max(alone.tokens_per_s, library_alone.tokens_per_s)
-    library = (library_alone.tokens_per_s > LIBRARY_MARGIN * alone.tokens_per_s
-               and (library_alone.first_token_ms or 0) <= (alone.first_token_ms or 0))
-    return {"tokens": tokens, "k": k if faster else 0, "library_alone": library,
+    library_faster = (library_alone.tokens_per_s > LIBRARY_MARGIN * alone.tokens_per_s
+                      and (library_alone.first_token_ms or 0) <= (alone.first_token_ms or 0))
+    return {"tokens": tokens, "k": k if faster else 0, "library_alone": library_faster,
             "drafted": drafted.figures(alone=alone), "own_main_alone": alone.figures(),
             "fastest": library_alone.figures()}
 
