@@ -15,7 +15,7 @@ from inference.engines.prefix_cache import BLOCK_TOKENS
 from inference.models import Generation
 from tests.api_client import client
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]
 
 PASTED = "\n".join(f"def step_{n}(state, value):\n    state[{n}] = value * {n} + len(state)\n    return state"
                    for n in range(24))
