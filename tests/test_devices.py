@@ -143,8 +143,8 @@ def test_the_admin_registers_a_pair_on_devices_a_worker_has_and_refuses_others(a
     assert response.status_code == 302, response.content[:2000]
     pair = ModelPair.objects.get(slug="mine")
     assert pair.devices == {"main": "AUTO", "draft": "CPU"}
-    listing = admin_client.get("/admin/inference/modelpair/").content.decode()
-    assert "main AUTO, draft CPU" in listing
+    page = admin_client.get(f"/admin/inference/modelpair/{pair.id}/change/").content.decode()
+    assert '<option value="AUTO" selected>' in page and '<option value="CPU" selected>' in page  # its devices, shown
 
 
 def test_a_device_a_live_worker_lists_may_be_named(admin_client, redis_client):
