@@ -96,7 +96,6 @@ class PrefixCache:
         if found:
             for state in request.query_state():
                 state.state = ov.Tensor(np.concatenate([block[state.name] for block in found], axis=2))
-        logits = np.zeros((1, 0), dtype=np.float32)
         for chunk in range(start, n, size):
             end = min(chunk + size, n)
             request.infer(step_inputs(np.array([prompt_ids[chunk:end]], dtype=np.int64),
