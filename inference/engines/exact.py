@@ -192,15 +192,21 @@ class OwnEngine:
             self._active.pop(request.request_id, None)
         if decoding is None or decoding.behind is None:
             request.events.put(finished)
-            return
-        with self._draft_reading:  # held before the answer is out: the next turn sees the catch-up under way
-            request.events.put(finished)
-            try:  # not counted as an answer running: the next turn plans as if it had finished
+        else:
+            self._catch_up(decoding, finished)
+        release_weight_pages()  # what the kernels this request first ran read (engines/pages.py)
+        release_freed_heap()
+
+
+    def _catch_up(self, decoding: Decoding, finished: Finished) -> None:
+        """The answer out, then the draft left out of it reads the conversation, not counted as an answer running (the
+        next turn plans as if it had finished); the lock held before the answer is out, so the next turn sees it."""
+        with self._draft_reading:
+            decoding.request.events.put(finished)
+            try:
                 decoding.catch_up_draft()
             except Exception:
                 log.exception("the draft could not read a conversation of %s", self.spec.slug)
-        release_weight_pages()  # what the kernels this request first ran read (engines/pages.py)
-        release_freed_heap()
 
 
 class Decoding:
