@@ -488,8 +488,9 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
             return [{key: engine[key] for key in ("slug", "speculative", "exact_sampling")} for engine in next(
                 beat["engines"] for beat in live_workers(client=redis_client) if beat["name"] == name)]
 
+        plans = [ask(index) for index in range(3)]  # one of each kind alone: speculating, off, sampled exactly
         with ThreadPoolExecutor(2) as pool:
-            plans = list(pool.map(ask, range(50)))
+            plans += list(pool.map(ask, range(50)))
         assert held() == own
         two_at_a_time = tree_pss(worker.proc.pid)
         with ThreadPoolExecutor(6) as pool:
