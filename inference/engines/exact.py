@@ -52,6 +52,7 @@ DRAFT_CATCH_UP_TOKENS = 256
 PROGRESS_MIN_TOKENS = 256  # prompts this long to read say how far they got
 CATCH_UP_WAIT_S = 30.0  # an answer whose draft lacks its history waits this long at most for a catch-up under way
 
+
 def _logsumexp(row: np.ndarray) -> float:
     top = float(row.max())
     return top + float(np.log(np.exp(row.astype(np.float64) - top).sum()))
@@ -196,7 +197,6 @@ class OwnEngine:
             self._catch_up(decoding, finished)
         release_weight_pages()  # what the kernels this request first ran read (engines/pages.py)
         release_freed_heap()
-
 
     def _catch_up(self, decoding: Decoding, finished: Finished) -> None:
         """The answer out, then the draft left out of it reads the conversation, not counted as an answer running (the
