@@ -72,8 +72,8 @@ def chat_watchers_key(generation_id) -> str:
     return f"{PREFIX}chat-watchers:{generation_id}"
 
 
-# Told its own version, redis-py does not read its package metadata again for every new connection
-# (about 5 ms of CPU each, on the path of every request's first token).
+# Told its own version, redis-py does not read its package metadata again for every new connection, a cost on the
+# path of every request's first token (docs/benchmark-log.md, "The stack's overhead at one stream").
 _DRIVER = DriverInfo(lib_version=redis.__version__)
 
 

