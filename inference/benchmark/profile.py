@@ -56,8 +56,8 @@ def variants(*, ks: tuple[int, ...], temperature: float) -> list[Variant]:
 
 
 # Speculation must beat the main alone by this much in the sweep to be chosen: one burst per cell
-# varies by 5-10% here, the main alone batches every request (the own engine does not), and the
-# promise is never to be slower than the main alone.
+# moves from run to run by about this much on a shared host (docs/benchmark.md#how-to-measure), the main alone
+# batches every request (the own engine does not), and the promise is never to be slower than the main alone.
 MARGIN_OVER_PLAIN = 1.10
 
 
