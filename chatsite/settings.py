@@ -182,7 +182,7 @@ QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if s
 ENGINE_RENEW_AFTER_REQUESTS = env_int("SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS", 200)
 # A pair's main alone and exact engine each hold another copy of the main: freed after this long unused; 0: kept.
 RELEASE_EXTRA_ENGINES_AFTER_S = env_int("SPECCHAT_RELEASE_EXTRA_ENGINES_AFTER_S", 120)
-# MB of keys and values the own engine keeps for the prompts and answers it served (engines/prefix_cache.py), its
+# MB of keys and values the own engine keeps for the prompts and answers it served (engines/own/prefix_cache.py), its
 # main's and its draft's together: a conversation's next turn, or another prompt starting alike, reads only what they
 # lack. 0 keeps none: the one-turn benchmarks' workers, so every line prefills what a user's new prompt would.
 PREFIX_CACHE_MB = env_int("SPECCHAT_PREFIX_CACHE_MB", 512)
@@ -194,10 +194,10 @@ STEP_TIMEOUT_S = env_int("SPECCHAT_STEP_TIMEOUT_S", 30)
 # one whose engine does not even stop is ended 10 s later all the same. 0: no limit.
 MAX_ANSWER_S = env_int("SPECCHAT_MAX_ANSWER_S", 1800)
 # A grammar (regex, EBNF, JSON schema) the library does not compile within this much CPU time is refused with a 400: the
-# check runs in checker processes (engines/grammar_checks.py), and a grammar this slow would stall its batch's steps.
+# check runs in checker processes (engines/grammar/checks.py), and a grammar this slow would stall its batch's steps.
 GRAMMAR_COMPILE_MS = env_int("SPECCHAT_GRAMMAR_COMPILE_MS", 1000)
 # A worker plans a request's K from what its engines delivered at that load over this many seconds,
-# where it measured both the main alone and a K there (inference/engines/rates.py); 0: the profile alone.
+# where it measured both the main alone and a K there (serving/rates.py); 0: the profile alone.
 LIVE_FIGURES_S = env_int("SPECCHAT_LIVE_FIGURES_S", 600)
 LIVE_FIGURES_MIN_STEP_MS = env_int("SPECCHAT_LIVE_FIGURES_MIN_STEP_MS", 2000)  # step time a figure needs
 # A worker that loads a pair on a host with no calibration of it measures the host (inference/calibration/):

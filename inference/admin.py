@@ -127,7 +127,7 @@ class ModelPairAdmin(admin.ModelAdmin):
 
     @admin.display(description="measured lately on the workers")
     def live_figures(self, pair: ModelPair) -> str:
-        """What each worker's plans follow where it measured the main alone and a K (engines/rates.py)."""
+        """What each worker's plans follow where it measured the main alone and a K (serving/rates.py)."""
         rows = [(beat["name"], streams, ", ".join(f"{'the main alone' if k == '0' else 'K=' + k} {rate:.0f} tok/s"
                                                    for k, rate in sorted(by_k.items(), key=lambda item: int(item[0]))))
                 for beat in selectors.live_workers(client=transport.sync_client())

@@ -61,8 +61,8 @@ class Route(StrEnum):
     LIBRARY_SPECULATIVE = "library-speculative"  # openvino-genai's pipeline verifying the draft's tokens
     PROMPT_LOOKUP = "prompt-lookup"  # openvino-genai's pipeline drafting from the prompt's own n-grams
     LIBRARY_MAIN_ALONE = "library-main-alone"  # openvino-genai's pipeline of the main alone
-    OWN_SPECULATIVE = "own-speculative"  # the own engine (engines/exact.py): exact speculation, greedy or sampled
-    OWN_MAIN_ALONE = "own-main-alone"  # the own engine's main alone, batched (engines/batch.py; K=0 there)
+    OWN_SPECULATIVE = "own-speculative"  # the own engine (engines/own/engine.py): exact speculation, greedy or sampled
+    OWN_MAIN_ALONE = "own-main-alone"  # the own engine's main alone, batched (engines/own/batch.py; K=0 there)
 
     def is_own_engine(self) -> bool:
         return self in (Route.OWN_SPECULATIVE, Route.OWN_MAIN_ALONE)
@@ -78,14 +78,15 @@ class Drafter(StrEnum):
     """What proposed a step's tokens: each one's proposals and acceptance are counted apart (API usage, /metrics)."""
 
     DRAFT = "draft"  # the draft model
-    NGRAM = "ngram"  # the answer's own history: the own engine's prompt lookup (engines/ngram.py) or the library's
+    # the answer's own history: the own engine's prompt lookup (engines/own/proposers/prompt_lookup.py) or the library's
+    NGRAM = "ngram"
 
 
 class SpeculativeMode(StrEnum):
     """How an answer was served, stated on every answer (API usage, chat metrics line, admin)."""
 
     DRAFT = "draft"  # greedy, verified by openvino-genai: exactly the main's output
-    EXACT_SAMPLING = "draft-exact-sampling"  # sampled, verified by our exact rule (engines/exact.py)
+    EXACT_SAMPLING = "draft-exact-sampling"  # sampled, verified by our exact rule (engines/own/engine.py)
     INEXACT_SAMPLING = "draft-inexact-sampling"  # sampled by the library with a draft: allowed per pair only
     PROMPT_LOOKUP = "prompt-lookup"
     OFF = "off"  # the main alone, with the reason why

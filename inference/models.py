@@ -152,7 +152,7 @@ class ModelPair(models.Model):
 
     @property
     def runs_on(self) -> str:
-        """Its devices as a host's calibration is keyed by (engines/host.py): "CPU", or "GPU, draft on CPU"."""
+        """Its devices as a host's calibration is keyed by (serving/host.py): "CPU", or "GPU, draft on CPU"."""
         draft = self.draft_runs_on if self.draft_dir else self.device
         return self.device if draft == self.device else f"{self.device}, draft on {draft}"
 

@@ -232,7 +232,7 @@ def main_alone_greedy():
     """The main model's own greedy output (no draft, same backend and precision), computed in-process."""
     from inference.engines.decoding import DecodingParams
     from inference.engines.interface import Finished
-    from inference.engines.library import LibraryEngine
+    from inference.engines.library.pipeline import LibraryEngine
     from inference.engines.spec import PairSpec
     from inference.engines.text_assembler import TextAssembler
 

@@ -11,7 +11,7 @@ import requests
 from django.conf import settings
 
 from inference import transport
-from inference.engines.prefix_cache import BLOCK_TOKENS
+from inference.engines.own.prefix_cache import BLOCK_TOKENS
 from inference.models import Generation
 from tests.api_client import client
 

@@ -1,5 +1,5 @@
 """A grammar that takes the library forever to compile is refused with a 400 naming its field, and grammar
-requests from other keys are not held behind it (engines/grammar_checks.py): through the live API, on the
+requests from other keys are not held behind it (engines/grammar/checks.py): through the live API, on the
 demo pair, with the web process's own checker processes."""
 
 import statistics
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inference.api.auth import set_new_key
-from inference.engines.grammar_checks import MAX_GRAMMAR_CHARS
+from inference.engines.grammar.checks import MAX_GRAMMAR_CHARS
 from inference.models import ApiKey, Generation
 from tests.api_client import PROMPT, post
 
@@ -37,7 +37,7 @@ def checkers(base_url: str) -> set[int]:
             parent_cmdline = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
         except (OSError, StopIteration):
             continue  # it ended meanwhile
-        if b"inference.engines.grammar_checks" in cmdline and b"daphne" in parent_cmdline \
+        if b"inference.engines.grammar.checks" in cmdline and b"daphne" in parent_cmdline \
                 and port.encode() in parent_cmdline:
             found.add(int(status.parent.name))
     return found

@@ -26,9 +26,9 @@ from inference.benchmark.inprocess import (
     threshold_variant,
 )
 from inference.benchmark.prompts import Prompt
-from inference.engines.host import this_host
 from inference.limits import Route
 from inference.models import BenchmarkRun, Generation, HostCalibration, JobStatus
+from inference.serving.host import this_host
 from inference.serving.speculation import AS_FAST
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]

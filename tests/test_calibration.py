@@ -8,9 +8,9 @@ import time
 import pytest
 import requests
 
-from inference.engines.precision import CONFIGS
 from inference.models import HostCalibration, JobStatus, ModelPair
 from inference.selectors import live_workers
+from inference.serving.precision import CONFIGS
 from tests.api_client import PROMPT, post
 from tests.conftest import Worker
 

@@ -13,8 +13,8 @@ import pytest
 from markdown_it import MarkdownIt
 
 from chatsite.chat.models import Conversation, Message
-from inference.engines.host import this_host
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
+from inference.serving.host import this_host
 from tests.conftest import in_thread, log_in
 from tests.test_chat import PROMPT, connect, events_until_end, send_message
 

@@ -10,7 +10,7 @@ import requests
 from inference.demo import main_model
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Finished
-from inference.engines.library import LibraryEngine
+from inference.engines.library.pipeline import LibraryEngine
 from inference.engines.spec import PairSpec
 
 pytestmark = pytest.mark.django_db(transaction=True)

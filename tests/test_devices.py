@@ -16,14 +16,14 @@ from inference import pair_checks, selectors
 from inference.benchmark.servers import free_port
 from inference.engines.decoding import DecodingParams
 from inference.engines.devices import DeviceUnavailable, runtime_devices
-from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
-from inference.engines.library import LibraryEngine
-from inference.engines.registry import EngineRegistry
+from inference.engines.library.pipeline import LibraryEngine
+from inference.engines.own.engine import OwnEngine
 from inference.engines.spec import PairSpec
 from inference.limits import LoadState
 from inference.models import ImportJob, ModelPair
 from inference.serving import web
+from inference.serving.registry import EngineRegistry
 from tests.conftest import wait_until_done
 from tests.test_pair_checks import admin_form
 

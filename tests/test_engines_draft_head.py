@@ -1,4 +1,4 @@
-"""The own engine's draft with its output head cut to a sub-vocabulary (engines/draft_head.py), the tokens chosen as
+"""The own engine's draft with its output head cut to a sub-vocabulary (engines/own/draft_head.py), the tokens chosen as
 `make real-pair` chooses a real pair's (pairs/head_vocabulary.py), on the demo pair: the cut head computes the full
 head's logits at the kept ids, a proposal is always a kept token mapped back to its own id, and the answers do not
 change: greedy answers are the main alone's, under a grammar too, while the draft still speculates."""
@@ -15,13 +15,13 @@ import pytest
 from django.conf import settings
 
 from inference.benchmark.modes import compare_modes, draft_cost
-from inference.engines.constraint import vocabulary
 from inference.engines.decoding import DecodingParams
-from inference.engines.draft_head import WidenedSequence, cut_head, load_head_ids
-from inference.engines.exact import OwnEngine
-from inference.engines.kv_cache import KvSequence
+from inference.engines.grammar.constraint import vocabulary
+from inference.engines.own.draft_head import WidenedSequence, cut_head, load_head_ids
+from inference.engines.own.engine import OwnEngine
+from inference.engines.own.kv_cache import KvSequence
+from inference.engines.own.stepped_model import read_stepped
 from inference.engines.spec import PairSpec
-from inference.engines.stepped_model import read_stepped
 from inference.pairs.head_vocabulary import write_head_vocabulary
 from tests.conftest import DEMO_HEAD_TOKENS as HEAD_TOKENS
 from tests.test_engines_exact import CODE, PROMPTS, answer, steps_of
@@ -29,7 +29,7 @@ from tests.test_engines_exact import CODE, PROMPTS, answer, steps_of
 pytestmark = pytest.mark.no_database
 
 PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
-# Drafters not judged by their pay (engines/payoff.py times each step): what the draft proposes is counted, whatever
+# Drafters not judged by their pay (engines/own/payoff.py times each step): what the draft proposes is counted, whatever
 # else the host runs meanwhile.
 SPEC = PairSpec(slug="cut-head", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), exact_sampling=True,
                 own_engine=True, dynamic_quantization=True, drafters_judged=False)

@@ -17,14 +17,14 @@ from django.conf import settings
 
 from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
-from inference.engines import batch
 from inference.engines.decoding import DecodingParams
-from inference.engines.drafting import Drafting
-from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
-from inference.engines.kv_cache import KvSequence
-from inference.engines.ngram import PromptLookup
-from inference.engines.payoff import WINDOW
+from inference.engines.own import batch
+from inference.engines.own.engine import OwnEngine
+from inference.engines.own.kv_cache import KvSequence
+from inference.engines.own.payoff import WINDOW
+from inference.engines.own.proposers.draft_model import Drafting
+from inference.engines.own.proposers.prompt_lookup import PromptLookup
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter
 from inference.selectors import live_workers
@@ -79,7 +79,7 @@ def test_rejected_tokens_cut_from_the_cache_leave_no_trace(engine):
 
 @pytest.mark.no_database
 def test_rows_of_the_batch_compute_what_each_would_on_its_own_cache():
-    """Answers of the main alone share one batched inference a step (engines/batch.py): prompts of different
+    """Answers of the main alone share one batched inference a step (engines/own/batch.py): prompts of different
     lengths join (padded), one leaves early (cut out), one joins late, one is late to a step (a masked slot);
     every row's logits are those of its own cache (f32 here: the padding moves only the last bits)."""
     engine = OwnEngine(replace(SPEC, dynamic_quantization=False))
@@ -116,7 +116,7 @@ def test_rows_of_the_batch_compute_what_each_would_on_its_own_cache():
 
 @pytest.mark.no_database
 def test_rows_feeding_several_tokens_compute_what_each_would_on_its_own_cache(monkeypatch):
-    """Rows of a batch speculating (engines/batch.py): each step a row feeds one to four tokens (padded before them
+    """Rows of a batch speculating (engines/own/batch.py): each step a row feeds one to four tokens (padded before them
     where another feeds more), the main rejects some (masked), a row leaves, and the cache is packed once it holds a
     few dead slots: every row's logits for its live tokens are those of its own cache holding those tokens alone."""
     monkeypatch.setattr(batch, "COMPACT_SLOTS", 6)
@@ -257,7 +257,7 @@ def test_a_draft_that_stops_where_it_is_unsure_leaves_the_answer_the_main_alones
 def test_a_draft_that_does_not_pay_sits_out_and_the_answer_stays_the_main_alones(engine):
     """A draft that agrees with the main on every token but costs more than the main's own step (the demo main
     widened 4x, function-preserving) slows every step it proposes for: within a few steps it sits out and the main
-    goes on alone, tried again now and then (engines/payoff.py). The answer is the main alone's, token for token."""
+    goes on alone, tried again now and then (engines/own/payoff.py). The answer is the main alone's, token for token."""
     costly = OwnEngine(replace(SPEC, slug="costly-draft", draft_dir=str(PAIR / "main-large"), chained_lookup=False))
     params = DecodingParams(max_new_tokens=128, ignore_eos=True, num_assistant_tokens=3)
     events = []
@@ -314,7 +314,7 @@ CODE = r"[a-z]{2,10}-[0-9]{1,3}"
 
 @pytest.mark.no_database
 def test_a_k_per_answer_follows_the_hosts_costs_and_leaves_the_answer_the_main_alones(engine):
-    """Given the host's costs (engines/step_length.py), the draft proposes up to K what the answer's acceptance pays
+    """Given the host's costs (engines/own/step_length.py), the draft proposes up to K what the answer's acceptance pays
     for: where each token verified costs as much as a main step, one token a step; where verifying is nearly free,
     the plan's K. Either way the answer is the main alone's, token for token."""
     unchained = OwnEngine(replace(SPEC, slug="draft-only", chained_lookup=False))
@@ -377,7 +377,7 @@ def test_the_benchmark_runs_a_burst_as_the_pair_ships_it():
 
 @pytest.mark.no_database
 def test_under_a_grammar_the_draft_changes_no_token_and_the_answer_holds_to_it(engine):
-    """The draft proposes under the grammar too (engines/constraint.py): the answer is the main alone's under
+    """The draft proposes under the grammar too (engines/grammar/constraint.py): the answer is the main alone's under
     it, token for token. The demo main writes JSON's optional whitespace until its tokens run out; a regex
     answer ends where the grammar allows nothing more."""
     for prompt in PROMPTS:

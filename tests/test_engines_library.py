@@ -14,8 +14,8 @@ from django.conf import settings
 from inference.benchmark.memory import mapped_weight_bytes
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Finished, StepTokens
-from inference.engines.registry import EngineRegistry
 from inference.engines.spec import PairSpec
+from inference.serving.registry import EngineRegistry
 
 pytestmark = pytest.mark.no_database
 
@@ -58,7 +58,7 @@ def test_the_step_process_does_not_outlive_a_killed_worker(tmp_path):
     script = (
         "import sys, time\n"
         "from inference.engines.spec import PairSpec\n"
-        "from inference.engines.library import LibraryEngine\n"
+        "from inference.engines.library.pipeline import LibraryEngine\n"
         f"engine = LibraryEngine(PairSpec(slug='orphan', main_dir={SPEC.main_dir!r}, draft_dir={SPEC.draft_dir!r}))\n"
         "print(engine._process.pid, flush=True)\n"
         "time.sleep(600)\n"

@@ -46,7 +46,7 @@ def start(pair, max_tokens: int) -> Generation:
 
 def step_processes(worker: Worker) -> list[int]:
     return [pid for pid in process_tree(worker.proc.pid)[1:]
-            if b"inference.engines.library" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            if b"inference.engines.library.pipeline" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
 def test_a_hung_step_process_fails_its_answer_in_bounded_time_and_is_reloaded(pair_on_a_watched_worker):

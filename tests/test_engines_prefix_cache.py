@@ -1,4 +1,4 @@
-"""The own engine's prefix cache (engines/prefix_cache.py) as a conversation meets it, on the demo pair: what a prompt
+"""The own engine's prefix cache (engines/own/prefix_cache.py) as a conversation meets it, on the demo pair: what a prompt
 finds kept (a hit, a partial hit, a miss, after an eviction), the turns of a chat (a follow-up, Regenerate, Edit,
 Continue), two users sharing a system prompt, a batch row on a kept prefix; and the answers with the cache warm are
 the main alone's, greedy, at every K."""
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from inference.engines.decoding import DecodingParams
-from inference.engines.exact import DRAFT_CATCH_UP_TOKENS, OwnEngine
 from inference.engines.interface import Finished, PromptRead, StepTokens
-from inference.engines.kv_cache import KvSequence
-from inference.engines.prefix_cache import BLOCK_TOKENS, PrefixCache
+from inference.engines.own.engine import DRAFT_CATCH_UP_TOKENS, OwnEngine
+from inference.engines.own.kv_cache import KvSequence
+from inference.engines.own.prefix_cache import BLOCK_TOKENS, PrefixCache
 from inference.limits import Drafter
 from tests.test_engines_exact import SPEC
 

@@ -1,4 +1,4 @@
-"""The IR as the own engine steps it (engines/stepped_model.py), on the demo pair's models: a prefill computes and
+"""The IR as the own engine steps it (engines/own/stepped_model.py), on the demo pair's models: a prefill computes and
 returns the last prompt token's logits alone, the same the whole IR gives that token, a verification every fed
 token's, a draft's sequence the last one's."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from inference.engines.kv_cache import KvSequence
-from inference.engines.prefix_cache import BLOCK_TOKENS, PrefixCache
-from inference.engines.stepped_model import read_stepped
+from inference.engines.own.kv_cache import KvSequence
+from inference.engines.own.prefix_cache import BLOCK_TOKENS, PrefixCache
+from inference.engines.own.stepped_model import read_stepped
 from tests.test_engines_exact import PAIR, SPEC
 
 pytestmark = pytest.mark.no_database

@@ -99,7 +99,7 @@ def assert_nothing_left(models_root: Path, *, error: str) -> ImportJob:
 def test_import_registers_a_pair_that_generates(db, hf, models_root):
     from inference.engines.decoding import DecodingParams
     from inference.engines.interface import Finished
-    from inference.engines.library import LibraryEngine
+    from inference.engines.library.pipeline import LibraryEngine
     from inference.pair_checks import REQUIRED_FILES
     from inference.serving.records import pair_spec
 

@@ -20,9 +20,9 @@ from django.core.management import call_command
 
 from inference.calibration.measure import CALIBRATION_PROMPTS
 from inference.engines.decoding import DecodingParams
-from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
-from inference.engines.library import LibraryEngine
+from inference.engines.library.pipeline import LibraryEngine
+from inference.engines.own.engine import OwnEngine
 from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import Route
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
@@ -175,7 +175,7 @@ def test_sampled_answers_through_the_api_follow_the_main_alones_distribution(liv
 # ------------------------------------------------------------------ greedy identity with the draft's head cut
 def test_the_own_engines_draft_with_its_head_cut_speculates_and_changes_no_greedy_token(real_pair):
     """`make real-pair` writes the ids the draft's head keeps beside its IR (pairs/head_vocabulary.py), and the
-    pair's own engine loads the draft with its head cut to them (engines/draft_head.py): its greedy answers at K=3
+    pair's own engine loads the draft with its head cut to them (engines/own/draft_head.py): its greedy answers at K=3
     are the main alone's, token for token, and the draft still speculates (most of its proposals accepted)."""
     spec = pair_spec(pair=real_pair, route=Route.OWN_SPECULATIVE)
     assert spec.draft_head_ids == str(FOLDER / "draft" / HEAD_IDS_FILE), spec

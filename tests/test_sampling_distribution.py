@@ -11,11 +11,11 @@ import pytest
 from django.conf import settings
 
 from inference.engines.decoding import DecodingParams
-from inference.engines.draft_head import load_head_ids
-from inference.engines.exact import OwnEngine
 from inference.engines.interface import Finished
-from inference.engines.library import LibraryEngine
-from inference.engines.prefix_cache import BLOCK_TOKENS
+from inference.engines.library.pipeline import LibraryEngine
+from inference.engines.own.draft_head import load_head_ids
+from inference.engines.own.engine import OwnEngine
+from inference.engines.own.prefix_cache import BLOCK_TOKENS
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter
 from tests.distribution import compare, differs, samples
@@ -60,7 +60,7 @@ def exact():
 @pytest.fixture(scope="module")
 def exact_cut_head(demo_head_ids):
     """The own engine, its draft's head cut to the 300 most frequent of the 4,096 tokens (and those every text
-    needs), as `make real-pair` cuts a real pair's (engines/draft_head.py)."""
+    needs), as `make real-pair` cuts a real pair's (engines/own/draft_head.py)."""
     return OwnEngine(PairSpec(**{**SPEC.__dict__, "exact_sampling": True, "draft_head_ids": str(demo_head_ids)}))
 
 
@@ -89,7 +89,7 @@ LONG_PROMPT = "".join(f"def step_{n}(values):\n    return [v * {n} for v in valu
 @pytest.mark.no_database
 def test_samples_on_a_warm_prefix_follow_the_main_alone(main_alone, exact):
     """A prompt of several blocks: every sample after the first reads them from the own engine's prefix cache
-    (engines/prefix_cache.py) and prefills only its last tokens; the samples still follow the main alone's."""
+    (engines/own/prefix_cache.py) and prefills only its last tokens; the samples still follow the main alone's."""
     sampling = {"temperature": 1.0, "num_assistant_tokens": 3}
     hits = exact.main_prompts.stats.hits
     reference = samples(sampler(main_alone, prompt=LONG_PROMPT, temperature=1.0), range(N), threads=16)
@@ -127,7 +127,7 @@ def test_samples_chained_with_the_prompt_lookup_follow_the_main_alone(main_alone
 
 @pytest.mark.no_database
 def test_samples_with_the_draft_stopping_where_unsure_follow_the_main_alone(main_alone, exact):
-    """A draft that holds back a token it gives a probability below the stop (engines/drafting.py) decides that
+    """A draft that holds back a token it gives a probability below the stop (engines/own/proposers/draft_model.py) decides that
     from its own q, before the main sees anything: the samples follow the main alone's, and the draft both held
     back and proposed."""
     sampling = {"temperature": 1.0}
@@ -144,7 +144,7 @@ def test_samples_with_the_draft_stopping_where_unsure_follow_the_main_alone(main
 
 @pytest.mark.no_database
 def test_samples_with_a_k_per_answer_follow_the_main_alone(main_alone, exact):
-    """A K per answer (engines/step_length.py) follows what the answer's earlier steps accepted, which depends on the
+    """A K per answer (engines/own/step_length.py) follows what the answer's earlier steps accepted, which depends on the
     tokens drawn: decided before each step, it keeps the rule exact. At these costs the prior asks K=1, a kept
     proposal K=2, a refused one K=1 again."""
     sampling = {"temperature": 1.0}

@@ -3,7 +3,7 @@
 It still needs the library while serving: a request's prompt is counted with the main's OpenVINO tokenizer
 and its settings checked against the library's GenerationConfig. So the bar is "none at import": openvino
 loads with the first request that needs it (pair_checks.load_tokenizer, serving.web.decoding_params).
-Grammars are compiled in checker processes (engines/grammar_checks.py), so llguidance is not loaded either.
+Grammars are compiled in checker processes (engines/grammar/checks.py), so llguidance is not loaded either.
 """
 
 import json

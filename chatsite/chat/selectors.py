@@ -8,11 +8,11 @@ from django.db.models import Exists, OuterRef, Q
 from chatsite.chat.models import Conversation, Message
 from inference import selectors as inference_selectors
 from inference import transport
-from inference.engines.host import Host
 from inference.engines.speculation_stats import FIGURES
 from inference.limits import Route
 from inference.models import Generation, JobStatus, ModelPair
 from inference.serving import calibrated, speculation
+from inference.serving.host import Host
 
 
 def user_is_active(*, user) -> bool:

@@ -17,8 +17,8 @@ from django.http.request import RawPostDataException
 
 from inference import errors, json_input
 from inference.api import tools
-from inference.engines.grammar import Grammar
-from inference.engines.grammar_checks import require_compiled
+from inference.engines.grammar.checks import require_compiled
+from inference.engines.grammar.grammar import Grammar
 from inference.models import ModelPair
 from inference.serving import reasons, web
 
@@ -172,8 +172,8 @@ def _bounded_top(top: int, *, param: str, chat: bool) -> int:
 
 def _checked_grammar(data: dict, *, tool_call: Grammar | None, requester: str) -> dict:
     """GenerationOptions' grammar fields, once the library compiles the grammar within the budget
-    (engines/grammar_checks.py: an uncompilable one would fail every request in its batch). `tool_call`: the one
-    a forced tool call holds the answer to; `requester`: who asks (engines/grammar_checks.py keeps one from
+    (engines/grammar/checks.py: an uncompilable one would fail every request in its batch). `tool_call`: the one
+    a forced tool call holds the answer to; `requester`: who asks (engines/grammar/checks.py keeps one from
     holding every checker)."""
     found = _grammar(data)
     if tool_call is not None:

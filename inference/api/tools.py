@@ -2,7 +2,7 @@
 Hermes format Qwen uses: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
 
 The request's tools go to the chat template; `tool_choice` "required" or a named function holds the
-answer to one call with a grammar (engines/grammar.py), so even a model that would not call gets the
+answer to one call with a grammar (engines/grammar/grammar.py), so even a model that would not call gets the
 call's shape and the function's parameters right; "auto" leaves the choice to the model and the
 answer is read for calls; "none" describes no tools.
 """
@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 
 from inference import errors, json_input
-from inference.engines.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
-from inference.engines.grammar_checks import require_compiled
+from inference.engines.grammar.checks import require_compiled
+from inference.engines.grammar.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOOLS = 64
@@ -30,7 +30,7 @@ class ToolRequest:
 
 def parse(data: dict, *, requester: str) -> ToolRequest | None:
     """The request's tools and how the answer may use them; None without tools (or tool_choice none).
-    `requester`: who asks, for the grammar checks (engines/grammar_checks.py)."""
+    `requester`: who asks, for the grammar checks (engines/grammar/checks.py)."""
     tools, choice = data.get("tools"), data.get("tool_choice")
     if tools is None:
         if choice not in (None, "none"):

@@ -206,7 +206,7 @@ class Engines:
         if self._get:
             return self._get(spec)
         if spec not in self._built:
-            from inference.engines.registry import build_engine  # the engines load here, not with the admin's modules
+            from inference.serving.registry import build_engine  # the engines load here, not with the admin's modules
 
             self._built[spec] = build_engine(spec)
         return self._built[spec]

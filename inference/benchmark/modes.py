@@ -4,9 +4,10 @@ the fast modes (the device's defaults; f32 with int8 activations; where near-tie
 token and K+1 verified at once) and on the pair's own engine (f32 with int8 activations, exact), and what
 one inference of n tokens costs the main in each (the curve that decides which K can pay).
 
-Every line runs in-process on the product's engines (engines/library.py, engines/exact.py), first one untimed round
-(warm-up), then interleaved prompt by prompt with the order turned each repeat, and is compared as ratios within the
-run. Answers end at the model's EOS (real answers, not a fixed count), and each line says how many answers loop."""
+Every line runs in-process on the product's engines (engines/library/pipeline.py, engines/own/engine.py), first one
+untimed round (warm-up), then interleaved prompt by prompt with the order turned each repeat, and is compared as ratios
+within the run. Answers end at the model's EOS (real answers, not a fixed count), and each line says how many answers
+loop."""
 
 from __future__ import annotations
 
@@ -20,18 +21,18 @@ import openvino as ov
 
 from inference.benchmark.prompts import repeated_ngram_share
 from inference.engines.decoding import DecodingParams
-from inference.engines.draft_head import compile_draft
-from inference.engines.grammar import Grammar
+from inference.engines.grammar.grammar import Grammar
 from inference.engines.interface import Engine, Finished
-from inference.engines.registry import build_engine
+from inference.engines.own.draft_head import compile_draft
+from inference.engines.own.stepped_model import read_stepped, step_inputs
 from inference.engines.spec import PairSpec
 from inference.engines.speculation_stats import SpeculationStats
-from inference.engines.stepped_model import read_stepped, step_inputs
 from inference.limits import Drafter, FinishReason
+from inference.serving.registry import build_engine
 
 # Each mode as PairSpec fields ("" precision: the device's default). fast-f32: f32 with the CPU's dynamic int8
 # activations, the fastest main alone on some hosts, where the library's speculation is not exact; own: the same
-# numbers on the pair's own engine (engines/exact.py), where it is.
+# numbers on the pair's own engine (engines/own/engine.py), where it is.
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
 MODES: dict[str, dict] = {
     "exact": EXACT,
@@ -63,7 +64,7 @@ class Line:
     ngram_steps: int = 0
     ngram_proposed: int = 0
     ngram_accepted: int = 0
-    undrafted: int = 0  # steps with nothing proposed: the drafters sat out where they did not pay (engines/payoff.py)
+    undrafted: int = 0  # steps with nothing proposed: the drafters sat out where they did not pay (own/payoff.py)
 
     @property
     def name(self) -> str:
@@ -123,7 +124,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
     each, but its answers at K=0 share one batch), and tokens/s is their sum over the wall time. With more
     streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
     burst: that many speculate, the rest run on the main alone, batched (serving/speculation.py, Route.OWN_MAIN_ALONE),
-    and so do the speculating ones once the others have come (engines/exact.py); `batch_ks`: lines where the
+    and so do the speculating ones once the others have come (engines/own/engine.py); `batch_ks`: lines where the
     rest speculate in the batch at each of these Ks instead (DecodingParams.batch_k). `draft_only`: each own K also
     with the prompt lookup off. `temperature` > 0: sampled answers (seeded; identical then means little)."""
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
@@ -212,7 +213,7 @@ def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
 
 def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 64) -> dict[str, float]:
     """Median ms of one token of the main, of the draft with its head whole and of the draft with its head cut to
-    the pair's list (engines/draft_head.py), on warm caches of `context` tokens, a token each in turn (the order
+    the pair's list (engines/own/draft_head.py), on warm caches of `context` tokens, a token each in turn (the order
     turned each time) so a busy host's drift hits all alike: c, the draft's cost in main tokens, is their ratio."""
     spec = mode_spec(spec, mode, speculative=True)
     core, rng = ov.Core(), np.random.default_rng(0)

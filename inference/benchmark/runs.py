@@ -44,10 +44,10 @@ from inference.benchmark.inprocess import (
 )
 from inference.benchmark.prompts import Prompt, heldout_prompts
 from inference.benchmark.summary import compare_to_inprocess, first_texts, loop_warning, summarize
-from inference.engines.precision import CONFIGS
 from inference.limits import Route
 from inference.models import BenchmarkRun, ModelPair
 from inference.serving import speculation
+from inference.serving.precision import CONFIGS
 
 if TYPE_CHECKING:
     from inference.benchmark.peer import PeerServer
@@ -160,8 +160,8 @@ def machine() -> dict:
 def benchmark_engines(*, pair: ModelPair, get=None) -> tuple[Engines, str]:
     """The engines a benchmark measures, its baseline the main alone as this host serves it (the fastest
     configuration its calibration measured), and a note that says which."""
-    from inference.engines.host import this_host
     from inference.serving.calibrated import host_figures
+    from inference.serving.host import this_host
     from inference.serving.records import pair_spec
 
     figures = host_figures(pair=pair, host=this_host(pair.runs_on))

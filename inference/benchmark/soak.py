@@ -35,7 +35,7 @@ from inference.benchmark.servers import (
     session_cookie,
 )
 from inference.benchmark.soak_client import BEHAVIOURS, KIND_WEIGHTS, Outcome, SoakClient
-from inference.engines.library import HUNG_ENGINE
+from inference.engines.library.pipeline import HUNG_ENGINE
 from inference.models import Generation, ModelPair
 from inference.serving import web
 

@@ -26,9 +26,9 @@ from inference.benchmark.inprocess import PLAIN, Progress, Sample, Variant
 from inference.benchmark.prompts import Prompt
 from inference.benchmark.servers import Credentials
 from inference.benchmark.summary import percentile
-from inference.engines.rates import LOAD_MEMORY_S
 from inference.limits import SpeculativeMode
 from inference.models import Generation
+from inference.serving.rates import LOAD_MEMORY_S
 from inference.serving.reasons import Reason
 
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=600)
@@ -256,7 +256,7 @@ def _turned(variants: list[Variant], *, repeat: int) -> list[Variant]:
 
 def _load_memory_faded(*, previous: int, level: int) -> int:
     """Waits, before a smaller load than the last, until the worker no longer plans for the last: its
-    requests plan for the most streams it ran in the last LOAD_MEMORY_S (engines/rates.py), and a
+    requests plan for the most streams it ran in the last LOAD_MEMORY_S (serving/rates.py), and a
     1-stream burst run 3 s after one of 16 was planned for 4+ streams. Returns the load now measured."""
     if level < previous:
         time.sleep(LOAD_MEMORY_S)

@@ -2,7 +2,7 @@
 
 1. the main alone (the library's pipeline) in each precision configuration the device offers, at one stream
    and at several at once: the fastest is the host's baseline, and every route of the main alone serves in it;
-2. the own engine (engines/exact.py) in the faster configuration of those its greedy answers with the draft are
+2. the own engine (engines/own/engine.py) in the faster configuration of those its greedy answers with the draft are
    exact in (f32 with or without dynamic quantization), at K=0 and each K, beside the fastest main alone again:
    tokens/s, acceptance and identity; where the pair keeps its draft in two weight formats, first a draft token of
    each in that configuration, and the Ks with the cheaper (int4 kernels are the cheaper with AVX-512, int8 ones
@@ -34,16 +34,16 @@ import openvino as ov
 
 from inference.benchmark.modes import LOOPING, answer, infer_cost
 from inference.benchmark.prompts import heldout_prompts, prompts_from_file, repeated_ngram_share
-from inference.engines.draft_head import compile_draft
-from inference.engines.exact import OwnEngine
 from inference.engines.interface import Engine
-from inference.engines.kv_cache import KvSequence
-from inference.engines.precision import CONFIGS, EXACT_ON_OWN_ENGINE, offered
-from inference.engines.registry import build_engine
+from inference.engines.own.draft_head import compile_draft
+from inference.engines.own.engine import OwnEngine
+from inference.engines.own.kv_cache import KvSequence
 from inference.engines.spec import PairSpec, context_length
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.tokenizer import load_tokenizer
 from inference.limits import Drafter
+from inference.serving.precision import CONFIGS, EXACT_ON_OWN_ENGINE, offered
+from inference.serving.registry import build_engine
 
 Progress = Callable[[int, int, str], None]
 # The main alone leaves the own engine's batch for the library's pipeline (a second copy of its weights) only
@@ -55,8 +55,9 @@ LIBRARY_MARGIN = 1.05
 # rounds go to the own engine's lines (on the Intel host f32, f16 and bf16 ran at 0.5-0.7x f32 with int8 activations,
 # and measuring them twice left the Ks one round of one prompt within the budget).
 FAR_BEHIND = 0.8
-# The larger Ks run with the draft holding back a token it gives a probability below this (engines/drafting.py): where
-# verifying many tokens costs little more than one, a long step pays when the draft is sure and stops where it is not.
+# The larger Ks run with the draft holding back a token it gives a probability below this
+# (engines/own/proposers/draft_model.py): where verifying many tokens costs little more than one, a long step pays when
+# the draft is sure and stops where it is not.
 # 0.5 was the best stop on chat-a by docs/benchmark/real-pair/draft_stop.py's replay and held on chat-b.
 DRAFT_STOP_BELOW = 0.5
 # A pair's own calibration prompts, beside its main and draft folders (a prompts file as `benchmark --prompts-file`

@@ -14,8 +14,8 @@ from django.utils import timezone
 from inference import jobs
 from inference.benchmark.runs import machine
 from inference.calibration.measure import Budget, calibrate
-from inference.engines.host import this_host
 from inference.models import HostCalibration, JobStatus
+from inference.serving.host import this_host
 from inference.serving.records import pair_spec
 
 log = logging.getLogger(__name__)

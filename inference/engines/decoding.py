@@ -1,12 +1,12 @@
 """A request's decoding settings: how tokens are chosen (Sampling) and the rest of what an engine needs
 (DecodingParams). Plain values: the web side builds them, records them and checks them
-(engines/library_config.py turns them into openvino-genai's terms)."""
+(engines/library/config.py turns them into openvino-genai's terms)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from inference.engines.grammar import Grammar
+from inference.engines.grammar.grammar import Grammar
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,7 +21,7 @@ class Sampling:
     ignore_eos: bool = False
     logprobs: bool = False  # each token's log probability under the main's own (raw) distribution
     top_logprobs: int = 0  # and this many most likely alternatives at each position (the own engine only)
-    grammar_kind: str = ""  # output held to a grammar (engines/grammar.py): one of its FIELDS, or none
+    grammar_kind: str = ""  # output held to a grammar (engines/grammar/grammar.py): one of its FIELDS, or none
     grammar_text: str = ""
 
     @property
@@ -41,14 +41,14 @@ class DecodingParams(Sampling):
     num_assistant_tokens: int | None = None
     assistant_confidence_threshold: float | None = None  # the library's dynamic K (OVMS's parameter)
     # The own engine's draft proposes up to K but holds back a token it gives a probability below this (the planner
-    # sets it where the host's calibration measured the Ks so; engines/drafting.py).
+    # sets it where the host's calibration measured the Ks so; engines/own/proposers/draft_model.py).
     draft_stop_below: float | None = None
     # The host's calibrated costs, a draft token and then the verify of 2, 3, ... tokens, each as a share of one main
     # token: with them the own engine's draft proposes, up to K, what this answer's acceptance pays for best
-    # (engines/step_length.py; the planner sets them where the request left K to the pair).
+    # (engines/own/step_length.py; the planner sets them where the request left K to the pair).
     step_costs: tuple[float, ...] = ()
     # Beyond the pair's speculating streams the own engine's answers run in one batch: there this answer speculates
-    # at this K (0: as the main alone; engines/batch.py, the planner sets it where the host's calibration measured
+    # at this K (0: as the main alone; engines/own/batch.py, the planner sets it where the host's calibration measured
     # speculating in the batch faster than the main alone's batch).
     batch_k: int = 0
     max_ngram_size: int = 3

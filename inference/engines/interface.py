@@ -1,7 +1,7 @@
 """What an engine offers its callers (the worker, the registry, the benchmark): `submit(prompt=...,
 params=...)` returns an ActiveRequest whose `events` queue the caller drains, one StepTokens per
 speculative step, then Finished. Two engines implement it: the library's pipeline in a step process of
-its own (engines/library.py) and the own engine (engines/exact.py). Nothing here knows Django, Redis or
+its own (engines/library/pipeline.py) and the own engine (engines/own/engine.py). Nothing here knows Django, Redis or
 Celery.
 """
 

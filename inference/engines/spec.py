@@ -1,6 +1,6 @@
 """A pair's spec: everything needed to build one of its engines, and the main model's context window.
 
-An engine (library.py, exact.py) is built from a PairSpec; the worker keeps one engine per `role`.
+An engine (library/pipeline.py, own/engine.py) is built from a PairSpec; the worker keeps one engine per `role`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from inference.engines.devices import AUTO
 from inference.limits import Drafter, Route
 
-PREFIX_CACHE_MB = 512  # the own engine's prefix caches, main and draft together (engines/prefix_cache.py)
+PREFIX_CACHE_MB = 512  # the own engine's prefix caches, main and draft together (engines/own/prefix_cache.py)
 HEAD_IDS_FILE = "head_vocabulary.npy"  # beside a draft's IR: the ids its head keeps (pairs/head_vocabulary.py)
 
 
@@ -33,15 +33,15 @@ class PairSpec:
     inference_precision: str = "f32"
     kv_cache_precision: str = "f32"
     speculative: bool = True
-    exact_sampling: bool = False  # the own engine (engines/exact.py) rather than openvino-genai's pipeline
+    exact_sampling: bool = False  # the own engine (engines/own/engine.py) rather than openvino-genai's pipeline
     own_engine: bool = False  # the pair serves its first streams on its own engine (ModelPair.own_engine_streams)
     speculating_streams: int = 0  # on the own engine: beyond this many answers, speculating ones join the batch
     prefix_cache_mb: int = PREFIX_CACHE_MB  # on the own engine: its prefix caches' bound (0: none)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
     chained_lookup: bool = True  # on the own engine: the prompt lookup proposes first, the draft where it has nothing
-    draft_head_ids: str = ""  # on the own engine: a file of the ids the draft's head keeps (engines/draft_head.py)
+    draft_head_ids: str = ""  # on the own engine: a file of the ids the draft's head keeps (engines/own/draft_head.py)
     draft_alternative_dir: str = ""  # the same draft in another weight format: a calibration keeps the cheaper
-    drafters_judged: bool = True  # on the own engine: a drafter sits out where it does not pay (engines/payoff.py)
+    drafters_judged: bool = True  # on the own engine: a drafter sits out where it does not pay (engines/own/payoff.py)
 
     @property
     def role(self) -> tuple[str, bool, bool]:

@@ -30,7 +30,7 @@ class SpeculationFigures:
     ngram_accepted_tokens: int | None
     ngram_draft_steps: int | None
     # Main steps of a speculating answer that verified no proposal: its drafters sat out where they did not pay
-    # (engines/payoff.py), the lookup had no match, or one token was left.
+    # (engines/own/payoff.py), the lookup had no match, or one token was left.
     undrafted_steps: int | None
 
 

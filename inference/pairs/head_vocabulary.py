@@ -1,4 +1,4 @@
-"""Which tokens a real pair's draft head keeps (engines/draft_head.py cuts it to them when the own engine loads it).
+"""Which tokens a real pair's draft head keeps (engines/own/draft_head.py cuts it to them when the own engine loads it).
 
 The most frequent `size` tokens in text like the answers the draft proposes, counted with the pair's tokenizer on
 what every machine that installs the pair has, with no network: the standard library of the Python running this
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inference.engines.constraint import vocabulary
+from inference.engines.grammar.constraint import vocabulary
 from inference.engines.spec import HEAD_IDS_FILE
 from inference.engines.tokenizer import load_tokenizer
 

@@ -10,8 +10,8 @@ from django.conf import settings
 from django.db import transaction
 
 from inference import selectors
-from inference.engines.host import Host
 from inference.models import HostCalibration, JobStatus, ModelPair
+from inference.serving.host import Host
 from inference.serving.speculation import HostFigures
 
 

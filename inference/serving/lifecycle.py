@@ -21,10 +21,10 @@ from django.db import close_old_connections
 
 from inference import jobs, transport
 from inference.engines.devices import runtime_devices
-from inference.engines.host import this_host
 from inference.models import BenchmarkRun, HostCalibration, ModelPair
 from inference.pairs.importer import fail_abandoned_imports
 from inference.serving import calibrated
+from inference.serving.host import this_host
 from inference.serving.housekeeping import (
     fail_orphaned_generations,
     fail_unservable_generations,
@@ -66,7 +66,7 @@ def heartbeat_payload() -> dict:
         "slots": settings.WORKER_SLOTS,
         "devices": list(runtime_devices()),  # what pairs may name (pair_checks.registrable_devices)
         "host_facts": this_host().facts,  # whose calibrations the chat weighs its answers against (device aside)
-        # {slug: {streams: {K: tok/s}}}: what the plans follow (engines/rates.py), for /metrics
+        # {slug: {streams: {K: tok/s}}}: what the plans follow (serving/rates.py), for /metrics
         "figures": {slug: rates.figures() for slug, rates in STATE.engines.rates.items()},
         "prefix_cache_bytes": STATE.engines.prefix_cache_bytes(),  # {slug: bytes}, for /metrics
     }

@@ -19,11 +19,11 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from inference import limits, selectors, transport
-from inference.engines import precision
 from inference.engines.decoding import DecodingParams
 from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import FinishReason, Route
 from inference.models import Generation, ModelPair
+from inference.serving import precision
 from inference.serving.speculation import HostFigures, Plan
 
 log = logging.getLogger(__name__)

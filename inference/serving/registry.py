@@ -4,7 +4,7 @@ openvino-genai's pipelines keep memory per request they served (docs/architectur
 all freed with the pipeline): an engine that has
 taken `renew_after` requests is replaced by a fresh one at the next quiet moment, built in the
 background, and freed once its own requests have ended. A library engine whose step process exited is
-loaded again on next use. It also keeps what each pair's engines delivered lately (engines/rates.py),
+loaded again on next use. It also keeps what each pair's engines delivered lately (serving/rates.py),
 for the plans of requests."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 from inference.engines.devices import DeviceUnavailable, on_this_worker
-from inference.engines.exact import OwnEngine
 from inference.engines.interface import Engine
-from inference.engines.library import LibraryEngine, StepObserver
-from inference.engines.rates import StepRates
+from inference.engines.library.pipeline import LibraryEngine, StepObserver
+from inference.engines.own.engine import OwnEngine
 from inference.engines.spec import PairSpec
 from inference.limits import LoadState
+from inference.serving.rates import StepRates
 
 log = logging.getLogger(__name__)
 

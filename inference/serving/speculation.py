@@ -5,10 +5,10 @@ and measured profile, the worker's load then and its live figures: `plan` is a p
 
 Both sides use it: the web side to validate a request with the settings it would get, the worker to
 decide for real (it knows its load). Two promises shape it: a sampled request runs on the own engine
-(engines/exact.py), never on openvino-genai's inexact sampling with a draft unless the pair allows it
+(engines/own/engine.py), never on openvino-genai's inexact sampling with a draft unless the pair allows it
 (and then says so); and where the main alone is faster at the current load, the main alone serves
 (speculation must never slow answers). Faster by what this worker measured lately at that load
-(engines/rates.py) where it measured both the main alone and a K there, else by the pair's profile;
+(serving/rates.py) where it measured both the main alone and a K there, else by the pair's profile;
 where it measured only one of them at a load of 4 or more streams, it tries the other now and then.
 
 Each decision says why as a `Reason` code with its figures (a `Why`, serving/reasons.py), from which the
@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from inference.engines import precision
-from inference.engines.rates import StepRates
 from inference.limits import DEFAULT_K, Route, SpeculativeMode
 from inference.models import ModelPair
 from inference.pair_checks import profile_errors
+from inference.serving import precision
+from inference.serving.rates import StepRates
 from inference.serving.reasons import Reason, Why, sentence
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class HostFigures:
     main alone is fastest in, the one its own engine is exact in, and a lone answer's best K (0: the main alone)."""
 
     host: str  # the host, described
-    main_alone_config: str = ""  # a precision configuration's name (engines/precision.py); "": not calibrated
+    main_alone_config: str = ""  # a precision configuration's name (serving/precision.py); "": not calibrated
     own_config: str = ""
     best_k: dict[int, int] = field(default_factory=dict)
     draft_stop_below: float | None = None  # the best K was measured with the draft stopping where unsure
@@ -255,7 +255,7 @@ def _on_the_host(*, asked: Asked, planned: Plan, calibration: HostFigures, lone:
 
 
 def _in_the_batch(*, asked: Asked, planned: Plan, k: int) -> Plan:
-    """An answer of the own engine speculating at the host's K for its batch once it runs there (engines/batch.py):
+    """An answer of the own engine speculating at the host's K for its batch once it runs there (engines/own/batch.py):
     from the start where it joins the batch (beyond the pair's speculating streams, where it was planned to run
     there as the main alone), else once more answers come. Not where it asked for the main alone."""
     if planned.route == Route.OWN_MAIN_ALONE and asked.speculative and Reason.OWN_BATCH in planned.reasons:
@@ -384,7 +384,7 @@ def _on_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int) -
     """The plan moved to the pair's own engine (ModelPair.own_engine_streams): while the pair runs at most that
     many answers here, this one included, it speculates there (greedy, sampled or the main alone, under a
     grammar or not, exact with dynamic quantization); beyond that the main alone serves there, in one batch
-    (engines/batch.py), a K the request named included: the library's pipeline, which batches speculation, runs
+    (engines/own/batch.py), a K the request named included: the library's pipeline, which batches speculation, runs
     the main in another precision than the main alone's (its answers parted from it on the Intel host) and ran
     0.4-0.6x the batch there. One copy of the weights either way. Not for a
     confidence threshold, which only the library applies. A request asking alternatives (top_logprobs) runs on

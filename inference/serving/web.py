@@ -157,7 +157,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
         **options.sampling(),
     )
     planned = speculation.plan(pair=pair, asked=asked(options), load=speculation.Load(streams=1))
-    from inference.engines.library_config import generation_config  # openvino-genai: loaded by the first request
+    from inference.engines.library.config import generation_config  # openvino-genai: loaded by the first request
 
     try:  # whatever else the pipeline would refuse, refused here rather than on the worker
         generation_config(planned_decoding(params, planned), pair_spec(pair=pair, route=planned.route)).validate()

@@ -17,15 +17,14 @@ from django.utils import timezone
 
 from inference import selectors, transport
 from inference.engines.decoding import DecodingParams
-from inference.engines.host import this_host
 from inference.engines.interface import ActiveRequest, Engine, Finished, PromptRead, StepTokens
-from inference.engines.registry import EngineRegistry
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason, Route, SpeculativeMode
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
 from inference.serving import calibrated, handover, speculation
+from inference.serving.host import this_host
 from inference.serving.records import (
     NOT_SAVED,
     fail_generation,
@@ -33,6 +32,7 @@ from inference.serving.records import (
     pair_spec,
     planned_decoding,
 )
+from inference.serving.registry import EngineRegistry
 
 log = logging.getLogger(__name__)
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"  # in heartbeats and on the records this process runs

@@ -1,6 +1,6 @@
 """The script behind docs/speculation.md's "Speculating under load": what several answers speculating in one batch
 would cost on this host, before anyone builds it. Today the second answer moves every answer to the main alone's
-batch (engines/batch.py), because answers speculating side by side each run their own inferences on the same two
+batch (engines/own/batch.py), because answers speculating side by side each run their own inferences on the same two
 cores. This times, in the own engine's configuration on this host (raw OpenVINO, the stateful IRs as it steps them):
 
 - the main: one inference of n = 1..4 tokens for 1, 2 and 4 answers at once (a batch of that many rows), the
@@ -26,17 +26,17 @@ django.setup()
 
 import numpy as np  # noqa: E402
 import openvino as ov  # noqa: E402
+from inference.engines.prefill import PrefillCache  # noqa: E402
 
 from inference.benchmark.modes import infer_cost  # noqa: E402
-from inference.engines.batch import SharedBatch  # noqa: E402
-from inference.engines.draft_head import compile_draft  # noqa: E402
-from inference.engines.host import this_host  # noqa: E402
-from inference.engines.kv_cache import KvSequence  # noqa: E402
-from inference.engines.prefill import PrefillCache  # noqa: E402
-from inference.engines.stepped_model import read_stepped, step_inputs  # noqa: E402
+from inference.engines.own.batch import SharedBatch  # noqa: E402
+from inference.engines.own.draft_head import compile_draft  # noqa: E402
+from inference.engines.own.kv_cache import KvSequence  # noqa: E402
+from inference.engines.own.stepped_model import read_stepped, step_inputs  # noqa: E402
 from inference.limits import Route  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
 from inference.serving.calibrated import host_figures  # noqa: E402
+from inference.serving.host import this_host  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402
 
 SLUG = sys.argv[1]

@@ -1,5 +1,5 @@
 """What the own engine's main costs a step after a short and a long context, on the real pair: one token, a verify of
-5, and cutting 3 rejected tokens from its cache (engines/kv_cache.py, KvSequence.drop_last), medians of 8.
+5, and cutting 3 rejected tokens from its cache (engines/own/kv_cache.py, KvSequence.drop_last), medians of 8.
 
     DJANGO_DEBUG=1 .venv/bin/python docs/benchmark/real-pair/context_costs.py
 """
@@ -17,11 +17,11 @@ django.setup()
 
 import numpy as np  # noqa: E402
 
-from inference.engines.exact import OwnEngine  # noqa: E402
-from inference.engines.host import this_host  # noqa: E402
-from inference.engines.kv_cache import KvSequence  # noqa: E402
+from inference.engines.own.engine import OwnEngine  # noqa: E402
+from inference.engines.own.kv_cache import KvSequence  # noqa: E402
 from inference.limits import Route  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
+from inference.serving.host import this_host  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402
 
 

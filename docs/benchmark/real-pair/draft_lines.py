@@ -1,7 +1,7 @@
 """The script behind docs/benchmark.md's "The draft's precision" and docs/speculation.md's "Drafters that do not pay"
 tables: on the pair's own engine (f32 with the CPU's int8 activations, in-process), the main alone and K=3 with each
 draft IR given, its drafters proposing every step ("fixed") or sitting out where they do not pay ("judged",
-engines/payoff.py), answers interleaved prompt by prompt, the order turned each prompt and round.
+engines/own/payoff.py), answers interleaved prompt by prompt, the order turned each prompt and round.
 
 Usage: DJANGO_SETTINGS_MODULE=chatsite.settings python draft_lines.py PAIR PROMPTS_JSON TEMPERATURE DRAFT_DIR...
 (each DRAFT_DIR an IR folder with head_vocabulary.npy beside it, as `make real-pair` writes)."""
@@ -15,7 +15,7 @@ django.setup()
 
 from inference.benchmark.modes import answer  # noqa: E402
 from inference.benchmark.prompts import prompts_from_file  # noqa: E402
-from inference.engines.exact import OwnEngine  # noqa: E402
+from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.engines.tokenizer import load_tokenizer  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402

@@ -19,8 +19,8 @@ import numpy as np  # noqa: E402
 
 from inference.benchmark.modes import answer  # noqa: E402
 from inference.benchmark.prompts import prompts_from_file  # noqa: E402
-from inference.engines.exact import OwnEngine  # noqa: E402
-from inference.engines.kv_cache import KvSequence  # noqa: E402
+from inference.engines.own.engine import OwnEngine  # noqa: E402
+from inference.engines.own.kv_cache import KvSequence  # noqa: E402
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402

@@ -1,7 +1,7 @@
 """The script behind docs/speculation.md's "A K per answer": on the pair's own engine as a worker on this host serves a
 lone answer (its calibrated configuration, draft format and K), the main alone, the calibrated K at every step (the
 draft stopping where unsure if the calibration measured that K so, as a worker then serves it), and the same K
-lowered per answer from its own acceptance at the host's calibrated costs (engines/step_length.py), answers
+lowered per answer from its own acceptance at the host's calibrated costs (engines/own/step_length.py), answers
 interleaved prompt by prompt, the order turned each prompt and round. Needs the pair calibrated here.
 
 Usage: DJANGO_SETTINGS_MODULE=chatsite.settings python k_per_answer.py PAIR PROMPTS_JSON TEMPERATURE [ROUNDS]"""
@@ -15,12 +15,12 @@ django.setup()
 
 from inference.benchmark.modes import answer  # noqa: E402
 from inference.benchmark.prompts import prompts_from_file  # noqa: E402
-from inference.engines.exact import OwnEngine  # noqa: E402
-from inference.engines.host import this_host  # noqa: E402
+from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.engines.tokenizer import load_tokenizer  # noqa: E402
 from inference.limits import Route  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
 from inference.serving.calibrated import host_figures  # noqa: E402
+from inference.serving.host import this_host  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402
 
 SLUG, PROMPTS, TEMPERATURE = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])

@@ -1,6 +1,6 @@
 """How long one stream waits between two tokens while another user's long prompt is read, on the own engine
-(engines/prefix_cache.py): the prompt read whole in one inference (before the prefix cache) against read in chunks of
-BLOCK_TOKENS, between which the other stream's steps take their turn on the cores.
+(engines/own/prefix_cache.py): the prompt read whole in one inference (before the prefix cache) against read in chunks
+of BLOCK_TOKENS, between which the other stream's steps take their turn on the cores.
 
 Stream A answers a short chat request (greedy, as it ships: K from the host's calibration, else 4); two seconds in,
 stream B sends a ~2,000-token prompt (a pasted file of the standard library, nobody tuned on it). Printed per arm and
@@ -25,12 +25,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 django.setup()
 
 from inference.engines.decoding import DecodingParams  # noqa: E402
-from inference.engines.exact import OwnEngine  # noqa: E402
-from inference.engines.host import this_host  # noqa: E402
 from inference.engines.interface import Finished, StepTokens  # noqa: E402
+from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.limits import Route  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
 from inference.serving.calibrated import host_figures  # noqa: E402
+from inference.serving.host import this_host  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402
 
 WHOLE = 1 << 20  # a block longer than any prompt: read in one inference, as before the prefix cache

@@ -17,13 +17,13 @@ django.setup()
 import numpy as np  # noqa: E402
 
 from inference.benchmark.memory import pss_bytes  # noqa: E402
-from inference.engines.exact import OwnEngine  # noqa: E402
-from inference.engines.host import this_host  # noqa: E402
-from inference.engines.kv_cache import KvSequence  # noqa: E402
+from inference.engines.own.engine import OwnEngine  # noqa: E402
+from inference.engines.own.kv_cache import KvSequence  # noqa: E402
+from inference.engines.own.prefix_cache import kv_bytes_per_token  # noqa: E402
 from inference.engines.pages import release_freed_heap  # noqa: E402
-from inference.engines.prefix_cache import kv_bytes_per_token  # noqa: E402
 from inference.limits import Route  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
+from inference.serving.host import this_host  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402
 
 MB = 2**20

@@ -25,14 +25,14 @@ django.setup()
 import numpy as np  # noqa: E402
 
 from inference.engines.decoding import DecodingParams  # noqa: E402
-from inference.engines.exact import OwnEngine  # noqa: E402
-from inference.engines.host import this_host  # noqa: E402
 from inference.engines.interface import Finished, StepTokens  # noqa: E402
-from inference.engines.kv_cache import KvSequence  # noqa: E402
-from inference.engines.prefix_cache import PrefixCache  # noqa: E402
+from inference.engines.own.engine import OwnEngine  # noqa: E402
+from inference.engines.own.kv_cache import KvSequence  # noqa: E402
+from inference.engines.own.prefix_cache import PrefixCache  # noqa: E402
 from inference.limits import Route  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
 from inference.serving.calibrated import host_figures  # noqa: E402
+from inference.serving.host import this_host  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402
 
 HERE = Path(__file__).parent

@@ -1,8 +1,8 @@
-"""Grammars checked before they are accepted (engines/grammar_compilers.py says why), without one stalling the others.
+"""Grammars checked before they are accepted (engines/grammar/compilers.py says why), without one stalling the others.
 
 A grammar's compile time has no useful bound: nested repetitions such as `(a{1,300}){1,300}` grow without one
 (docs/api.md), and the library cannot be interrupted. So the web side compiles in a few checker processes of
-its own (`python -m inference.engines.grammar_checks FD PID`), each with its own small pipeline used by one
+its own (`python -m inference.engines.grammar.checks FD PID`), each with its own small pipeline used by one
 grammar at a time (the library does not share a pipeline between threads). A checker still compiling when the budget
 runs out (in CPU time, or a quarter as much again in wall time) is killed and replaced, and the grammar refused. A
 requester's checks run one at a time: a second waits at most a budget, and after one ran out the budget the next
@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 from django.conf import settings
 
 from inference import errors
-from inference.engines.grammar import Grammar, GrammarError
+from inference.engines.grammar.grammar import Grammar, GrammarError
 
 log = logging.getLogger(__name__)
 MAX_GRAMMAR_CHARS = 65_536  # a schema of 60 nested objects is 12,000; a longer text costs every step that carries it
@@ -125,7 +125,7 @@ class Checker:
     """One checker process, loaded and waiting for grammars on its socket."""
 
     def __init__(self):
-        # A new interpreter, as for the step processes (engines/library.py): not a fork of a threaded process.
+        # A new interpreter, as for the step processes (engines/library/pipeline.py): not a fork of a threaded process.
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno()), str(os.getpid())],
                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
@@ -268,7 +268,7 @@ def _die_with_parent(parent: int) -> None:
 
 def serve(fd: int, parent: int) -> None:
     """A checker: the verdict of each grammar its socket sends, one at a time, until the socket closes."""
-    from inference.engines.grammar_compilers import checker_pipeline, refusal  # the compilers load here, not on the web
+    from inference.engines.grammar.compilers import checker_pipeline, refusal  # the compilers load here, not on the web
 
     _die_with_parent(parent)
     conn = Connection(fd)

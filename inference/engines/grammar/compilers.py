@@ -1,4 +1,4 @@
-"""The two compilers a grammar (engines/grammar.py) must pass: the library's and llguidance.
+"""The two compilers a grammar (engines/grammar/grammar.py) must pass: the library's and llguidance.
 
 A grammar the library cannot compile does not fail its own request only: the pipeline step it first
 runs in raises, and every request in the batch fails with it. So a grammar is compiled before it is
@@ -16,8 +16,8 @@ from pathlib import Path
 import llguidance as llg
 import openvino_genai as og
 
-from inference.engines.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
-from inference.engines.library_config import structured_output_config
+from inference.engines.grammar.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
+from inference.engines.library.config import structured_output_config
 
 LLGUIDANCE_FORMATS: dict[str, llg.GrammarFormat] = {"json_schema": "json_schema", "regex": "regex", "ebnf": "ebnf"}
 CHECKER_MODEL = Path(__file__).resolve().parents[1] / "models" / "demo-code" / "draft"

@@ -20,8 +20,8 @@ import numpy as np
 import openvino as ov
 import openvino_tokenizers  # noqa: F401  (registers the tokenizer operations read_model needs)
 
-from inference.engines.grammar import Grammar
-from inference.engines.grammar_compilers import llguidance_grammar
+from inference.engines.grammar.compilers import llguidance_grammar
+from inference.engines.grammar.grammar import Grammar
 
 
 def vocabulary(model_dir: str) -> tuple[list[bytes], list[int]]:

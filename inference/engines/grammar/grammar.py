@@ -1,8 +1,8 @@
 """Output held to a grammar: a JSON schema, a regular expression or an EBNF grammar, applied by
 openvino-genai's structured output (xgrammar inside) to every token the main model chooses on the
 library's pipelines, and by llguidance to the main's and the draft's tokens on the own engine
-(engines/constraint.py). A grammar is accepted only when both compile it (engines/grammar_compilers.py);
-the web side runs that in checker processes, with a time budget (engines/grammar_checks.py).
+(engines/grammar/constraint.py). A grammar is accepted only when both compile it (engines/grammar/compilers.py);
+the web side runs that in checker processes, with a time budget (engines/grammar/checks.py).
 
 This module holds the plain values only, so the web side can name a grammar without loading either compiler.
 """

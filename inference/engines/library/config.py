@@ -6,7 +6,7 @@ from __future__ import annotations
 import openvino_genai as og
 
 from inference.engines.decoding import DecodingParams
-from inference.engines.grammar import FIELDS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
+from inference.engines.grammar.grammar import FIELDS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
 from inference.engines.spec import PairSpec
 
 

@@ -8,7 +8,7 @@ child process (the step process) that does nothing but step it; the worker keeps
 with the same interface. Concurrent generations join the same batch through `add` messages; after
 each step the step process sends every request the tokens it accepted in that step (with a draft:
 the accepted draft run plus the main model's own token) in one message, with the step's duration
-(the worker's live figures of what each K delivers, engines/rates.py, come from it).
+(the worker's live figures of what each K delivers, serving/rates.py, come from it).
 
 The step process ends with its pipeline: when it is closed and drained, or when the worker exits or
 is killed (its end of the socket closes; the step process checks it before every step).
@@ -33,7 +33,7 @@ import openvino_genai as og
 
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import ActiveRequest, Finished, StepTokens
-from inference.engines.library_config import generation_config
+from inference.engines.library.config import generation_config
 from inference.engines.pages import RELEASE_EVERY_S, release_weight_pages
 from inference.engines.spec import PairSpec
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
@@ -51,7 +51,7 @@ def build_pipeline(spec: PairSpec) -> og.ContinuousBatchingPipeline:
     scheduler.cache_size = spec.cache_size_gb
     scheduler.dynamic_split_fuse = not spec.prefill_first
     # A conversation's next turn, or a prompt starting as an earlier one, reads only what the pipeline's KV blocks
-    # lack, as on the own engine (engines/prefix_cache.py); within cache_size_gb. The main alone's only: with a draft,
+    # lack, as on the own engine (own/prefix_cache.py); within cache_size_gb. The main alone's only: with a draft,
     # openvino-genai 2026.4 fails a prompt asked again ("content_length <= prompt_ids.size()", sequence_group.cpp).
     scheduler.enable_prefix_caching = not (spec.uses_draft or spec.uses_prompt_lookup)
     budget = spec.step_budget  # reads the model's config.json
@@ -87,7 +87,7 @@ class LibraryEngine:
         self._stalled_for = 0.0
         started = time.perf_counter()
         # A new interpreter, not fork (the worker runs threads) nor multiprocessing's spawn (it re-runs the
-        # caller's __main__, which breaks unguarded scripts): `python -m inference.engines.library FD`.
+        # caller's __main__, which breaks unguarded scripts): `python -m inference.engines.library.pipeline FD`.
         ours, theirs = socket.socketpair()
         self._process = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
                                          pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)

@@ -1,5 +1,5 @@
 """The exact acceptance rule of speculative sampling (Leviathan et al. 2023, Chen et al. 2023), as the own
-engine (engines/exact.py) applies it to one step's proposals. Nothing else lives here: proposing, the
+engine (engines/own/engine.py) applies it to one step's proposals. Nothing else lives here: proposing, the
 caches, grammars and stop strings are the engine's.
 
 The words used:
@@ -15,7 +15,7 @@ The words used:
 - bonus token: when every proposal is accepted, one more drawn from p at the position after them.
 So a step delivers its accepted tokens and one recovered or bonus token: 1 to K+1 tokens, distributed as the
 main alone's.
-- fixed proposals: tokens proposed without drawing (prompt lookup, engines/ngram.py): q is one-hot on each,
+- fixed proposals: tokens proposed without drawing (prompt lookup, proposers/prompt_lookup.py): q is one-hot on each,
   and the rule reads as accept_fixed says.
 """
 

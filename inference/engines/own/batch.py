@@ -5,12 +5,12 @@ speculating (it verifies its own K+1 tokens and cuts what the main rejected) but
 then cost four inferences a step, where one inference of four rows costs far less on a CPU (the weights are
 read once). So beyond the pair's speculating streams an answer takes a row of a shared batch: its thread calls
 `feed` as it would on its own cache, and one driver thread runs the rows that asked, together. The main alone's
-answers feed one token a step; answers speculating in the batch (DecodingParams.batch_k, exact.py) feed their K+1 to
+answers feed one token a step; answers speculating in the batch (DecodingParams.batch_k, engine.py) feed their K+1 to
 verify to the main's batch and a token at a time to the draft's, a batch of its own.
 
 A row joins with a cache of its own, copied into the batch's: its prompt's, prefilled in its own thread on an infer
 request of its own (chunk by chunk, from the prefix cache: the batch steps on meanwhile), or the cache it has (an
-answer that speculated on its own until more answers came: exact.py). A row leaving keeps its live slots in the
+answer that speculated on its own until more answers came: engine.py). A row leaving keeps its live slots in the
 prefix cache, for the conversation's next turn.
 Rows feeding fewer tokens than others in a step are padded before their tokens with masked slots; tokens the
 main rejected are masked, not cut (the batch's cache is one array for every row); once the cache holds
@@ -34,8 +34,8 @@ from collections.abc import Callable
 import numpy as np
 import openvino as ov
 
-from inference.engines.prefix_cache import PrefixCache, ProgressCallback
-from inference.engines.stepped_model import step_inputs
+from inference.engines.own.prefix_cache import PrefixCache, ProgressCallback
+from inference.engines.own.stepped_model import step_inputs
 
 log = logging.getLogger(__name__)
 GATHER_S = 0.02  # how long a step waits for rows that have not asked yet (their threads emit the last step)
@@ -49,7 +49,7 @@ COMPACT_SLOTS = 64  # dead or padded slots the cache holds beyond its longest ro
 
 
 class BatchRow:
-    """One answer's place in the batch: a KvCache (engines/kv_cache.py), as a KvSequence is."""
+    """One answer's place in the batch: a KvCache (engines/own/kv_cache.py), as a KvSequence is."""
 
     def __init__(self, batch: SharedBatch):
         self.batch = batch

@@ -4,7 +4,7 @@ Per token a draft reads its whole output head: on the real pair's draft (151,936
 ~496 MB it reads, 27%. The answers it drafts use a small part of the vocabulary (pairs/head_vocabulary.py chooses
 which); a head over those rows alone reads a fraction of that. Exactness does not rest on the draft: a token outside
 the rows gets q = 0 and is never proposed, greedy verification keeps the main's own tokens, and the sampling rule
-(engines/acceptance.py) is exact for any q.
+(engines/own/acceptance.py) is exact for any q.
 
 The cut is made on the model read from the IR, before compiling: the logits MatMul's weight subgraph (int8 Constant
 -> Convert -> [Subtract zero point] -> Multiply scale, or f16 Constant -> Convert) is rebuilt from the kept rows of
@@ -21,10 +21,10 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from inference.engines.batch import BatchRow, SharedBatch
-from inference.engines.kv_cache import KvSequence
-from inference.engines.prefix_cache import PrefixCache
-from inference.engines.stepped_model import UnsupportedHead, logits_matmul, read_stepped
+from inference.engines.own.batch import BatchRow, SharedBatch
+from inference.engines.own.kv_cache import KvSequence
+from inference.engines.own.prefix_cache import PrefixCache
+from inference.engines.own.stepped_model import UnsupportedHead, logits_matmul, read_stepped
 
 # What stands between the head's weight constants and its MatMul, rebuilt from new inputs.
 DECOMPRESSION = {
@@ -50,7 +50,7 @@ class DraftHead:
 
 def compile_draft(core: ov.Core, *, draft_dir: str, head_ids: str, device: str, properties: dict
                   ) -> tuple[ov.CompiledModel, DraftHead | None]:
-    """The draft compiled as the own engine steps it (engines/stepped_model.py), its head cut to the ids in the file
+    """The draft compiled as the own engine steps it (engines/own/stepped_model.py), its head cut to the ids in the file
     `head_ids` (whole when "")."""
     model = read_stepped(core, draft_dir)
     head = cut_head(model, load_head_ids(head_ids)) if head_ids else None

@@ -3,14 +3,14 @@
 openvino-genai's verification with a draft is exact only for greedy decoding (docs/exactness.md: at T > 0
 its answers are not drawn from the main model's distribution). Here the draft proposes K tokens sampled
 from its own distribution, the main scores all K+1 positions in one inference, and the exact rule
-(engines/acceptance.py, which names its words) keeps some and adds one token, so the answers follow the
+(engines/own/acceptance.py, which names its words) keeps some and adds one token, so the answers follow the
 main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output. A draft whose head
-keeps part of the vocabulary (engines/draft_head.py) gives rows widened back to all of it, q = 0 outside.
+keeps part of the vocabulary (engines/own/draft_head.py) gives rows widened back to all of it, q = 0 outside.
 
-Rejected tokens leave each model's cache as engines/kv_cache.py says (cut from the main's, masked in the
+Rejected tokens leave each model's cache as engines/own/kv_cache.py says (cut from the main's, masked in the
 draft's); a cache mostly dead is rebuilt once from the live tokens. Each request holds its own pair of
 infer requests and runs in its own thread (OpenVINO releases the GIL while it infers), but the answers of
-the main alone (K=0) share one batched inference a step (engines/batch.py): under load that is the fast way.
+the main alone (K=0) share one batched inference a step (engines/own/batch.py): under load that is the fast way.
 """
 
 from __future__ import annotations
@@ -27,19 +27,19 @@ import llguidance as llg
 import numpy as np
 import openvino as ov
 
-from inference.engines.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
-from inference.engines.batch import BatchRow, SharedBatch
-from inference.engines.constraint import TokenConstraint, load_vocabulary, masked
 from inference.engines.decoding import DecodingParams
-from inference.engines.draft_head import WidenedRow, WidenedSequence, compile_draft
-from inference.engines.drafting import Drafting, Proposal
+from inference.engines.grammar.constraint import TokenConstraint, load_vocabulary, masked
 from inference.engines.interface import ActiveRequest, Finished, PromptRead, StepTokens
-from inference.engines.kv_cache import KvCache, KvSequence
-from inference.engines.ngram import PromptLookup
+from inference.engines.own.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
+from inference.engines.own.batch import BatchRow, SharedBatch
+from inference.engines.own.draft_head import WidenedRow, WidenedSequence, compile_draft
+from inference.engines.own.kv_cache import KvCache, KvSequence
+from inference.engines.own.prefix_cache import PrefixCache, kv_bytes_per_token
+from inference.engines.own.proposers.draft_model import Drafting, Proposal
+from inference.engines.own.proposers.prompt_lookup import PromptLookup
+from inference.engines.own.stepped_model import read_stepped
 from inference.engines.pages import release_freed_heap, release_weight_pages
-from inference.engines.prefix_cache import PrefixCache, kv_bytes_per_token
 from inference.engines.spec import PairSpec
-from inference.engines.stepped_model import read_stepped
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
 from inference.limits import DEFAULT_K, Drafter, FinishReason
 

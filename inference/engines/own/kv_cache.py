@@ -1,6 +1,6 @@
 """The cache seam of the own engine: what exact.Decoding asks of one model's KV cache for one answer, stated
 once (KvCache), and the cache of its own each model holds (KvSequence). The main alone's answers hold a row
-of a shared batch instead (engines/batch.py, BatchRow), behind the same seam.
+of a shared batch instead (engines/own/batch.py, BatchRow), behind the same seam.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Protocol
 import numpy as np
 import openvino as ov
 
-from inference.engines.prefix_cache import PrefixCache, ProgressCallback
-from inference.engines.stepped_model import step_inputs
+from inference.engines.own.prefix_cache import PrefixCache, ProgressCallback
+from inference.engines.own.stepped_model import step_inputs
 
 
 class KvCache(Protocol):
@@ -57,7 +57,7 @@ class KvSequence:
     quantization masked slots moved the real main's next logits by up to 0.2; cutting costs a few ms a
     step). Masked (the draft's): attention mask 0, positions reused; cheaper, and the draft only proposes.
 
-    `compiled` is stepped (engines/stepped_model.py). A draft's sequence is `last_row_only`: it proposes from the
+    `compiled` is stepped (engines/own/stepped_model.py). A draft's sequence is `last_row_only`: it proposes from the
     last fed token's logits, so its head runs for that token alone."""
 
     def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefixCache | None = None, cut_rejected: bool = False,

@@ -6,7 +6,7 @@ language the draft never saw) goes on near the main alone's speed, where a fixed
 the main throws away.
 
 Exactness does not depend on it: whether a step proposes is decided before the step from what came before, and the
-main verifies whatever is proposed by the same rule (engines/acceptance.py).
+main verifies whatever is proposed by the same rule (engines/own/acceptance.py).
 
 The main alone's step is known without timing it while a drafter clearly pays: a verify of K+1 tokens costs at most
 VERIFY_AT_MOST of its steps on the hosts measured, so the quickest verify bounds it. Only a window that does not pay

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import openvino as ov
 
-from inference.engines.stepped_model import step_inputs
+from inference.engines.own.stepped_model import step_inputs
 
 BLOCK_TOKENS = 64  # a block, and a prefill's chunk: short enough that other streams step between two and that a
 # follow-up reads little of the turn before again, long enough that a chunked prefill costs next to a whole one

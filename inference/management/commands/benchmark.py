@@ -12,8 +12,8 @@ from inference.benchmark.peer import PeerServer
 from inference.benchmark.prompts import Prompt, prompts_from_file
 from inference.benchmark.servers import StackError, check_served, local_stack, stack_credentials
 from inference.benchmark.stack import StackTarget, StreamError
-from inference.engines.host import this_host
 from inference.models import ModelPair
+from inference.serving.host import this_host
 from inference.serving.web import chat_prompt
 
 

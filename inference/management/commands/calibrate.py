@@ -1,9 +1,9 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.calibration.runs import execute_calibration
-from inference.engines.host import this_host
 from inference.models import HostCalibration, JobStatus, ModelPair
 from inference.serving.calibrated import summary
+from inference.serving.host import this_host
 
 
 class Command(BaseCommand):

@@ -8,8 +8,8 @@ from django.core.management.base import BaseCommand, CommandError
 from inference.benchmark import modes
 from inference.benchmark.prompts import prompts_from_file
 from inference.benchmark.runs import int_list
-from inference.engines.grammar import Grammar, GrammarError
-from inference.engines.grammar_checks import check
+from inference.engines.grammar.checks import check
+from inference.engines.grammar.grammar import Grammar, GrammarError
 from inference.engines.tokenizer import load_tokenizer
 from inference.models import ModelPair
 from inference.serving.records import pair_spec
@@ -29,7 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("--modes", type=lambda text: tuple(text.split(",")), default=modes.DEFAULT_MODES,
                             help="of exact,fast,fast-f32,own (all four by default), own-whole-head (the own engine, "
                                  "its draft's head whole where the pair cuts it) and own-fixed-k (the own engine, its "
-                                 "drafters proposing every step, paying or not: engines/payoff.py)")
+                                 "drafters proposing every step, paying or not: engines/own/payoff.py)")
         parser.add_argument("--json-schema", type=Path, help="hold every answer to this JSON schema (a file)")
         parser.add_argument("--streams", type=int, default=1, help="answers each line runs at once")
         parser.add_argument("--batch-ks", type=int_list, default=(),

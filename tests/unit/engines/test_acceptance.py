@@ -4,7 +4,7 @@ must be the full sort's, token for token, or sampled answers would leave the mai
 import numpy as np
 import pytest
 
-from inference.engines.acceptance import nucleus
+from inference.engines.own.acceptance import nucleus
 
 
 def full_sort_nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:

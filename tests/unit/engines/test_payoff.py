@@ -1,7 +1,7 @@
 """An answer's drafters sit out while they do not pay for themselves, judged against the main alone's step: bounded by
-the quickest verify while they clearly pay, timed in the same answer when in doubt (engines/payoff.py)."""
+the quickest verify while they clearly pay, timed in the same answer when in doubt (engines/own/payoff.py)."""
 
-from inference.engines.payoff import FIRST_PAUSE, MEASURE_EVERY, PROBE, WINDOW, Payoff
+from inference.engines.own.payoff import FIRST_PAUSE, MEASURE_EVERY, PROBE, WINDOW, Payoff
 from inference.limits import Drafter
 
 ALONE_S = 0.1  # the main alone's step: 10 tokens a second

@@ -1,4 +1,4 @@
-"""The prompt lookup (engines/ngram.py) proposes what followed the history's last tokens where they occur in the
+"""The prompt lookup (engines/own/proposers/prompt_lookup.py) proposes what followed the history's last tokens where they occur in the
 prompt, from an index built once; and the rule for its proposals (accept_fixed) keeps the main's law."""
 
 from collections import Counter
@@ -6,9 +6,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from inference.engines.acceptance import accept, accept_fixed, greedy_accept
 from inference.engines.decoding import Sampling
-from inference.engines.ngram import MIN_NGRAM, PromptLookup
+from inference.engines.own.acceptance import accept, accept_fixed, greedy_accept
+from inference.engines.own.proposers.prompt_lookup import MIN_NGRAM, PromptLookup
 
 
 def scanned(prompt: list[int], history: list[int], *, max_ngram: int, length: int, limit: int) -> list[int]:

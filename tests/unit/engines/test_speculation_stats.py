@@ -47,7 +47,7 @@ def test_each_drafters_proposals_and_acceptance_are_counted_apart():
 
 
 def test_steps_nothing_was_proposed_for_count_apart_from_the_drafts():
-    """The own engine's steps where its drafters sat out (engines/payoff.py) are neither drafts nor rejections."""
+    """The own engine's steps where its drafters sat out (engines/own/payoff.py) are neither drafts nor rejections."""
     stats = SpeculationStats(num_assistant_tokens=3, speculative=True, max_new_tokens=64)
     steps = ((1, None, None), (1, Drafter.DRAFT, 0), (4, Drafter.DRAFT, 3), (1, Drafter.DRAFT, 0), (2, Drafter.NGRAM, 5))
     for at, (n_tokens, drafter, proposed) in enumerate(steps):

@@ -1,7 +1,7 @@
 """A draft step's length per answer: up to the plan's K, what this answer's acceptance pays for at the host's costs
-(engines/step_length.py)."""
+(engines/own/step_length.py)."""
 
-from inference.engines.step_length import PRIOR_WEIGHT, WINDOW, StepLength
+from inference.engines.own.step_length import PRIOR_WEIGHT, WINDOW, StepLength
 
 FLAT = (0.3, 0.93, 0.94, 1.01, 1.06, 1.11, 1.18, 1.26)  # the Zen 5 host: a draft token, verifying 2..8 tokens
 STEEP = (0.4, 1.26, 1.45, 1.76, 2.40, 2.46, 2.85, 2.92)  # the AVX2 host

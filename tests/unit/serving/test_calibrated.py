@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 
 from inference.engines.decoding import DecodingParams
-from inference.engines.host import host_of
 from inference.models import HostCalibration, JobStatus
 from inference.serving import calibrated
 from inference.serving.handover import handover
+from inference.serving.host import host_of
 from inference.serving.reasons import Reason
 from inference.serving.records import pair_spec, planned_decoding
 from inference.serving.speculation import Asked, HostFigures, Load, plan

@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference.engines.rates import StepRates, streams_bucket
+from inference.serving.rates import StepRates, streams_bucket
 
 
 def test_recent_figures_count_by_the_streams_a_step_served_and_fade():

@@ -3,10 +3,10 @@
 
 import pytest
 
-from inference.engines.rates import StepRates
 from inference.limits import SpeculativeMode
 from inference.models import Generation
 from inference.serving.handover import handover
+from inference.serving.rates import StepRates
 from inference.serving.reasons import Reason
 from inference.serving.speculation import Asked, Load, plan
 from tests.unit.serving.planning import ALONE, FAST, LIB, LOOKS, LOOKUP, OWN, OWN_ALONE, OWN_K, PROFILED, live, pair

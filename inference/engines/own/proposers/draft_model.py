@@ -1,6 +1,6 @@
-"""Who proposes a step's tokens on the own engine: the prompt lookup (engines/ngram.py) where the answer's history
-has a match, at no inference, else the draft model, as llama.cpp chains its --spec-type drafters. The main
-verifies either alike (engines/exact.py), so the answer stays the main's.
+"""Who proposes a step's tokens on the own engine: the prompt lookup (proposers/prompt_lookup.py) where the answer's
+history has a match, at no inference, else the draft model, as llama.cpp chains its --spec-type drafters. The main
+verifies either alike (engines/own/engine.py), so the answer stays the main's.
 
 With a stop (`DecodingParams.draft_stop_below`: the planner sets it where the host's calibration measured the Ks
 with it) the draft proposes up to K tokens and stops at the first it gives a probability below it: that token is
@@ -10,8 +10,8 @@ stops is the draft's own business, decided before the main sees anything, so the
 
 The draft's cache follows the answer lazily: the tokens it has not seen (those of the lookup's steps, the last
 accepted proposal, the steps it sat out) wait in a backlog and are fed in one inference the next time it proposes.
-Each drafter proposes only while it pays for itself in this answer (engines/payoff.py), and the draft, given the
-host's costs, no more tokens a step than this answer's acceptance pays for (engines/step_length.py).
+Each drafter proposes only while it pays for itself in this answer (engines/own/payoff.py), and the draft, given the
+host's costs, no more tokens a step than this answer's acceptance pays for (engines/own/step_length.py).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from inference.engines.acceptance import draw, probabilities
-from inference.engines.batch import BatchRow
-from inference.engines.constraint import TokenConstraint, masked
 from inference.engines.decoding import DecodingParams
-from inference.engines.kv_cache import KvCache, KvSequence
-from inference.engines.ngram import PromptLookup
-from inference.engines.payoff import Payoff
-from inference.engines.step_length import StepLength
+from inference.engines.grammar.constraint import TokenConstraint, masked
+from inference.engines.own.acceptance import draw, probabilities
+from inference.engines.own.batch import BatchRow
+from inference.engines.own.kv_cache import KvCache, KvSequence
+from inference.engines.own.payoff import Payoff
+from inference.engines.own.proposers.prompt_lookup import PromptLookup
+from inference.engines.own.step_length import StepLength
 from inference.limits import Drafter
 
 
@@ -76,7 +76,7 @@ class Drafting:
                verify_seconds: float) -> None:
         """After the main's verdict: what the draft must be fed next step, the history the lookup reads, and what
         the step delivered in the `seconds` it took, proposing included, `verify_seconds` of them the main's
-        (engines/payoff.py)."""
+        (engines/own/payoff.py)."""
         tokens = proposal.tokens
         # A step the draft held back its first token in cost a draft inference: the draft's step, not the main alone's
         self.payoff.record(proposal.drafter if tokens or proposal.held_back else None, tokens=accepted + 1,
@@ -103,7 +103,7 @@ class Drafting:
         self.draft.close()
 
     def into_batch(self, row: BatchRow) -> None:
-        """The answer speculates in the batch from now on (exact.py): its draft a row of the draft's batch, the
+        """The answer speculates in the batch from now on (own/engine.py): its draft a row of the draft's batch, the
         cache it had copied in, proposing K tokens every step, so that the rows ask each batch together (a lookup's
         step, a stop or a drafter sitting out would send one row to the main while the others draft)."""
         assert isinstance(self.draft, KvSequence)

@@ -1,9 +1,9 @@
 """Prompt lookup: proposals that cost no inference, read off the prompt (the conversation so far, in a chat).
 
 Code-editing answers copy long runs of their prompt: where the answer's last few tokens occur in the prompt, the
-tokens that follow them there are a good guess of what follows now. The own engine (engines/drafting.py) tries
+tokens that follow them there are a good guess of what follows now. The own engine (proposers/draft_model.py) tries
 this first and asks its draft model only where the lookup has nothing; the main verifies either alike, so the
-answer stays the main's (a lookup's proposal is a draft whose q is one-hot: engines/acceptance.py, accept_fixed).
+answer stays the main's (a lookup's proposal is a draft whose q is one-hot: engines/own/acceptance.py, accept_fixed).
 
 Only the prompt is looked up, not the answer's own earlier tokens: on the real pair such matches (a phrase said
 twice, a variable named again) were kept for 0.7-1.5 tokens a step, too few to pay for the longer verification
