@@ -17,10 +17,10 @@ import llguidance as llg
 import openvino_genai as og
 
 from inference.engines.grammar.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
-from inference.engines.library.config import structured_output_config
+from inference.engines.grammar.structured_output import structured_output_config
 
 LLGUIDANCE_FORMATS: dict[str, llg.GrammarFormat] = {"json_schema": "json_schema", "regex": "regex", "ebnf": "ebnf"}
-CHECKER_MODEL = Path(__file__).resolve().parents[1] / "models" / "demo-code" / "draft"
+CHECKER_MODEL = Path(__file__).resolve().parents[2] / "models" / "demo-code" / "draft"
 
 
 def checker_pipeline() -> og.LLMPipeline:

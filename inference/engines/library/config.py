@@ -1,22 +1,14 @@
-"""A request's settings in openvino-genai's terms: the GenerationConfig a pipeline takes, with its
-structured output. The web side builds one only to ask the library whether it would refuse the settings."""
+"""A request's settings in openvino-genai's terms: the GenerationConfig a pipeline takes, with its structured output
+(engines/grammar/structured_output.py). The web side builds one only to ask the library whether it would refuse the
+settings."""
 
 from __future__ import annotations
 
 import openvino_genai as og
 
 from inference.engines.decoding import DecodingParams
-from inference.engines.grammar.grammar import FIELDS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Grammar
+from inference.engines.grammar.structured_output import structured_output_config
 from inference.engines.spec import PairSpec
-
-
-def structured_output_config(grammar: Grammar) -> og.StructuredOutputConfig:
-    if grammar.kind == "tool_call":
-        parts = og.StructuredOutputConfig
-        call = parts.Concat(parts.ConstString(TOOL_CALL_OPEN), parts.JSONSchema(grammar.text),
-                            parts.ConstString(TOOL_CALL_CLOSE))
-        return og.StructuredOutputConfig(compound_grammar=call)
-    return og.StructuredOutputConfig(**{FIELDS[grammar.kind]: grammar.text})
 
 
 def generation_config(params: DecodingParams, spec: PairSpec) -> og.GenerationConfig:
