@@ -73,7 +73,7 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into its refusal page
 ]
 # The REST API authenticates by key and keeps no session: it skips the browser's middleware, each of
-# which costs two thread hops per request under ASGI (~4 ms of every API call measured here).
+# which costs two thread hops per request under ASGI (docs/architecture.md#what-the-settings-save).
 API_PATH_PREFIXES = ("/v1/", "/v3/", "/health", "/metrics")
 API_MIDDLEWARE = ["django.middleware.security.SecurityMiddleware"]
 
@@ -98,15 +98,15 @@ VAR_DIR = Path(os.environ.get("SPECCHAT_VAR_DIR", BASE_DIR / "var"))
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
-        # Kept open between requests and tasks: a new connection per task cost ~3 ms of every answer's
-        # time to first token here (more on PostgreSQL). Checked before reuse, so a restart is survived.
+        # Kept open between requests and tasks: a new connection per task is on every answer's path to its first
+        # token (docs/architecture.md#what-the-settings-save). Checked before reuse, so a restart is survived.
         conn_max_age=env_int("CONN_MAX_AGE", 60),
         conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Write-ahead log: the web and the worker read while the other writes, and a commit is not an fsync
-    # (each answer commits several times before its first token; a commit cost ~1 ms of disk wait here).
+    # (each answer commits several times before its first token: docs/architecture.md#what-the-settings-save).
     DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = (
         "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
 if os.environ.get("DATABASE_TEST_NAME"):
@@ -157,7 +157,9 @@ MODELS_ROOT = Path(os.environ.get("SPECCHAT_MODELS_ROOT", BASE_DIR / "inference"
 # Downloads kept between clones (the real pairs' checked GGUF files), never in git.
 CACHE_DIR = Path(os.environ.get("SPECCHAT_CACHE_DIR", Path.home() / ".cache" / "specchat"))
 DEMO_PAIR_DIR = "demo-code"
-STREAM_FLUSH_MS = env_int("SPECCHAT_STREAM_FLUSH_MS", 40)  # batch accepted tokens for this long
+# Not a setting: a worker batches an answer's accepted tokens for this long into one Redis write, so a reader is
+# woken a few times a second at most rather than at every step, well under what a reader can tell from a stream.
+STREAM_FLUSH_MS = 40
 STREAM_TTL_S = env_int("SPECCHAT_STREAM_TTL_S", 3600)  # a finished answer can be re-read this long
 WORKER_HEARTBEAT_S = env_int("SPECCHAT_WORKER_HEARTBEAT_S", 2)
 WORKER_HEARTBEAT_TTL_S = env_int("SPECCHAT_WORKER_HEARTBEAT_TTL_S", 10)
@@ -211,8 +213,9 @@ CALIBRATION_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_KS",
 # Larger Ks, measured with the draft stopping where it is unsure (calibration/measure.py, DRAFT_STOP_BELOW).
 CALIBRATION_STOPPED_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_STOPPED_KS", "6,8").split(",") if k)
 # The Ks answers beyond the pair's speculating streams are measured at, four at once in the own engine's batch: off
-# by default (docs/speculation.md#speculating-in-the-batch: 1.04-1.13x the batched main alone at four on the Intel host,
-# its answers parting at near-ties), so that under load the main alone's batch serves unless an operator asks.
+# by default, as under the CPU's dynamic quantization those answers part from the main alone's at near-ties
+# (docs/speculation.md#speculating-in-the-batch), so that under load the main alone's batch serves unless an operator
+# asks.
 CALIBRATION_BATCH_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_BATCH_KS", "").split(",") if k)
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin
 CONTROL_QUEUE = "control"  # Celery queue of jobs tied to no pair (imports): consumed by a worker with the train extra

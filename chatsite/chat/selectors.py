@@ -123,8 +123,8 @@ def host_figures(*, pair: ModelPair, workers: list[dict]) -> dict:
 
 def _main_alone_lately(*, pair: ModelPair, last: int = 20) -> float:
     """The median tokens/s after the first token of the pair's last answers written by the main alone (0 without
-    any): a calibration timed while the host was busy understates the main alone (7.9 tok/s calibrated against
-    12.4 written, on the AMD EPYC host), and an answer would be said faster than it was."""
+    any): a calibration timed while the host was busy understates the main alone, and an answer would be said faster
+    than it was (docs/calibration.md#what-it-changes)."""
     answers = Generation.objects.filter(
         pair=pair, status=Generation.Status.FINISHED, completion_tokens__gte=16, ttft_ms__isnull=False,
         duration_ms__isnull=False, speculative_route__in=[route for route in Route if route.is_main_alone()],

@@ -13,12 +13,12 @@
    (LONG_CONTEXT tokens, a pasted file, read once and kept in the prefix caches, as in a conversation's follow-ups):
    the K long answers get, or 0 where the main alone was faster there, and which main alone runs them faster.
 
-Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift (these VMs move
-by 2x within minutes) falls on every line alike; the figures are the rounds' sums. From them: the K a lone
-answer gets (0: speculation does not pay on this host, the main alone serves), and the K answers beyond the pair's
-speculating streams get in the batch (0: the main alone's batch, where no K beat it and the library's main alone).
-Prompts are the pair's own where it keeps them (CALIBRATION_PROMPTS), else the repository's held-out ones, through
-the pair's chat template."""
+Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift
+(docs/calibration.md#what-a-calibration-measures) falls on every line alike; the figures are the rounds' sums. From
+them: the K a lone answer gets (0: speculation does not pay on this host, the main alone serves), and the K answers
+beyond the pair's speculating streams get in the batch (0: the main alone's batch, where no K beat it and the
+library's main alone). Prompts are the pair's own where it keeps them (CALIBRATION_PROMPTS), else the repository's
+held-out ones, through the pair's chat template."""
 
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ from inference.serving.registry import build_engine
 Progress = Callable[[int, int, str], None]
 # The main alone leaves the own engine's batch for the library's pipeline (a second copy of its weights) only
 # where the library's was this much faster (beyond a run's spread), and its first tokens came no later: at four
-# streams the library prefills every prompt before it decodes, and on the AVX2 host its 1.06x came with first tokens
-# at 11.3 s against the own batch's 5.8 s through the stack (docs/calibration.md).
+# streams the library prefills every prompt before it decodes, so a little more tokens/s can come with first tokens
+# twice as late (docs/calibration.md#what-a-calibration-measures).
 LIBRARY_MARGIN = 1.05
 # A configuration this far behind the fastest after a round, at one stream and at several, is not measured again: its
-# rounds go to the own engine's lines (on the Intel host f32, f16 and bf16 ran at 0.5-0.7x f32 with int8 activations,
-# and measuring them twice left the Ks one round of one prompt within the budget).
+# rounds go to the own engine's lines (measuring the slow configurations twice left the Ks too little of the budget:
+# docs/calibration.md#what-a-calibration-measures).
 FAR_BEHIND = 0.8
 # The larger Ks run with the draft holding back a token it gives a probability below this
 # (engines/own/proposers/draft_model.py): where verifying many tokens costs little more than one, a long step pays when

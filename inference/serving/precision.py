@@ -1,7 +1,6 @@
 """The precision configurations a main can run in on a device, as PairSpec fields.
 
-Which one is fastest depends on the host, not on the pair: on an Intel Xeon or AMD Zen 5 the CPU's default
-(bf16) was 1.5x slower than f32 with dynamic int8 activations, on AVX2 hosts the default is f32 already
+Which one is fastest depends on the host, not on the pair: the CPU's default precision is not the fastest everywhere
 (docs/calibration.md). So a host's calibration measures each configuration its device offers, and the main
 alone serves in the fastest one; speculation on the library's pipeline stays in the exact one (`f32`)."""
 

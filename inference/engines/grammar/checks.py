@@ -164,7 +164,7 @@ class CheckerPool:
         with self._lock:
             own_turn = self._requesters[requester]
         # A requester's grammars queue at most one budget behind each other, and none waits for the checker its last
-        # one cost to start again: refused at once instead, in words that say why (they waited 2.8, 5.3 and 8.0 s).
+        # one cost to start again: refused at once instead, in words that say why (docs/security.md#limits).
         if not own_turn.acquire(timeout=budget_s):
             raise GrammarCheckBusy(ONE_AT_A_TIME)
         try:
@@ -234,7 +234,7 @@ class CheckerPool:
 def _await_verdict(checker: Checker, *, budget_s: float) -> None:
     """Returns once the checker has answered; TimeoutError once it has spent `budget_s` of CPU time on the
     grammar. CPU time, not wall time: on a host whose workers keep every core busy, the checker (niced) gets a
-    fraction of a core, and a schema that compiles in 50 ms there was refused as hostile. Wall time is still
+    fraction of a core, and quick schemas were refused as hostile (docs/security.md#limits). Wall time is still
     bounded, at WALL_BUDGETS budgets."""
     cpu_at_start, started = _cpu_seconds(checker.process.pid), time.monotonic()
     while not checker.conn.poll(CPU_POLL_S):

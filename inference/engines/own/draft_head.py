@@ -1,10 +1,10 @@
 """The draft's output head cut to a sub-vocabulary when the own engine loads it: a cheaper draft, still exact.
 
-Per token a draft reads its whole output head: on the real pair's draft (151,936 rows of 896, int8) 136 MB of the
-~496 MB it reads, 27%. The answers it drafts use a small part of the vocabulary (pairs/head_vocabulary.py chooses
-which); a head over those rows alone reads a fraction of that. Exactness does not rest on the draft: a token outside
-the rows gets q = 0 and is never proposed, greedy verification keeps the main's own tokens, and the sampling rule
-(engines/own/acceptance.py) is exact for any q.
+Per token a draft reads its whole output head, on a large vocabulary a good share of what it reads
+(docs/benchmark.md#the-drafts-head). The answers it drafts use a small part of the vocabulary
+(pairs/head_vocabulary.py chooses which); a head over those rows alone reads a fraction of that. Exactness does not
+rest on the draft: a token outside the rows gets q = 0 and is never proposed, greedy verification keeps the main's
+own tokens, and the sampling rule (engines/own/acceptance.py) is exact for any q.
 
 The cut is made on the model read from the IR, before compiling: the logits MatMul's weight subgraph (int8 Constant
 -> Convert -> [Subtract zero point] -> Multiply scale, or f16 Constant -> Convert) is rebuilt from the kept rows of

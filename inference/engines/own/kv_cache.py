@@ -95,7 +95,7 @@ class KvSequence:
             length = len(self.mask)
             for state in self.request.query_state():  # [batch, kv heads, sequence, head size] per layer and K/V
                 # A region of the state's own tensor: one copy (the plugin's), where a numpy slice made two more; the
-                # cut's cost grows with the context (the real main at 2,000 tokens: 32 ms against 83)
+                # cut's cost grows with the context (docs/benchmark.md#a-long-conversation)
                 cache = state.state
                 end = list(cache.shape)
                 end[2] = length - n

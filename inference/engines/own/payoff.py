@@ -28,12 +28,12 @@ FIRST_PAUSE = 8  # tokens a drafter sits out the first time it does not pay (a p
 MAX_PAUSE = 256  # each pause in a row doubles, up to this
 ALONE_STEPS_KEPT = 8  # the main alone's one-token steps whose median is its time a token
 MEASURE_EVERY = 128  # tokens after which the main alone's time is measured again before it decides
-# A verify of K+1 tokens against one token of the main alone, at most: 1.0-1.2x at K=3 on the AVX-512 hosts, 1.45x on
-# AVX2 (docs/calibration.md, docs/speculation-exactness-and-cost in the team's notes).
+# A verify of K+1 tokens against one token of the main alone, at most: above what the hosts' calibrations measured at
+# the Ks served, AVX2's steep verify curves included (docs/calibration.md#figures).
 VERIFY_AT_MOST = 1.5
 # A window this far below the main alone's speed has collapsed. Closer, the drafter goes on: a few steps' times on a
-# shared host move more than that, and a poor stretch is often followed by a good one (greedy chat requests on the
-# real pair: sitting out every window below the main alone lost 2% against a fixed K, docs/speculation.md).
+# shared host move more than that, and a poor stretch is often followed by a good one (sitting out every window below
+# the main alone lost against a fixed K on greedy chat: docs/speculation.md#drafters-that-do-not-pay).
 COLLAPSED = 0.9
 
 

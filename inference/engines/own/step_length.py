@@ -4,9 +4,8 @@ acceptance so far says delivers the most tokens a second at the host's costs.
 A K fits the draft's acceptance a: a step of K proposals delivers (1 - a^(K+1)) / (1 - a) tokens on average and costs
 K draft tokens and a verify of K+1 (the host's calibration times both, as shares of one main token). The plan's K is
 the best for the requests it was measured on; an answer the draft guesses poorly (a language or a temperature it
-knows little of) is better served by shorter steps: in a replay of the main's greedy answers priced at the Zen 5
-host's costs, 1.31x the main alone against K=4's 1.05x on off-domain requests, within 1.5% of the fixed K on chat and
-code edits (docs/speculation.md#a-k-per-answer). Where the draft stops at a token it is unsure of (`draft_stop_below`)
+knows little of) is better served by shorter steps, while on the requests the plan's K was measured on the two come
+out level (docs/speculation.md#a-k-per-answer). Where the draft stops at a token it is unsure of (`draft_stop_below`)
 its steps are shortened by its own confidence already, and the plan's K stands.
 
 Exact like every other step-length rule: the K is decided before the step from what the answer delivered before it.

@@ -17,8 +17,9 @@ MIN_NGRAM = 2  # a single token recurs too often to say anything about what foll
 # needs three. After a 2,000-token file, two-token matches made the lookup a third of an answer's proposals, mostly
 # refused (docs/speculation.md#long-conversations).
 LONG_PROMPT = 1024
-# Tokens proposed at most: on the real pair 8 beat 4 and 16 (the AVX-512 host: verifying 9 tokens costs the main
-# ~1.5x one, 17 ~2x), and a copied run often outlasts 8 (docs/speculation.md).
+# Tokens proposed at most: on the real pair 8 beat 4 and 16 (verifying many more tokens costs the main more than a
+# copied run usually gives back), and a copied run often outlasts 8
+# (docs/benchmark.md#prompt-lookup-chained-before-the-draft).
 LOOKUP_TOKENS = 8
 
 
