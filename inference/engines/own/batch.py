@@ -121,20 +121,28 @@ class BatchRow:
 
 
 class SharedBatch:
-    """The rows of one compiled main, stepped by one driver thread, started with the first row."""
+    """The rows of one compiled main, stepped by one driver thread, started with the first row: the driver gathers the
+    rows that asked, and its cache (BatchCache) joins, steps, packs and cuts them."""
 
     def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefixCache, last_row_only: bool = False):
         self.prompts = prompts
-        self.last_row_only = last_row_only  # a draft's batch: each row proposes from its last token's logits
         self.compiled = compiled
-        self.step_request = compiled.create_infer_request()
+        self.cache = BatchCache(compiled.create_infer_request(), prompts=prompts, last_row_only=last_row_only)
         self._prefill_requests: list[ov.InferRequest] = []  # idle ones, for the next rows' prefills
-        self.rows: list[BatchRow] = []  # in the cache's batch order
-        self.mask = np.zeros((0, 0), dtype=np.int64)  # [rows, slots]: 1 where a row attends
         self._asked: list[BatchRow] = []
         self._leaving: list[BatchRow] = []
         self._changed = threading.Condition()
         self._driver: threading.Thread | None = None
+
+    @property
+    def rows(self) -> list[BatchRow]:
+        """The rows in the cache's batch order."""
+        return self.cache.rows
+
+    @property
+    def mask(self) -> np.ndarray:
+        """[rows, slots]: 1 where a row attends."""
+        return self.cache.mask
 
     def row(self) -> BatchRow:
         return BatchRow(self)
@@ -183,9 +191,9 @@ class SharedBatch:
                 leaving, self._leaving = self._leaving, []
             try:
                 for row in leaving:
-                    self._remove(row)
-                self._mask_rejected([row for row in asked if row.joined])
-                self._pack_if_sparse()
+                    self.cache.remove(row)
+                self.cache.mask_rejected([row for row in asked if row.joined])
+                self.cache.pack_if_sparse()
             except Exception as exc:
                 log.exception("a row could not leave the batch")
                 self._reset(exc, waiting=asked)
@@ -196,9 +204,9 @@ class SharedBatch:
             joining = [row for row in asked if not row.joined]
             stepping = [row for row in asked if row.joined]
             for row in joining:
-                self._answer([row], self._join)
+                self._answer([row], self.cache.join)
             if stepping:
-                self._answer(stepping, self._step)
+                self._answer(stepping, self.cache.step)
 
     def _answer(self, rows: list[BatchRow], run: Callable[[list[BatchRow]], list[np.ndarray]]) -> None:
         """Each row's logits from `run(rows)`, or the exception it raised: the answers fail, the batch goes on."""
@@ -221,10 +229,26 @@ class SharedBatch:
         for row in {*self.rows, *waiting}:
             row.failed = exc
         self._wake(waiting, [exc] * len(waiting))
-        self.rows, self.mask = [], np.zeros((0, 0), dtype=np.int64)
-        self.step_request.reset_state()
+        self.cache.reset()
 
-    def _join(self, rows: list[BatchRow]) -> list[np.ndarray]:
+
+class BatchCache:
+    """The batch's keys and values: one infer request's states [rows, kv heads, slots, head size], its rows in their
+    batch order and the slots each attends (`mask`). Only the batch's driver thread changes it."""
+
+    def __init__(self, request: ov.InferRequest, *, prompts: PrefixCache, last_row_only: bool):
+        self.request = request
+        self.prompts = prompts  # where a leaving row's live slots are kept
+        self.last_row_only = last_row_only  # a draft's batch: each row proposes from its last token's logits
+        self.rows: list[BatchRow] = []  # in the cache's batch order
+        self.mask = np.zeros((0, 0), dtype=np.int64)  # [rows, slots]: 1 where a row attends
+
+    def reset(self) -> None:
+        """No row left, no slot (the batch's answers failed: SharedBatch._reset)."""
+        self.rows, self.mask = [], np.zeros((0, 0), dtype=np.int64)
+        self.request.reset_state()
+
+    def join(self, rows: list[BatchRow]) -> list[np.ndarray]:
         """Copy the row's cache into the batch's as a new row."""
         [row] = rows
         own = row.cache
@@ -232,11 +256,11 @@ class SharedBatch:
         n = next(iter(own.values())).shape[2]
         width = max(self.mask.shape[1], n)
         if self.rows:
-            for state in self.step_request.query_state():
+            for state in self.request.query_state():
                 state.state = ov.Tensor(np.concatenate([_padded(state.state.data, width),
                                                         _padded(own[state.name], width)]))
         else:
-            for state in self.step_request.query_state():
+            for state in self.request.query_state():
                 state.state = ov.Tensor(np.ascontiguousarray(own[state.name]))
         row.cache = None
         mask = np.zeros((len(self.rows) + 1, width), dtype=np.int64)
@@ -247,7 +271,7 @@ class SharedBatch:
         row.joined, row.position, row.slots = True, n, list(range(n))
         return [np.zeros((1, 0), dtype=np.float32)]
 
-    def _step(self, stepping: list[BatchRow]) -> list[np.ndarray]:
+    def step(self, stepping: list[BatchRow]) -> list[np.ndarray]:
         """One inference for every row: each that asked feeds its tokens, after masked slots where others feed
         more; a row that did not ask takes masked slots."""
         n = max(len(row.tokens) for row in stepping)
@@ -263,9 +287,9 @@ class SharedBatch:
                 positions[index, n - fed:] = np.arange(row.position, row.position + fed)
                 columns[index, n - fed:] = 1
         mask = np.concatenate([self.mask, columns], axis=1)
-        self.step_request.infer(step_inputs(tokens, positions=positions, attention_mask=mask,
-                                            rows=1 if self.last_row_only else n))
-        logits = self.step_request.get_output_tensor(0).data
+        self.request.infer(step_inputs(tokens, positions=positions, attention_mask=mask,
+                                       rows=1 if self.last_row_only else n))
+        logits = self.request.get_output_tensor(0).data
         self.mask = mask  # a failed inference appended no slot
         answers = []
         for row in stepping:
@@ -276,7 +300,7 @@ class SharedBatch:
             answers.append(logits[self.rows.index(row), first:].copy())
         return answers
 
-    def _mask_rejected(self, rows: list[BatchRow]) -> None:
+    def mask_rejected(self, rows: list[BatchRow]) -> None:
         """The slots of tokens the main rejected, masked from now on."""
         for row in rows:
             if row.rejected:
@@ -284,14 +308,14 @@ class SharedBatch:
                 del row.slots[-row.rejected:]
                 row.rejected = 0
 
-    def _pack_if_sparse(self) -> None:
+    def pack_if_sparse(self) -> None:
         """Each row's live slots packed to the front of the cache, once it holds COMPACT_SLOTS more than its
         longest row's (the rest: rejected tokens, padding)."""
         live = self.mask.sum(axis=1)
         if not self.rows or self.mask.shape[1] - int(live.max()) < COMPACT_SLOTS:
             return
         width = int(live.max())
-        for state in self.step_request.query_state():  # [batch, kv heads, slots, head size]
+        for state in self.request.query_state():  # [batch, kv heads, slots, head size]
             data = state.state.data
             packed = np.zeros((*data.shape[:2], width, data.shape[3]), data.dtype)
             for index, row in enumerate(self.rows):
@@ -301,20 +325,20 @@ class SharedBatch:
         for row in self.rows:
             row.slots = list(range(len(row.slots)))
 
-    def _remove(self, row: BatchRow) -> None:
+    def remove(self, row: BatchRow) -> None:
         """Cut the row out of the cache, and the slots no row left attends to."""
         index = self.rows.index(row)
         if row.keep_ids:
             self.prompts.keep(row.keep_ids, {state.name: state.state.data[index][None][:, :, row.slots]
-                                             for state in self.step_request.query_state()})
+                                             for state in self.request.query_state()})
         del self.rows[index]
         if not self.rows:
-            self.step_request.reset_state()
+            self.request.reset_state()
             self.mask = np.zeros((0, 0), dtype=np.int64)
             return
         mask = np.delete(self.mask, index, axis=0)
         kept = np.flatnonzero(mask.any(axis=0))
-        for state in self.step_request.query_state():  # [batch, kv heads, slots, head size]
+        for state in self.request.query_state():  # [batch, kv heads, slots, head size]
             data = np.delete(state.state.data, index, axis=0)
             state.state = ov.Tensor(np.ascontiguousarray(data[:, :, kept]))
         self.mask = mask[:, kept]
