@@ -23,7 +23,7 @@ from inference.engines.own import batch
 from inference.engines.own.engine import OwnEngine
 from inference.engines.own.kv_cache import KvSequence
 from inference.engines.own.payoff import WINDOW
-from inference.engines.own.proposers.draft_model import Drafting
+from inference.engines.own.proposers.chain import Drafting
 from inference.engines.own.proposers.prompt_lookup import PromptLookup
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter
@@ -301,8 +301,8 @@ def test_the_draft_is_fed_every_token_of_the_answer_once_whatever_proposed_it():
         answer += expected[:accepted + 1]
         seen.add((proposal.drafter, "all" if accepted == len(proposal.tokens) else "some" if accepted else "none"))
     assert {(Drafter.NGRAM, "all"), (Drafter.NGRAM, "some"), (Drafter.DRAFT, "some"), (Drafter.DRAFT, "none")} <= seen, seen
-    logits = drafting.draft.feed([*drafting.backlog, answer[-1]])[-1]
-    assert drafting.draft.position == len(history) + len(answer)
+    logits = drafting.draft.cache.feed([*drafting.draft.backlog, answer[-1]])[-1]
+    assert drafting.draft.cache.position == len(history) + len(answer)
     assert np.allclose(logits, KvSequence(engine.draft).feed(history + answer)[-1], atol=1e-3)
 
 

@@ -12,7 +12,7 @@ events), `text_assembler`, `speculation_stats`, `devices` (openvino loads when i
 - `own/`: the own engine (`engine`), exact speculative sampling on the OpenVINO runtime (the library's is not exact),
   by the rule in `acceptance`, on the caches `kv_cache` states (and `batch`, its main alone batched; `prefix_cache`,
   blocks kept across answers); `own/proposers/` says who proposes a step's tokens, behind one contract
-  (`proposers/interface.py`): the prompt lookup (`prompt_lookup`) first, the draft (`draft_model`) where it has
-  nothing.
+  (`proposers/interface.py`), chained (`proposers/chain.py`): the prompt lookup (`prompt_lookup`) first, the draft
+  (`draft_model`) where it has nothing.
 - `grammar/`: a grammar as a value (`grammar`, the web side's too), its compilers and the web's checker processes
   (`compilers`, `checks`), and the own engine's token masks (`constraint`)."""

@@ -35,7 +35,8 @@ from inference.engines.own.batch import BatchRow, SharedBatch
 from inference.engines.own.draft_head import WidenedRow, WidenedSequence, compile_draft
 from inference.engines.own.kv_cache import KvCache, KvSequence
 from inference.engines.own.prefix_cache import PrefixCache, kv_bytes_per_token
-from inference.engines.own.proposers.draft_model import Drafting, Proposal
+from inference.engines.own.proposers.chain import Drafting
+from inference.engines.own.proposers.interface import Proposal
 from inference.engines.own.proposers.prompt_lookup import PromptLookup
 from inference.engines.own.stepped_model import read_stepped
 from inference.engines.pages import release_freed_heap, release_weight_pages
@@ -242,13 +243,13 @@ class Decoding:
         finally:
             self.main.close(keep_ids=kept)
             if self.drafting:
-                self.drafting.draft.close(keep_ids=kept)
+                self.drafting.draft.cache.close(keep_ids=kept)
 
     def catch_up_draft(self) -> None:
         """After the answer is out: the draft left out of it reads the conversation so far, for the next turn."""
         if self.behind is not None and self.emitted:
             self.behind.prefill(self.prompt_ids + self.emitted[:-1])
-            self.behind.draft.close()
+            self.behind.draft.cache.close()
 
     def _draft_missing(self) -> int:
         return len(self.prompt_ids) - self.engine.draft_prompts.cached_tokens(self.prompt_ids)
@@ -378,5 +379,6 @@ class Decoding:
         live = self.prompt_ids + self.emitted[:-1]  # the last emitted token is fed at the next step
         if self.main.dead >= COMPACT_MIN_DEAD and self.main.dead > self.main.position:
             self.main.rebuild(live)
-        if self.drafting and (draft := self.drafting.draft).dead >= COMPACT_MIN_DEAD and draft.dead > draft.position:
-            self.drafting.rebuild(live)
+        drafting = self.drafting
+        if drafting and (draft := drafting.draft.cache).dead >= COMPACT_MIN_DEAD and draft.dead > draft.position:
+            drafting.rebuild(live)

@@ -1,7 +1,7 @@
 """Prompt lookup: proposals that cost no inference, read off the prompt (the conversation so far, in a chat).
 
 Code-editing answers copy long runs of their prompt: where the answer's last few tokens occur in the prompt, the
-tokens that follow them there are a good guess of what follows now. The own engine (proposers/draft_model.py) tries
+tokens that follow them there are a good guess of what follows now. The own engine (proposers/chain.py) tries
 this first and asks its draft model only where the lookup has nothing; the main verifies either alike, so the
 answer stays the main's (a lookup's proposal is a draft whose q is one-hot: engines/own/acceptance.py, accept_fixed).
 
@@ -11,6 +11,16 @@ and for feeding the draft what it skipped, where matches in the prompt were kept
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from inference.engines.own.proposers.interface import Proposal
+from inference.limits import Drafter
+
+if TYPE_CHECKING:
+    from inference.engines.grammar.constraint import TokenConstraint  # llguidance: loaded by the engine, not here
 
 MIN_NGRAM = 2  # a single token recurs too often to say anything about what follows it
 # From this many prompt tokens (a pasted file, a long conversation) two tokens recur by chance too often: a match
@@ -50,3 +60,31 @@ class PromptLookup:
             if len(history) > n and (start := self.follows.get(tuple(history[-n:]))) is not None:
                 return history[start:start + min(limit, self.length)]
         return []
+
+
+class LookupProposer:
+    """The prompt lookup as an answer's proposer (proposers/interface.py): its proposals cut before the first token
+    the grammar refuses (the grammar's state follows them), its history extended by what the main kept."""
+
+    def __init__(self, lookup: PromptLookup, constraint: TokenConstraint | None):
+        self.lookup, self.constraint = lookup, constraint
+
+    def extend(self, tokens: list[int]) -> None:
+        self.lookup.extend(tokens)
+
+    def propose(self, limit: int, *, last: int) -> Proposal:
+        tokens = self.lookup.propose(limit)
+        if self.constraint is None:
+            return Proposal(tokens, Drafter.NGRAM, [], [])
+        kept: list[int] = []
+        masks: list[np.ndarray] = []
+        for token in tokens:
+            if self.constraint.ended or not (allowed := self.constraint.allowed())[token]:
+                break
+            masks.append(allowed)
+            self.constraint.take(token)
+            kept.append(token)
+        return Proposal(kept, Drafter.NGRAM, [], masks)
+
+    def settle(self, proposal: Proposal, *, last: int, accepted: int, token: int) -> None:
+        self.lookup.extend([*proposal.tokens[:accepted], token])
