@@ -55,7 +55,7 @@ class FinishReason(StrEnum):
 
 
 class Route(StrEnum):
-    """Which engine serves an answer, and how: the one name every decision asks (serving/speculation.py plans
+    """Which engine serves an answer, and how: the one name every decision asks (serving/planning plans
     it, serving/records.py builds its engine's spec), in the style of SGLang's SpeculativeAlgorithm."""
 
     LIBRARY_SPECULATIVE = "library-speculative"  # openvino-genai's pipeline verifying the draft's tokens

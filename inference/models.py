@@ -229,7 +229,7 @@ class Generation(models.Model):
                                          "or own-main-alone (limits.Route).")
     speculative_reason_codes = models.JSONField(default=list, blank=True,
                                                 help_text="The codes the reason's sentence is made from "
-                                                          "(serving/speculation.py, Reason).")
+                                                          "(serving/reasons.py, Reason).")
     error = models.TextField(blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0, help_text="prompt tokens found in the prefix cache")

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from inference.models import Generation
-from inference.serving.speculation import LIVE_MARGIN
+from inference.serving.planning.choice import LIVE_MARGIN
 from inference.serving.web import chat_prompt
 from tests.api_client import MESSAGES, PROMPT, chunk_text, client, post, sse_events
 from tests.conftest import wait_until_done

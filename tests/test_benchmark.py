@@ -29,7 +29,7 @@ from inference.benchmark.prompts import Prompt
 from inference.limits import Route
 from inference.models import BenchmarkRun, Generation, HostCalibration, JobStatus
 from inference.serving.host import this_host
-from inference.serving.speculation import AS_FAST
+from inference.serving.planning.choice import AS_FAST
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]
 TINY = ["--max-new-tokens", "16", "--repeats", "1", "--ks", "2", "--thresholds", "", "--prompts", "code",

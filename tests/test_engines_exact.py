@@ -18,7 +18,7 @@ from django.conf import settings
 from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
 from inference.engines.decoding import DecodingParams
-from inference.engines.interface import Finished
+from inference.engines.interface import Finished, JoinedBatch
 from inference.engines.own import batch
 from inference.engines.own.engine import OwnEngine
 from inference.engines.own.kv_cache import KvSequence
@@ -29,7 +29,7 @@ from inference.engines.spec import PairSpec
 from inference.limits import Drafter
 from inference.selectors import live_workers
 from inference.serving.reasons import SENTENCES, Reason
-from tests.test_api import client
+from tests.test_api import chunk_text, client, post, sse_events
 from tests.test_engines_library_watchdog import pair_on_a_worker_of_its_own
 
 PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
@@ -332,9 +332,13 @@ def test_a_k_per_answer_follows_the_hosts_costs_and_leaves_the_answer_the_main_a
             assert flat([step.token_ids for step in steps]) == alone, (prompt, costs)
 
 
-def steps_of(request) -> list[list[int]]:
+def steps_of(request, said: list | None = None) -> list[list[int]]:
+    """The tokens of each step; what the engine said of the answer on the way (JoinedBatch) goes to `said`."""
     steps = []
     while not isinstance(event := request.events.get(timeout=120), Finished):
+        if isinstance(event, JoinedBatch):
+            (said if said is not None else []).append(event)
+            continue
         steps.append(event.token_ids)
     assert event.finish_reason == "length", event
     return steps
@@ -348,14 +352,17 @@ def flat(steps: list[list[int]]) -> list[int]:
 def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
     """Beyond the pair's speculating streams, the answer speculating moves to the main alone's batch with its
     cache (one inference a step for all, where speculating beside the batch cost one more): from then on one
-    token a step, and the same greedy answer."""
+    token a step, and the same greedy answer; the engine says when it moved and that its K fell to 0 there."""
     busy = OwnEngine(replace(SPEC, slug="busy", speculating_streams=1))
     params = DecodingParams(max_new_tokens=160, ignore_eos=True, num_assistant_tokens=3)
     speculating = busy.submit(prompt=PROMPTS[0], params=params)
     before = [speculating.events.get(timeout=120) for _ in range(4)]  # its prefill's token, then three steps
     joining = busy.submit(prompt=PROMPTS[1], params=replace(params, num_assistant_tokens=0))
-    after, other = steps_of(speculating), steps_of(joining)
+    said: list[JoinedBatch] = []
+    after, other = steps_of(speculating, said), steps_of(joining)
     assert max(len(step.token_ids) for step in before) > 1, "it did not speculate while alone"
+    assert [(joined.k, joined.k_before) for joined in said] == [(0, 3)]
+    assert said[0].token >= len(flat([step.token_ids for step in before]))
     assert {len(step) for step in after[1:]} == {1}, "it speculated beside the batch"  # one step may be under way
     alone = replace(params, num_assistant_tokens=0)
     assert flat([step.token_ids for step in before] + after) == flat(steps_of(engine.submit(prompt=PROMPTS[0],
@@ -432,3 +439,23 @@ def test_one_stream_is_served_on_the_own_engine_alone(own_engine_pair, live_serv
         time.sleep(0.5)  # the heartbeat after these answers
     assert [(e["slug"], e["speculative"], e["exact_sampling"]) for e in engines] == [(pair.slug, True, True)]
     assert process_tree(worker.proc.pid) == [worker.proc.pid], "a step process holds another copy of the main"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_moved_into_the_batch_says_so_in_its_usage(own_engine_pair, live_server_url, api_key):
+    """Beyond the pair's one speculating stream the own engine moves the first answer into its batch and runs it on
+    the main alone there (the host is not calibrated: no K for the batch): its usage says so, and says the K it runs
+    at now, not the K it was planned with."""
+    pair, _ = own_engine_pair
+    events = sse_events(post(live_server_url, "/v1/completions", api_key.secret,
+                             {"model": pair.slug, "prompt": PROMPTS[0], "max_tokens": 300, "ignore_eos": True,
+                              "stream": True, "stream_options": {"include_usage": True}},
+                             stream=True))
+    next(event for event in events if chunk_text(event[1]))  # the first is speculating alone
+    second = post(live_server_url, "/v1/completions", api_key.secret,
+                  {"model": pair.slug, "prompt": PROMPTS[1], "max_tokens": 8})
+    usage = json.loads([data for _, data in events if data != "[DONE]"][-1])["usage"]
+    assert second.status_code == 200, second.text
+    codes = usage["speculative_reason_codes"]
+    assert Reason.OWN_ENGINE in codes and codes[-2:] == [Reason.MOVED_INTO_BATCH, Reason.K_LOWERED], codes
+    assert usage["speculative_k"] == 0 and "down from K=" in usage["speculative_reason"]

@@ -13,7 +13,7 @@ from django.test import Client
 from inference.limits import K_MAX
 from inference.models import ModelPair
 from inference.pair_checks import validate_pair_fields
-from inference.serving import speculation
+from inference.serving import planning
 from inference.serving.reasons import Reason
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -131,8 +131,8 @@ def test_a_stored_invalid_profile_serves_on_the_default_k(demo_pair, celery_work
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["choices"][0]["text"]
-    planned = speculation.plan(pair=ModelPair.objects.get(id=demo_pair.id), asked=speculation.Asked(),
-                               load=speculation.Load(streams=1))
+    planned = planning.plan(pair=ModelPair.objects.get(id=demo_pair.id), asked=planning.Asked(),
+                               load=planning.Load(streams=1))
     assert planned.k == (demo_pair.num_assistant_tokens or 5)
     assert planned.reasons == (Reason.PAIR_DEFAULT_K_INVALID_PROFILE,)
     assert "profile is invalid" in planned.reason

@@ -1,8 +1,8 @@
 """The web side (daphne's application, the chat, the REST API, the one generation path) imports no openvino.
 
-It still needs the library while serving: a request's prompt is counted with the main's OpenVINO tokenizer
-and its settings checked against the library's GenerationConfig. So the bar is "none at import": openvino
-loads with the first request that needs it (pair_checks.load_tokenizer, serving.web.decoding_params).
+It does not plan (the worker does, serving/planning) nor check settings against the library's GenerationConfig
+(its own range checks cover what a request may set). It still counts a request's prompt with the main's OpenVINO
+tokenizer, so the bar is "none at import": openvino loads with the first prompt counted (pair_checks.load_tokenizer).
 Grammars are compiled in checker processes (engines/grammar/checks.py), so llguidance is not loaded either.
 """
 

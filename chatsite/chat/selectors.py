@@ -11,7 +11,7 @@ from inference import transport
 from inference.engines.speculation_stats import FIGURES
 from inference.limits import Route
 from inference.models import Generation, JobStatus, ModelPair
-from inference.serving import calibrated, speculation
+from inference.serving import calibrated
 from inference.serving.host import Host
 
 
@@ -108,17 +108,16 @@ def host_figures(*, pair: ModelPair, workers: list[dict]) -> dict:
     """What the server does with the pair on the host of a worker serving it, from the pair's newest finished
     calibration there: the fastest main alone's tokens/s, as the admin's verdict quotes it (what an answer's speed
     is weighed against; None where that host is not calibrated, and no speed-up is claimed), and the K an answer
-    alone that names none is planned with (0: the main alone; None: the draft goes on while confident)."""
+    alone that names none is planned with, as the calibration measured it (0: the main alone; None: not measured,
+    the worker plans it from its figures)."""
     hosts = [_machine(beat.get("host_facts") or {}) for beat in workers if pair.queue in beat.get("queues", ())]
     calibration = next((c for c in pair.calibrations.filter(status=JobStatus.FINISHED).order_by("-finished_at")
                         if c.results.get("fastest") and _machine(c.host_facts) in hosts), None)
     figures = calibrated.host_figures(pair=pair, host=Host(calibration.host, calibration.host_facts)) if calibration \
         else None
-    planned = speculation.plan(pair=pair, asked=speculation.Asked(), load=speculation.Load(streams=1),
-                               calibration=figures)
     alone = calibrated.summary(calibration).get("main_alone_tokens_per_s") if calibration else None
     return {"main_alone_tokens_per_s": max(alone, _main_alone_lately(pair=pair)) if alone else None,
-            "planned_k": 0 if planned.route.is_main_alone() else planned.k}
+            "planned_k": figures.k_at(1) if figures and pair.own_engine_streams else None}
 
 
 def _main_alone_lately(*, pair: ModelPair, last: int = 20) -> float:

@@ -123,7 +123,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
     many prompts answered at once by each line (the library batches them; the own engine runs a thread for
     each, but its answers at K=0 share one batch), and tokens/s is their sum over the wall time. With more
     streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
-    burst: that many speculate, the rest run on the main alone, batched (serving/speculation.py, Route.OWN_MAIN_ALONE),
+    burst: that many speculate, the rest run on the main alone, batched (serving/planning, Route.OWN_MAIN_ALONE),
     and so do the speculating ones once the others have come (engines/own/engine.py); `batch_ks`: lines where the
     rest speculate in the batch at each of these Ks instead (DecodingParams.batch_k). `draft_only`: each own K also
     with the prompt lookup off. `temperature` > 0: sampled answers (seeded; identical then means little)."""

@@ -16,7 +16,7 @@ from inference.benchmark.inprocess import ADAPTIVE, PLAIN, Progress, Variant, k_
 from inference.benchmark.prompts import Prompt
 from inference.benchmark.stack import StreamFn, concurrency_sweep, steady_sweep, summarize_concurrency
 from inference.models import BenchmarkRun, ModelPair
-from inference.serving.speculation import quickest_k
+from inference.serving.planning.choice import quickest_k
 
 SAMPLED_TEMPERATURE = 0.8
 LOADS = ("bursts", "steady")

@@ -46,7 +46,7 @@ from inference.benchmark.prompts import Prompt, heldout_prompts
 from inference.benchmark.summary import compare_to_inprocess, first_texts, loop_warning, summarize
 from inference.limits import Route
 from inference.models import BenchmarkRun, ModelPair
-from inference.serving import speculation
+from inference.serving import planning
 from inference.serving.precision import CONFIGS
 
 if TYPE_CHECKING:
@@ -310,7 +310,7 @@ def measure_sampled(*, pair: ModelPair, options: BenchmarkOptions, engines: Engi
     which of them the product chooses for a lone request (its plan at load 1)."""
     if not pair.draft_dir or not options.sampled_ks:
         return []
-    chosen = speculation.plan(pair=pair, asked=speculation.Asked(sampled=True), load=speculation.Load(streams=1))
+    chosen = planning.plan(pair=pair, asked=planning.Asked(sampled=True), load=planning.Load(streams=1))
     ks = sorted({*options.sampled_ks, *([chosen.k] if chosen.route.speculates() and chosen.k else [])})
     variants = sampled_variants(ks=ks, temperature=options.sampled_temperature)
     results = measure(plan=[(InProcessPath(engines), variants)], prompts=prompts,

@@ -38,6 +38,15 @@ class PromptRead(NamedTuple):
     total: int
 
 
+class JoinedBatch(NamedTuple):
+    """The answer moved into the own engine's batch after `token` tokens, as more answers came than the pair
+    speculates for: it speculates on there at `k` (0: the main alone), where it ran at `k_before`."""
+
+    token: int
+    k: int
+    k_before: int
+
+
 class Finished(NamedTuple):
     finish_reason: FinishReason
     error: str = ""
@@ -53,14 +62,14 @@ class ActiveRequest:
         self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)
         self.added_at = added_at
-        self.events: queue.Queue[StepTokens | PromptRead | Finished] = queue.Queue()
+        self.events: queue.Queue[StepTokens | PromptRead | JoinedBatch | Finished] = queue.Queue()
         self.cached_tokens = 0  # prompt tokens the engine found in its prefix cache (set before the first token)
         self.stop_requested = False
 
     def next_step(self, *, timeout: float) -> StepTokens | Finished:
-        """The next step or the end, past how far the prompt's reading got (what a caller that only counts
+        """The next step or the end, past the events that say how the answer goes (what a caller that only counts
         tokens reads)."""
-        while isinstance(event := self.events.get(timeout=timeout), PromptRead):
+        while isinstance(event := self.events.get(timeout=timeout), PromptRead | JoinedBatch):
             pass
         return event
 

@@ -12,7 +12,7 @@ from django.db import transaction
 from inference import selectors
 from inference.models import HostCalibration, JobStatus, ModelPair
 from inference.serving.host import Host
-from inference.serving.speculation import HostFigures
+from inference.serving.planning import HostFigures
 
 
 def start_calibration(*, pair: ModelPair) -> HostCalibration:

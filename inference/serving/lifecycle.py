@@ -31,7 +31,7 @@ from inference.serving.housekeeping import (
     reconcile_claimed_generations,
     resend_lost_generations,
 )
-from inference.serving.speculation import pair_default_route
+from inference.serving.planning import pair_default_route
 from inference.serving.worker import STATE, WORKER_NAME, load_engine, stop_running
 
 log = logging.getLogger(__name__)

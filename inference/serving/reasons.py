@@ -1,4 +1,4 @@
-"""Why a request is served as it is: one `Reason` code per decision of its plan (serving/speculation.py),
+"""Why a request is served as it is: one `Reason` code per decision of its plan (serving/planning),
 with the figures it names (a `Why`), and the one place the human sentence is made from them (`sentence`).
 Programs read the codes (the API's `speculative_reason_codes`, the benchmark); people read the sentence
 (`speculative_reason`); no decision reads the sentence. No Django or openvino here: the web side's API
@@ -38,8 +38,11 @@ class Reason(StrEnum):
     OWN_ENGINE = "own-engine"
     OWN_BATCH = "own-batch"
     OWN_BATCH_SPECULATING = "own-batch-speculating"
+    OWN_BATCH_K_ASKED = "own-batch-k-asked"
     ALTERNATIVES = "alternatives"
     HANDED_OVER = "handed-over"
+    MOVED_INTO_BATCH = "moved-into-batch"
+    K_LOWERED = "k-lowered"
     FAST_MODE = "fast-mode"
     CALIBRATED_BEST_K = "calibrated-best-k"
     CALIBRATED_BEST_K_STOPPED = "calibrated-best-k-draft-stops"
@@ -87,8 +90,13 @@ SENTENCES: dict[Reason, str] = {
                       "speculates for)",
     Reason.OWN_BATCH_SPECULATING: "speculating at K={k} in one batch with the pair's other answers on SpecChat's "
                                   "own engine (on this host faster than the main alone under load: calibrated)",
+    Reason.OWN_BATCH_K_ASKED: "speculating at the K asked, {k}, in one batch with the pair's other answers on "
+                              "SpecChat's own engine",
     Reason.ALTERNATIVES: ALTERNATIVES,
     Reason.HANDED_OVER: "handed over to {to} from token {token}, {load} running here ({then})",
+    Reason.MOVED_INTO_BATCH: "moved into one batch with the pair's other answers on SpecChat's own engine from token "
+                             "{token}, as more came than it speculates for",
+    Reason.K_LOWERED: "there at K={k} (the batch's; 0: the main alone), down from K={k_before}",
     # The device's default precision quantizes activations differently for one token and for K+1 verified at once.
     Reason.FAST_MODE: "fast mode: tokens may differ from the main alone's where two are near-tied",
     Reason.CALIBRATED_BEST_K: "K={k} is fastest for a lone answer on this host (calibrated)",

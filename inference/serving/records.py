@@ -24,7 +24,7 @@ from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import FinishReason, Route
 from inference.models import Generation, ModelPair
 from inference.serving import precision
-from inference.serving.speculation import HostFigures, Plan
+from inference.serving.planning import HostFigures, Plan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

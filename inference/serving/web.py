@@ -27,8 +27,9 @@ from inference.celery_worker import worker_command_line
 from inference.engines.decoding import DecodingParams, Sampling
 from inference.engines.spec import context_length
 from inference.models import ApiKey, Generation, ModelPair
-from inference.serving import speculation, tasks
-from inference.serving.records import fail_if_stalled, pair_spec, planned_decoding
+from inference.serving import tasks
+from inference.serving.planning.inputs import Asked
+from inference.serving.records import fail_if_stalled
 
 log = logging.getLogger(__name__)
 
@@ -149,22 +150,13 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
             f"The prompt is {prompt_tokens} tokens, over the model's context of {context} tokens.",
             param="prompt",
         )
-    params = DecodingParams(
+    return DecodingParams(
         max_new_tokens=min(max_new, context - prompt_tokens),
-        num_assistant_tokens=k,  # None: the worker's plan decides (speculation.plan)
+        num_assistant_tokens=k,  # None: the worker's plan decides (serving/planning)
         assistant_confidence_threshold=threshold,
         max_ngram_size=pair.max_ngram_size,
         **options.sampling(),
     )
-    planned = speculation.plan(pair=pair, asked=asked(options), load=speculation.Load(streams=1))
-    from inference.engines.library.config import generation_config  # openvino-genai: loaded by the first request
-
-    try:  # whatever else the pipeline would refuse, refused here rather than on the worker
-        generation_config(planned_decoding(params, planned), pair_spec(pair=pair, route=planned.route)).validate()
-    except RuntimeError as exc:
-        reason = str(exc).strip().splitlines()[-1]  # the C++ check's own sentence, without its source path
-        raise errors.InvalidValue(f"The pipeline refuses these settings: {reason}") from None
-    return params
 
 
 def asked_max_new_tokens(*, pair: ModelPair, options: GenerationOptions) -> int:
@@ -179,8 +171,8 @@ def main_context(*, pair: ModelPair) -> int:
     return context_length(Path(settings.MODELS_ROOT) / pair.main_dir)
 
 
-def asked(options: GenerationOptions) -> speculation.Asked:
-    return speculation.Asked(speculative=options.speculative, k=options.num_assistant_tokens,
+def asked(options: GenerationOptions) -> Asked:
+    return Asked(speculative=options.speculative, k=options.num_assistant_tokens,
                              threshold=options.assistant_confidence_threshold, sampled=options.temperature > 0,
                              constrained=bool(options.grammar_kind), alternatives=options.top_logprobs > 0)
 

@@ -17,14 +17,16 @@ from django.utils import timezone
 
 from inference import selectors, transport
 from inference.engines.decoding import DecodingParams
-from inference.engines.interface import ActiveRequest, Engine, Finished, PromptRead, StepTokens
+from inference.engines.interface import ActiveRequest, Engine, Finished, JoinedBatch, PromptRead, StepTokens
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason, Route, SpeculativeMode
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
-from inference.serving import calibrated, handover, speculation
+from inference.serving import calibrated, planning
 from inference.serving.host import this_host
+from inference.serving.planning import handover
+from inference.serving.reasons import Reason, Why
 from inference.serving.records import (
     NOT_SAVED,
     fail_generation,
@@ -62,12 +64,12 @@ NOT_STOPPED = "The answer ran past the server's limit of {limit} s and its worke
 WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
 
 
-def host_figures(*, pair: ModelPair) -> speculation.HostFigures:
+def host_figures(*, pair: ModelPair) -> planning.HostFigures:
     """What the pair measured on this worker's host (serving/calibrated.py)."""
     return calibrated.host_figures(pair=pair, host=this_host(pair.runs_on))
 
 
-def load_engine(*, pair: ModelPair, route: Route, figures: speculation.HostFigures | None = None) -> Engine:
+def load_engine(*, pair: ModelPair, route: Route, figures: planning.HostFigures | None = None) -> Engine:
     """This worker's engine for the pair's route, loaded on first use, in the precision the host's calibration
     chose; the last load result is kept on the pair."""
     try:
@@ -86,15 +88,15 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     generation = Generation.objects.select_related("pair").filter(id=generation_id).first()
     if generation is None or generation.status != Generation.Status.QUEUED:
         return  # a replayed delivery of a generation that already ran
-    asked = replace(speculation.Asked(**generation.params.get("asked", {})), prompt_tokens=generation.prompt_tokens)
+    asked = replace(planning.Asked(**generation.params.get("asked", {})), prompt_tokens=generation.prompt_tokens)
     load, slug = current_load(pair=generation.pair), generation.pair.slug
     figures = host_figures(pair=generation.pair)
-    planned = speculation.plan(
+    planned = planning.plan(
         pair=generation.pair, asked=asked,
-        load=speculation.Load(streams=load,
+        load=planning.Load(streams=load,
                               running_speculative=STATE.engines.active_requests(slug=slug, speculative=True),
                               running_alone=STATE.engines.active_requests(slug=slug, speculative=False)),
-        live=speculation.live_figures(STATE.engines.rates_of(slug), asked=asked, load=load), calibration=figures)
+        live=planning.live_figures(STATE.engines.rates_of(slug), asked=asked, load=load), calibration=figures)
     # Held before the row says so: the heartbeat's reconcile fails a running row that no thread holds.
     STATE.claimed.add(str(generation.id))
     try:
@@ -107,8 +109,8 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         STATE.claimed.discard(str(generation.id))
 
 
-def _serve(*, generation: Generation, asked: speculation.Asked, planned: speculation.Plan, worker_name: str,
-           figures: speculation.HostFigures) -> None:
+def _serve(*, generation: Generation, asked: planning.Asked, planned: planning.Plan, worker_name: str,
+           figures: planning.HostFigures) -> None:
     try:
         engine = load_engine(pair=generation.pair, route=planned.route, figures=figures)
     except Exception:  # the details (paths, the library's words) go to the log and the pair's admin page
@@ -145,7 +147,7 @@ def _serve(*, generation: Generation, asked: speculation.Asked, planned: specula
         STATE.submitting.pop(str(generation.id), None)
 
 
-def _plan_fields(*, generation: Generation, planned: speculation.Plan) -> dict:
+def _plan_fields(*, generation: Generation, planned: planning.Plan) -> dict:
     """The plan as the generation records it (also on the instance, for the events that carry it)."""
     limit = Generation._meta.get_field("speculative_reason").max_length or 0
     reason = planned.reason if len(planned.reason) <= limit else planned.reason[:limit - 1] + "…"  # handovers add up
@@ -156,7 +158,7 @@ def _plan_fields(*, generation: Generation, planned: speculation.Plan) -> dict:
     return fields
 
 
-def _record_plan(*, generation: Generation, planned: speculation.Plan) -> None:
+def _record_plan(*, generation: Generation, planned: planning.Plan) -> None:
     Generation.objects.filter(id=generation.id).update(**_plan_fields(generation=generation, planned=planned))
 
 
@@ -189,12 +191,12 @@ OVERRUN_GRACE_S = 10  # an answer past settings.MAX_ANSWER_S whose engine has no
 class Answer:
     """One generation being streamed: its request's steps go to the generation's Redis Stream (batched
     for STREAM_FLUSH_MS), its record is written at the end. While it runs, it may be handed over to
-    another engine of the pair when the load changes (serving/handover.py): the request there goes on
+    another engine of the pair when the load changes (serving/planning/handover.py): the request there goes on
     from the prompt and the tokens so far, and the reader sees one answer."""
 
     def __init__(self, *, generation: Generation, writer: transport.StreamWriter, params: DecodingParams,
-                 asked: speculation.Asked, planned: speculation.Plan, engine: Engine,
-                 request: ActiveRequest, calibration: speculation.HostFigures | None = None):
+                 asked: planning.Asked, planned: planning.Plan, engine: Engine,
+                 request: ActiveRequest, calibration: planning.HostFigures | None = None):
         self.generation, self.writer, self.params = generation, writer, params
         self.asked, self.planned, self.engine, self.request = asked, planned, engine, request
         self.calibration = calibration  # what the plan read of the host (a burst may move it off the own engine)
@@ -207,7 +209,7 @@ class Answer:
         # [draft text, main text] per step; a third element when asked: [[token, logprob(, alternatives)], ..]
         self.steps: list[list] = []
         self.pending: list[list] = []
-        self.moving_to: speculation.Plan | None = None
+        self.moving_to: planning.Plan | None = None
         self.cached_tokens = 0  # prompt tokens the first engine found in its prefix cache
         self.overran = False  # stopped for running past settings.MAX_ANSWER_S
 
@@ -237,6 +239,8 @@ class Answer:
                 item = None
             if isinstance(item, PromptRead):
                 self.writer.send({"type": "prompt", "read": item.read, "total": item.total})
+            elif isinstance(item, JoinedBatch):
+                self._joined_batch(item)
             elif isinstance(item, StepTokens):
                 if not self.steps:
                     self.cached_tokens = self.request.cached_tokens
@@ -303,9 +307,21 @@ class Answer:
         self.moving_to = handover.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
-            live=speculation.live_figures(rates, asked=self.asked, load=load), calibration=self.calibration)
+            live=planning.live_figures(rates, asked=self.asked, load=load), calibration=self.calibration)
         if self.moving_to:
             self.request.stop()
+
+    def _joined_batch(self, joined: JoinedBatch) -> None:
+        """The own engine moved the answer into its batch (and lowered its K there): said on the record, the usage
+        and the chat's explanation as it happens, not left as a K the answer no longer runs at."""
+        moved = [Why(Reason.MOVED_INTO_BATCH, {"token": joined.token + 1})]
+        if joined.k < joined.k_before:
+            moved.append(Why(Reason.K_LOWERED, {"k": joined.k, "k_before": joined.k_before}))
+        self.planned = replace(self.planned, k=joined.k, why=(*self.planned.why, *moved))
+        try:
+            _record_plan(generation=self.generation, planned=self.planned)
+        except DatabaseError:  # the done event says it all the same; the answer goes on
+            log.warning("generation %s: its move into the batch could not be recorded", self.generation.id)
 
     def _handing_over(self, finished: Finished) -> bool:
         return (self.moving_to is not None and finished.finish_reason == FinishReason.STOPPED

@@ -189,7 +189,7 @@ export async function copyText(text, button) {
 }
 
 // ------------------------------------------------------------------ the metrics line, in words
-// Read from the plan's reason codes (serving/speculation.py, Reason), never from its sentence.
+// Read from the plan's reason codes (serving/reasons.py, Reason), never from its sentence.
 const LOAD_CODES = ["profile-best-k", "live-k-fastest", "joins-speculative-batch", "exploring-speculation"];
 const DEFAULT_CODES = ["pair-default-k", "pair-default-k-invalid-profile"];
 

@@ -29,7 +29,7 @@ import openvino as ov
 
 from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.constraint import TokenConstraint, load_vocabulary, masked
-from inference.engines.interface import ActiveRequest, Finished, PromptRead, StepTokens
+from inference.engines.interface import ActiveRequest, Finished, JoinedBatch, PromptRead, StepTokens
 from inference.engines.own.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
 from inference.engines.own.batch import BatchRow, SharedBatch
 from inference.engines.own.draft_head import WidenedRow, WidenedSequence, compile_draft
@@ -287,14 +287,16 @@ class Decoding:
         to the batch: an answer speculating beside the batch (or beside another) costs an inference a step of its
         own, where the batch's row costs next to nothing (docs/benchmark.md#real-pair). There it speculates on at
         its K for the batch (`DecodingParams.batch_k`), its draft a row of the draft's batch, or goes on as the
-        main alone (0). It stays there."""
+        main alone (0). It stays there, and says so (JoinedBatch: the answer's record carries it)."""
         limit = self.engine.spec.speculating_streams
         if not (isinstance(self.main, KvSequence) and limit and self.engine.active_count > limit):
             return  # already a row of the batch (every answer at K=0 is), or no limit
         row = self.engine.batch.row()
         row.adopt(self.main.live_cache())
         self.main.close()
+        k_before = self.k
         self.main, self.k = row, min(self.k, self.params.batch_k)
+        self.request.events.put(JoinedBatch(token=len(self.emitted), k=self.k, k_before=k_before))
         if self.drafting and self.k:
             self.drafting.into_batch(self.engine.draft_row())
             row.drafting = True

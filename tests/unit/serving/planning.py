@@ -1,8 +1,10 @@
 """The pairs and live figures the planner's tests plan with."""
 
+from dataclasses import replace
+
 from inference.limits import Route
 from inference.models import ModelPair
-from inference.serving.speculation import LiveFigures
+from inference.serving.planning import HostFigures, LiveFigures
 
 PROFILE = {"greedy": {"1": 4, "4": 2, "16": 0}, "sampled": {"1": 3, "8": 0}}
 
@@ -22,3 +24,28 @@ LIB, LOOKS, ALONE, OWN_K, OWN_ALONE = (Route.LIBRARY_SPECULATIVE, Route.PROMPT_L
 
 def live(rates: dict[int, float], *, exploring: bool = False) -> LiveFigures:
     return LiveFigures(rates=rates, exploring=exploring)
+
+
+# What a host's calibration measured (serving/calibrated.py reads them so)
+HOST = "AMD EPYC (family 26 model 2; avx512f), 2 cores"
+SPECULATES = HostFigures(host=HOST, main_alone_config="defaults", own_config="f32-dynamic", best_k={1: 2})
+# where verifying many tokens costs little more than one (the Intel host): K=8, the draft stopping where it is unsure
+LONG_STEPS = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 8},
+                         draft_stop_below=0.5)
+LOSES = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 0})
+# the host's costs timed too (a draft token, the verify of 2, 3, ... tokens): the draft's K follows each answer
+COSTED = replace(SPECULATES, best_k={1: 4}, step_costs=(0.3, 0.93, 0.94, 1.01, 1.06))
+NOT_YET = HostFigures(host=HOST)
+# where the library's pipeline runs the main alone faster (bf16 here) than the own engine's batch, at 4+ streams
+LIBRARY_UNDER_LOAD = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 3},
+                                 library_alone={1: False, 4: True})
+# the library's main alone faster than the own engine's batch at one stream only (the Intel host, model 167)
+LIBRARY_ALONE_ONLY = HostFigures(host=HOST, main_alone_config="f32-dynamic", own_config="f32-dynamic", best_k={1: 2},
+                                 library_alone={1: True, 4: False})
+# lone answers speculate, but the library's main alone beat the own engine's batch at every load (this Zen 5 host)
+SPECULATES_ALONE = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 3},
+                               library_alone={1: True, 4: True})
+LIBRARY_ALWAYS = HostFigures(host=HOST, main_alone_config="bf16", own_config="f32-dynamic", best_k={1: 0},
+                             library_alone={1: True, 4: True})
+# answers beyond the pair's speculating streams speculate at K=2 in the own engine's batch (the Intel host, model 167)
+BATCHES = replace(COSTED, batch_k=2)

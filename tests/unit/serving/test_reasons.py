@@ -1,7 +1,7 @@
 """A plan's reasons, each with its sentence."""
 
+from inference.serving.planning import Asked, Load, plan
 from inference.serving.reasons import SENTENCES, Reason, Why, sentence
-from inference.serving.speculation import Asked, Load, plan
 from tests.unit.serving.planning import OWN, PROFILED, live, pair
 
 

@@ -4,8 +4,8 @@ import pytest
 
 from inference.engines.decoding import DecodingParams
 from inference.limits import Route
+from inference.serving.planning import Plan, pair_default_route
 from inference.serving.records import pair_spec, planned_decoding
-from inference.serving.speculation import Plan, pair_default_route
 from tests.unit.serving.planning import ALONE, LIB, LOOKS, LOOKUP, OWN, OWN_ALONE, OWN_K, pair
 
 

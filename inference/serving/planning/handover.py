@@ -1,7 +1,7 @@
 """A running answer moved to another engine of its pair when the load changes: once, between the main alone and
 speculation on the library's pipelines, off the own engine for sampled answers the profile sent there, and off a
 pair's own engine onto the library's main alone when a burst comes where the host measured that faster. A pure
-function of the plan it runs on, the request, the load and the worker's figures, like `speculation.plan`."""
+function of the plan it runs on, the request, the load and the worker's figures, like `plan`."""
 
 from __future__ import annotations
 
@@ -9,21 +9,12 @@ from dataclasses import replace
 
 from inference.limits import Route, SpeculativeMode
 from inference.models import ModelPair
+from inference.serving.planning import Asked, HostFigures, LiveFigures, Load, Plan, plan
 from inference.serving.reasons import Reason, Why
-from inference.serving.speculation import (
-    Asked,
-    HostFigures,
-    LiveFigures,
-    Load,
-    Plan,
-    left_to_the_profile,
-    on_the_library,
-    plan,
-)
 
 # A running answer moves to the other pipeline only while the pair's batch here is this small: it must
 # prefill its prompt and answer so far again, and that prefill stalls every stream of the batch it joins
-# (measured: docs/speculation.md, "Live figures"). By the profile an answer moves from the main alone to
+# (docs/speculation.md, "Live figures"). By the profile an answer moves from the main alone to
 # speculation (a burst's last request otherwise ends alone at the main's 1-stream speed); by this worker's
 # recent figures, either way.
 HANDOVER_MAX_STREAMS = 2
@@ -47,14 +38,14 @@ def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generat
         if asked.alternatives:
             return None
         return _off_the_own_engine(pair=pair, asked=asked, planned=planned, load=load, generated=generated)
-    if planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not left_to_the_profile(asked):
+    if planned.mode not in (SpeculativeMode.OFF, SpeculativeMode.DRAFT) or not asked.left_to_the_pair:
         return None
-    now = on_the_library(pair=pair, asked=asked, load=load, live=live)
+    now = plan(pair=pair, asked=asked, load=Load(streams=load), live=live)
     if now.route == planned.route or (now.route.speculates() and now.k is None):
         return None
     if load > HANDOVER_MAX_STREAMS or (now.route.is_main_alone() and not now.measured_here):
         return None
-    return replace(now, why=(*planned.why, _handed_over(now, generated=generated, load=load)))
+    return _handed_over(planned, now, generated=generated, load=load)
 
 
 def _off_the_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int) -> Plan | None:
@@ -63,18 +54,17 @@ def _off_the_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: i
     own, beside the main alone's batch on the same cores, which slows the whole burst (docs/speculation.md)."""
     if not asked.speculative or asked.k is not None or asked.threshold is not None:
         return None  # the request asked for this engine
-    now = on_the_library(pair=pair, asked=asked, load=load, live=None)
+    now = plan(pair=pair, asked=asked, load=Load(streams=load))
     if not now.route.is_main_alone():
         return None
-    return Plan(route=now.route, sampled=asked.sampled,
-                why=(*planned.why, _handed_over(now, generated=generated, load=load)))
+    return _handed_over(planned, now, generated=generated, load=load)
 
 
 def _beside_a_burst(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int,
                     calibration: HostFigures | None) -> Plan | None:
     """A lone answer on the pair's own engine, speculating or its main alone, when more answers come than the pair
     speculates for, where the host measured the library's main alone faster under load: the new answers run there
-    (the plan's `_on_the_host`), and this one would otherwise run beside them, a second engine on the same cores.
+    (rules.own_batch), and this one would otherwise run beside them, a second engine on the same cores.
     It joins them, at any load: a burst's answers are prefilling at once anyway."""
     if (not planned.route.is_own_engine() or asked.alternatives or asked.k is not None
             or asked.threshold is not None or load <= pair.own_engine_streams
@@ -83,9 +73,11 @@ def _beside_a_burst(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, 
     now = plan(pair=pair, asked=asked, load=Load(streams=load), calibration=calibration)  # the burst's own plan
     if now.route != Route.LIBRARY_MAIN_ALONE:
         return None
-    return replace(now, why=(*planned.why, _handed_over(now, generated=generated, load=load)))
+    return _handed_over(planned, now, generated=generated, load=load)
 
 
-def _handed_over(now: Plan, *, generated: int, load: int) -> Why:
-    return Why(Reason.HANDED_OVER, {"to_k": now.k if now.route.speculates() else None, "token": generated + 1,
-                                    "load": load, "then": now.why})
+def _handed_over(planned: Plan, now: Plan, *, generated: int, load: int) -> Plan:
+    """`now`, said to follow the answer's first plan: the reasons it ran on, then the move and the new plan's own."""
+    moved = Why(Reason.HANDED_OVER, {"to_k": now.k if now.route.speculates() else None, "token": generated + 1,
+                                     "load": load, "then": now.why})
+    return replace(now, why=(*planned.why, moved), handed_over=True)

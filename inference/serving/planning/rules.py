@@ -1,0 +1,160 @@
+"""Where an answer runs: `RULES`, one ordered table; the first rule that answers makes the whole plan (route, K, its
+K in the own engine's batch, every reason code), and no rule edits another's. Each rule reads the `Situation` and the
+`Choice` (choice.py: whether it speculates, at which K, and why); `_served` adds what the host's calibration says of
+the route it chose (the precision of a main alone, a K per answer, a batch's K).
+
+docs/speculation.md shows this table, checked by tests/unit/serving/test_planning.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from inference.limits import DEFAULT_K, Route
+from inference.models import ModelPair
+from inference.serving import precision
+from inference.serving.planning.choice import choose
+from inference.serving.planning.decision import Choice, Plan
+from inference.serving.planning.inputs import Situation
+from inference.serving.reasons import Reason, Why
+
+
+def _pair_k(pair: ModelPair) -> int:
+    return pair.num_assistant_tokens or DEFAULT_K
+
+
+def _fast_mode(s: Situation) -> tuple[Why, ...]:
+    """A greedy answer with the draft on a pair in the fast mode may part from the main alone at near-ties."""
+    return (Why(Reason.FAST_MODE),) if s.pair.precision_mode == ModelPair.FAST and not s.asked.sampled else ()
+
+
+def _served(s: Situation, route: Route, *, why: tuple[Why, ...], k: int | None = None,
+            threshold: float | None = None, draft_stop_below: float | None = None, batch_k: int | None = None,
+            measured_here: bool = False) -> Plan:
+    """The plan of a route, with its K in the own engine's batch (the K named, else the host's for the batch), and
+    what the host's calibration adds to it: a K per answer (a lone answer at a K it did not name, where the host's
+    step costs were timed), the configuration a main alone is fastest in; or that the host is not calibrated yet."""
+    host = s.host
+    step_costs: tuple[float, ...] = ()
+    adds: tuple[Why, ...] = ()
+    if route == Route.OWN_SPECULATIVE and batch_k is None:  # a K named holds in the batch too
+        batch_k = s.asked.k if s.asked.k is not None else host.batch_k if host is not None and s.calibrated else 0
+    if host is not None and not host.calibrated:
+        adds = (Why(Reason.NOT_CALIBRATED),)
+    elif host is not None and route == Route.OWN_SPECULATIVE:
+        if s.lone and s.asked.k is None and draft_stop_below is None and host.step_costs:
+            step_costs, adds = host.step_costs, (Why(Reason.K_PER_ANSWER),)
+    elif host is not None and route.is_main_alone():
+        config = host.own_config if route.is_own_engine() else host.main_alone_config
+        adds = (Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[config].label}),)
+    return Plan(route=route, sampled=s.asked.sampled, k=k, threshold=threshold, draft_stop_below=draft_stop_below,
+                step_costs=step_costs, batch_k=batch_k or 0, why=(*why, *adds), measured_here=measured_here)
+
+
+def top_logprobs(s: Situation, choice: Choice) -> Plan | None:
+    """Alternatives only the own engine computes: there at any load, speculating or its main alone."""
+    if not s.asked.alternatives:
+        return None
+    if choice.alone:
+        return _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.ALTERNATIVES)))
+    return _served(s, Route.OWN_SPECULATIVE, k=choice.k or _pair_k(s.pair),
+                   why=(*choice.why, *_fast_mode(s), Why(Reason.ALTERNATIVES)))
+
+
+def prompt_lookup(s: Situation, choice: Choice) -> Plan | None:
+    """A pair without a draft model drafts from the prompt on the library's pipeline."""
+    if s.pair.draft_dir or choice.alone:
+        return None
+    return _served(s, Route.PROMPT_LOOKUP, k=choice.k, why=choice.why)
+
+
+def library_threshold(s: Situation, choice: Choice) -> Plan | None:
+    """A confidence threshold, which only the library's pipeline applies."""
+    if choice.threshold is None:
+        return None
+    inexact = (Why(Reason.INEXACT_ALLOWED),) if s.asked.sampled else ()
+    return _served(s, Route.LIBRARY_SPECULATIVE, threshold=choice.threshold,
+                   why=(*inexact, *choice.why, *_fast_mode(s)))
+
+
+def inexact_sampling(s: Situation, choice: Choice) -> Plan | None:
+    """A sampled answer on a pair that allows the library's sampling with a draft (and says so)."""
+    if not s.asked.sampled or s.exact or choice.alone:
+        return None
+    return _served(s, Route.LIBRARY_SPECULATIVE, k=choice.k, why=(Why(Reason.INEXACT_ALLOWED), *choice.why))
+
+
+def own_batch(s: Situation, choice: Choice) -> Plan | None:
+    """Beyond the answers the pair speculates for, its own engine's batch, one copy of the weights: speculating at
+    the K the request named, or where the host measured a K there faster than any main alone under load; else the
+    main alone there, or on the library's pipeline where the host measured that faster under load."""
+    if not s.beyond_own_streams:
+        return None
+    asked, beyond = s.asked, Why(Reason.BEYOND_OWN_STREAMS, {"load": s.streams})
+    why = choice.why if not asked.speculative else (*choice.why, beyond) if asked.k is not None else (beyond,)
+    if asked.speculative and asked.k is not None:
+        return _served(s, Route.OWN_SPECULATIVE, k=asked.k, batch_k=asked.k,
+                       why=(*why, Why(Reason.OWN_BATCH_K_ASKED, {"k": asked.k})))
+    if asked.speculative and s.calibrated and s.host is not None and s.host.batch_k:
+        k = s.host.batch_k
+        return _served(s, Route.OWN_SPECULATIVE, k=k, batch_k=k,
+                       why=(*why, Why(Reason.OWN_BATCH_SPECULATING, {"k": k})))
+    if s.calibrated and s.host is not None and (s.host.alone_on_library or s.long_context_on_library):
+        return _served(s, Route.LIBRARY_MAIN_ALONE, why=why)
+    return _served(s, Route.OWN_MAIN_ALONE, why=(*why, Why(Reason.OWN_BATCH)))
+
+
+def own_engine_under_grammar(s: Situation, choice: Choice) -> Plan | None:
+    """Under a grammar the own engine masks the draft too, which then pays: the pair's K."""
+    if not s.lone or not choice.under_grammar:
+        return None
+    return _served(s, Route.OWN_SPECULATIVE, k=_pair_k(s.pair),
+                   why=(Why(Reason.OWN_CONSTRAINED), Why(Reason.OWN_ENGINE)))
+
+
+def own_engine(s: Situation, choice: Choice) -> Plan | None:
+    """Within the answers the pair speculates for, its own engine: speculating, or its main alone, unless the host
+    measured the library's main alone faster for a lone answer (or after a long prompt)."""
+    if not s.lone:
+        return None
+    if not choice.alone:
+        return _served(s, Route.OWN_SPECULATIVE, k=choice.k, draft_stop_below=choice.draft_stop_below,
+                       measured_here=choice.measured_here, why=(*choice.why, *_fast_mode(s), Why(Reason.OWN_ENGINE)))
+    if s.calibrated and s.host is not None and (s.host.lone_alone_on_library or s.long_context_on_library):
+        return _served(s, Route.LIBRARY_MAIN_ALONE, why=choice.why, measured_here=choice.measured_here)
+    return _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.OWN_ENGINE)),
+                   measured_here=choice.measured_here)
+
+
+def exact_sampling(s: Situation, choice: Choice) -> Plan | None:
+    """A sampled answer speculates on the own engine, drawn from the main's distribution (the library's sampling
+    with a draft is not)."""
+    if not s.exact or choice.alone:
+        return None
+    return _served(s, Route.OWN_SPECULATIVE, k=choice.k, why=choice.why)
+
+
+def library_speculation(s: Situation, choice: Choice) -> Plan | None:
+    if choice.alone:
+        return None
+    return _served(s, Route.LIBRARY_SPECULATIVE, k=choice.k, draft_stop_below=choice.draft_stop_below,
+                   measured_here=choice.measured_here, why=(*choice.why, *_fast_mode(s)))
+
+
+def library_main_alone(s: Situation, choice: Choice) -> Plan:
+    return _served(s, Route.LIBRARY_MAIN_ALONE, why=choice.why, measured_here=choice.measured_here)
+
+
+RULES: tuple[Callable[[Situation, Choice], Plan | None], ...] = (
+    top_logprobs, prompt_lookup, library_threshold, inexact_sampling, own_batch, own_engine_under_grammar, own_engine,
+    exact_sampling, library_speculation, library_main_alone,
+)
+
+
+def plan_for(s: Situation) -> Plan:
+    """The first of RULES that answers."""
+    choice = choose(s)
+    for rule in RULES:
+        planned = rule(s, choice)
+        if planned is not None:
+            return planned
+    raise AssertionError("library_main_alone always answers")
