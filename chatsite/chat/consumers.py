@@ -26,7 +26,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from chatsite.chat import access, selectors, services
+from chatsite.chat import access, selectors, services, watching
 from chatsite.chat.handshake import DATABASE_UNAVAILABLE_CLOSE
 from inference import errors, json_input, limits, transport
 from inference.selectors import generation_for_user
@@ -36,7 +36,6 @@ from inference.transport import valid_entry_id
 
 log = logging.getLogger(__name__)
 ACTIONS = ("send", "follow", "stop", "regenerate", "continue")
-_abandoned: set[asyncio.Task] = set()  # stop checks that outlive their connection
 MAX_JSON_DEPTH = 16  # the deepest a chat message nests (the real ones nest 2 levels)
 # The longest frame a chat sends: a message's longest text, escaped as JSON (6 characters for "\u0001"), with the
 # other fields. A longer one is refused unread; daphne closes the socket (1009) on one over 1 MiB.
@@ -82,11 +81,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         try:
             if self.followers:
-                await services.unwatch(client=self.redis, generation_ids=list(self.followers),
-                                       connection_id=self.connection_id)
-                task = asyncio.create_task(_stop_if_abandoned(list(self.followers)))
-                _abandoned.add(task)
-                task.add_done_callback(_abandoned.discard)
+                await watching.leave(client=self.redis, generation_ids=list(self.followers),
+                                     connection_id=self.connection_id)
         finally:
             await self.redis.aclose()
             await database_sync_to_async(connections.close_all)()  # the connection's own thread ends with it
@@ -168,13 +164,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         return generation
 
     async def do_follow(self, content):
-        after = _string(content, "after") or "0-0"
-        if not valid_entry_id(after):
-            raise errors.InvalidValue("after must be an event id this socket sent.", param="after")
-        known_steps = _integer(content, "steps", required=False)
-        if known_steps is not None and known_steps < 0:
-            raise errors.InvalidValue("steps must be the number of steps this answer shows (0 or more).",
-                                      param="steps")
+        after, known_steps = _resume_point(content)
         generation = await self.owned_generation(content)
         await self.start_following(str(generation.id), after, known_steps)
 
@@ -187,7 +177,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if previous:
             previous.cancel()
         self.followers[generation_id] = asyncio.create_task(self.pump(generation_id, after, known_steps))
-        await services.watch(client=self.redis, generation_ids=[generation_id], connection_id=self.connection_id)
+        await watching.watch(client=self.redis, generation_ids=[generation_id], connection_id=self.connection_id)
 
     async def pump(self, generation_id: str, after: str, known_steps: int | None):
         async for entry_id, event in readers.follow_generation(generation_id=generation_id, after=after,
@@ -211,7 +201,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             user = self.scope["user"]
             if self.followers:
                 try:
-                    await services.watch(client=self.redis, generation_ids=list(self.followers),
+                    await watching.watch(client=self.redis, generation_ids=list(self.followers),
                                          connection_id=self.connection_id)
                 except transport.REDIS_ERRORS:  # marked again at the next recheck
                     log.warning("could not mark a chat socket's answers watched", exc_info=True)
@@ -235,15 +225,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 return
 
 
-async def _stop_if_abandoned(generation_ids: list[str]) -> None:
-    """After a grace period for a reconnect (a reload, a network blip), stop the answers nobody watches."""
-    await asyncio.sleep(settings.CHAT_ABANDON_GRACE_S)
-    await _pooled(services.stop_unwatched)(generation_ids=generation_ids)  # its connection's thread is gone
-
-
 def _for_browser(event: dict) -> dict:
     """An event as browsers see it: without the worker's host and process (kept in the database)."""
     return {name: value for name, value in event.items() if name != "worker"}
+
+
+def _resume_point(content) -> tuple[str, int | None]:
+    """Where a follow resumes: after an event id this socket sent, with the steps the page already shows."""
+    after = _string(content, "after") or "0-0"
+    if not valid_entry_id(after):
+        raise errors.InvalidValue("after must be an event id this socket sent.", param="after")
+    known_steps = _integer(content, "steps", required=False)
+    if known_steps is not None and known_steps < 0:
+        raise errors.InvalidValue("steps must be the number of steps this answer shows (0 or more).",
+                                  param="steps")
+    return after, known_steps
 
 
 def _options(content) -> web.GenerationOptions:

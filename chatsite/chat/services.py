@@ -5,13 +5,11 @@ turn (see models.Message), and the conversation shows, and prompts with, one pat
 A conversation writes one answer at a time, so that each answer's prompt holds the whole conversation
 before it; a user has at most CHAT_MAX_CONCURRENT answers in flight (in different conversations). Both
 are checked under the user's slot lock, in the transaction that records the new answer: two actions at
-once (two tabs, a double click) cannot both pass. The chat connections following an answer
-mark it watched in Redis; once the last one has closed and none came back within a grace period (a
-reload, a network blip), the answer is stopped.
+once (two tabs, a double click) cannot both pass. The prompt each answer is written from is made in
+prompts.py; who watches an answer being written, and when nobody does, in watching.py.
 """
 
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -20,6 +18,7 @@ from django.utils import timezone
 
 from chatsite.chat import selectors
 from chatsite.chat.models import TITLE_MAX_LENGTH, Conversation, Message
+from chatsite.chat.prompts import ChatPrompt, prompt_within_context
 from inference import errors, limits, transport
 from inference.limits import FinishReason
 from inference.models import Generation, ModelPair
@@ -177,7 +176,7 @@ def show_version(*, user, message_id: int) -> Conversation:
 
 
 def _answer(*, user, pair: ModelPair, conversation: Conversation, after: Message | None,
-            options: web.GenerationOptions, prompt: "ChatPrompt") -> Message:
+            options: web.GenerationOptions, prompt: ChatPrompt) -> Message:
     """A new answer after `after`, shown, its generation started with `prompt` (the shown path it follows,
     counted before the transaction: see prompt_within_context)."""
     answer = Message.objects.create(conversation=conversation, parent=after, role=Message.Role.ASSISTANT)
@@ -292,104 +291,10 @@ def _title_from(text: str) -> str:
     return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ,.;:(") + "…"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ChatPrompt:
-    text: str
-    ids: list[int]  # its tokens, counted to fit the context and carried to the worker as they are
-    left_out: int  # the conversation's oldest messages the model does not read
-
-
-def prompt_within_context(*, pair: ModelPair, messages: list[dict], options: web.GenerationOptions, param: str,
-                          continuing: bool = False) -> ChatPrompt:
-    """`messages` (selectors.history, and the new message if any) as the model reads them. Tokenized outside the
-    actions' transactions: on SQLite a transaction that has written holds the write lock of every user and
-    worker, and tokenizing a long conversation takes a while. One longer than the model's context leaves
-    out its oldest turns (a user message and the answers after it), keeping the system prompt and the newest
-    message, until the answer has room for its max tokens (up to half the context): a long conversation goes on
-    rather than being refused for good. The newest message alone is still sent when it leaves MIN_ANSWER_TOKENS; one
-    that does not is refused (errors.ContextLengthExceeded naming `param`). `continuing`: the shown path ends
-    with an answer cut at its max tokens, which the model writes on from its last character."""
-    system = messages[:1] if messages and messages[0]["role"] == "system" else []
-    turns = messages[len(system):]
-    starts = [i for i, m in enumerate(turns) if m["role"] == Message.Role.USER] or [0]  # where a turn begins
-    context = web.main_context(pair=pair)
-    asked = web.asked_max_new_tokens(pair=pair, options=options)
-    room = min(asked, context // 2)
-
-    def from_turn(start: int) -> ChatPrompt:
-        text = web.chat_prompt(pair=pair, messages=system + turns[start:])
-        if continuing:
-            text = _unfinished(text, answer=turns[-1]["content"])
-        return ChatPrompt(text=text, ids=web.encode_prompt(pair=pair, prompt=text, add_special_tokens=False),
-                          left_out=start)
-
-    whole = from_turn(0)
-    if len(whole.ids) + room <= context:
-        return whole
-    kept = from_turn(starts[-1])
-    tokens = len(kept.ids)
-    if tokens + room > context:
-        if tokens + min(asked, limits.MIN_ANSWER_TOKENS) <= context:
-            return kept
-        with_system = " with the system prompt" if system else ""
-        raise errors.ContextLengthExceeded(
-            f"This message is too long for the model: it is {tokens:,} tokens{with_system}, and the model reads "
-            f"at most {context:,} (its context), its answer included. Shorten it"
-            f"{' or the system prompt' if system else ''}.", param=param)
-    low, high = 0, len(starts) - 1  # the fewest turns to leave out: starts[high] is known to fit
-    while low < high:
-        middle = (low + high) // 2
-        candidate = from_turn(starts[middle])
-        if len(candidate.ids) + room <= context:
-            kept, high = candidate, middle
-        else:
-            low = middle + 1
-    return kept
-
-
-def _unfinished(prompt: str, *, answer: str) -> str:
-    """The rendered conversation cut right after the last answer's text, so that the model goes on writing
-    that answer rather than a new one: what transformers' continue_final_message does, for the OpenVINO
-    tokenizer's apply_chat_template, which has no such option (the template's end of turn and the next
-    generation prompt, if any, are dropped)."""
-    at = prompt.rfind(answer)
-    if not answer or at == -1:
-        raise errors.InvalidValue("This pair's chat template cannot continue an answer.", param="message")
-    return prompt[:at + len(answer)]
-
-
 def stop_all_answers(*, user) -> None:
     """Stop every answer of the user still in flight (their access was revoked)."""
     for generation in Generation.objects.filter(user=user, status__in=web.IN_FLIGHT):
         web.request_stop(generation=generation)
-
-
-# ------------------------------------------------------------------ who watches an answer
-async def watch(*, client, generation_ids, connection_id: str) -> None:
-    """Mark the answers watched by this connection now; each connection repeats this every
-    ACCESS_RECHECK_S, so the marks of a web process that died go stale."""
-    now = time.time()
-    pipe = client.pipeline(transaction=False)
-    for generation_id in generation_ids:
-        pipe.zadd(transport.chat_watchers_key(generation_id), {connection_id: now})
-        pipe.expire(transport.chat_watchers_key(generation_id), settings.STREAM_TTL_S)
-    await pipe.execute()
-
-
-async def unwatch(*, client, generation_ids, connection_id: str) -> None:
-    pipe = client.pipeline(transaction=False)
-    for generation_id in generation_ids:
-        pipe.zrem(transport.chat_watchers_key(generation_id), connection_id)
-    await pipe.execute()
-
-
-def stop_unwatched(*, generation_ids) -> None:
-    """Stop those of the answers (still in flight) that no chat connection watches."""
-    client = transport.sync_client()
-    fresh_since = time.time() - 3 * settings.ACCESS_RECHECK_S
-    for generation in Generation.objects.filter(id__in=list(generation_ids), status__in=web.IN_FLIGHT):
-        if not client.zcount(transport.chat_watchers_key(generation.id), fresh_since, "+inf"):
-            web.request_stop(generation=generation)
 
 
 def purge_history(*, older_than_days: int) -> tuple[int, int]:
