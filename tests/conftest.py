@@ -235,9 +235,10 @@ def main_alone_greedy():
     from inference.engines.library.pipeline import LibraryEngine
     from inference.engines.spec import PairSpec
     from inference.engines.text_assembler import TextAssembler
+    from inference.limits import Route
 
     main_dir = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR / "main"
-    engine = LibraryEngine(PairSpec(slug="reference", main_dir=str(main_dir), speculative=False))
+    engine = LibraryEngine(PairSpec(slug="reference", main_dir=str(main_dir), route=Route.LIBRARY_MAIN_ALONE))
     cache: dict[tuple, str] = {}
 
     def run(prompt: str, max_new_tokens: int, *, add_special_tokens: bool = True) -> str:

@@ -8,6 +8,7 @@ import time
 import pytest
 import requests
 
+from inference.limits import Route
 from inference.models import HostCalibration, JobStatus, ModelPair
 from inference.selectors import live_workers
 from inference.serving.precision import CONFIGS
@@ -104,7 +105,7 @@ def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calib
     time.sleep(3)  # a heartbeat: the engine that ran the main alone, in the configuration the host measured
     ran = next(engine for beat in live_workers(client=redis_client) if beat["name"] == worker.name
                for engine in beat["engines"] if engine["slug"] == pair.slug
-               and (engine["speculative"], engine["exact_sampling"]) == ((False, False) if on_library else (True, True)))
+               and engine["route"] == (Route.LIBRARY_MAIN_ALONE if on_library else Route.OWN_SPECULATIVE))
     assert {key: ran[key] for key in config.fields} == config.fields
 
     response = admin_client.post("/admin/inference/modelpair/", {"action": "calibrate", "_selected_action": [pair.id]})

@@ -12,6 +12,7 @@ from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Finished
 from inference.engines.library.pipeline import LibraryEngine
 from inference.engines.spec import PairSpec
+from inference.limits import Route
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,15 +43,15 @@ def test_the_build_is_deterministic_and_checked_by_pair_json():
 @pytest.mark.no_database
 def test_the_grown_main_computes_what_the_committed_main_computes():
     main_model.build()
-    small = LibraryEngine(PairSpec(slug="small", main_dir=str(main_model.SOURCE), speculative=False))
-    large = LibraryEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), speculative=False))
+    small = LibraryEngine(PairSpec(slug="small", main_dir=str(main_model.SOURCE), route=Route.LIBRARY_MAIN_ALONE))
+    large = LibraryEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), route=Route.LIBRARY_MAIN_ALONE))
     for prompt in PROMPTS:
         assert greedy(large, prompt) == greedy(small, prompt)
 
 
 @pytest.mark.usefixtures("celery_worker")
 def test_the_served_demo_pair_answers_the_main_alones_greedy_output(live_server_url, large_demo_pair, api_key):
-    large = LibraryEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), speculative=False))
+    large = LibraryEngine(PairSpec(slug="large", main_dir=str(main_model.TARGET), route=Route.LIBRARY_MAIN_ALONE))
     expected = large.tokenizer.decode(greedy(large, PROMPTS[0], 24))
     answer = requests.post(f"{live_server_url}/v1/completions", timeout=300, headers={
         "Authorization": f"Bearer {api_key.secret}"}, json={

@@ -20,7 +20,7 @@ from inference.engines.interface import Finished
 from inference.engines.library.pipeline import LibraryEngine
 from inference.engines.own.engine import OwnEngine
 from inference.engines.spec import PairSpec
-from inference.limits import LoadState
+from inference.limits import LoadState, Route
 from inference.models import ImportJob, ModelPair
 from inference.serving import web
 from inference.serving.registry import EngineRegistry
@@ -90,7 +90,7 @@ def test_the_library_engine_on_auto_with_its_draft_on_the_cpu_answers_as_on_the_
 
 @pytest.mark.no_database
 def test_the_own_engine_on_auto_with_its_draft_on_the_cpu_answers_as_on_the_cpu():
-    own = replace(SPEC, exact_sampling=True, own_engine=True, dynamic_quantization=True)
+    own = replace(SPEC, route=Route.OWN_SPECULATIVE, pair_default=Route.OWN_SPECULATIVE, dynamic_quantization=True)
     on_cpu = answer(OwnEngine(own))
     engine = OwnEngine(replace(own, device="AUTO", draft_device="CPU"))
     assert answer(engine) == on_cpu
@@ -116,7 +116,7 @@ def test_a_worker_refuses_to_load_a_model_on_a_device_it_lacks():
 def test_a_pairs_live_figures_start_afresh_when_its_devices_change():
     """What the pair delivered on one device says nothing of another: the plans' live figures restart."""
     registry = EngineRegistry(live_figures_s=600, live_figures_min_step_s=0.5)
-    own = replace(SPEC, exact_sampling=True, own_engine=True, dynamic_quantization=True)
+    own = replace(SPEC, route=Route.OWN_SPECULATIVE, pair_default=Route.OWN_SPECULATIVE, dynamic_quantization=True)
     registry.get(own)
     registry.rates_of(own.slug).record(k=3, streams=1, tokens=40, seconds=1.0)
     registry.get(replace(own, prefix_cache_mb=0))  # other settings, the same devices: kept

@@ -22,6 +22,7 @@ from inference.engines.own.engine import OwnEngine
 from inference.engines.own.kv_cache import KvSequence
 from inference.engines.own.stepped_model import read_stepped
 from inference.engines.spec import PairSpec
+from inference.limits import Route
 from inference.pairs.head_vocabulary import write_head_vocabulary
 from tests.conftest import DEMO_HEAD_TOKENS as HEAD_TOKENS
 from tests.test_engines_exact import CODE, PROMPTS, answer, steps_of
@@ -31,8 +32,8 @@ pytestmark = pytest.mark.no_database
 PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
 # Drafters not judged by their pay (engines/own/payoff.py times each step): what the draft proposes is counted, whatever
 # else the host runs meanwhile.
-SPEC = PairSpec(slug="cut-head", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), exact_sampling=True,
-                own_engine=True, dynamic_quantization=True, drafters_judged=False)
+SPEC = PairSpec(slug="cut-head", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), route=Route.OWN_SPECULATIVE,
+                pair_default=Route.OWN_SPECULATIVE, dynamic_quantization=True, drafters_judged=False)
 
 
 @pytest.fixture(scope="module")

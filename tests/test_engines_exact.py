@@ -26,15 +26,15 @@ from inference.engines.own.payoff import WINDOW
 from inference.engines.own.proposers.chain import Drafting
 from inference.engines.own.proposers.prompt_lookup import PromptLookup
 from inference.engines.spec import PairSpec
-from inference.limits import Drafter
+from inference.limits import Drafter, Route
 from inference.selectors import live_workers
 from inference.serving.reasons import SENTENCES, Reason
 from tests.test_api import chunk_text, client, post, sse_events
 from tests.test_engines_library_watchdog import pair_on_a_worker_of_its_own
 
 PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
-SPEC = PairSpec(slug="own", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), exact_sampling=True,
-                own_engine=True, dynamic_quantization=True)
+SPEC = PairSpec(slug="own", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"), route=Route.OWN_SPECULATIVE,
+                pair_default=Route.OWN_SPECULATIVE, dynamic_quantization=True)
 LOWER_CASE_CODE = {"grammar_kind": "regex", "grammar_text": r"[a-z_ ().=:\[\]\n+\-/0-9]{20,400}"}
 PROMPTS = ("def quicksort(numbers):", "class Stack:\n    def push(self, item):", "import os\n\ndef walk(root):")
 
@@ -437,7 +437,7 @@ def test_one_stream_is_served_on_the_own_engine_alone(own_engine_pair, live_serv
     while not (engines := next(b["engines"] for b in live_workers(client=redis_client)
                                if b["name"].endswith(f":{worker.proc.pid}"))) and time.monotonic() < deadline:
         time.sleep(0.5)  # the heartbeat after these answers
-    assert [(e["slug"], e["speculative"], e["exact_sampling"]) for e in engines] == [(pair.slug, True, True)]
+    assert [(e["slug"], e["route"]) for e in engines] == [(pair.slug, Route.OWN_SPECULATIVE)]
     assert process_tree(worker.proc.pid) == [worker.proc.pid], "a step process holds another copy of the main"
 
 

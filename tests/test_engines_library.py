@@ -15,6 +15,7 @@ from inference.benchmark.memory import mapped_weight_bytes
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Finished, StepTokens
 from inference.engines.spec import PairSpec
+from inference.limits import Route
 from inference.serving.registry import EngineRegistry
 
 pytestmark = pytest.mark.no_database
@@ -120,7 +121,7 @@ def test_an_engine_due_for_renewal_waits_for_a_quiet_moment_unless_far_past_due(
     """Building a pipeline takes the cores for seconds: a renewal under load slowed every stream. An engine
     past `renew_after` requests is renewed once the pair runs at most one request, or at any load once it
     has taken twice as many."""
-    spec = replace(SPEC, speculative=False)
+    spec = replace(SPEC, route=Route.LIBRARY_MAIN_ALONE)
     params = DecodingParams(max_new_tokens=64, ignore_eos=True)
     registry = EngineRegistry(renew_after=2)
     engine = registry.get(spec)
@@ -180,17 +181,17 @@ def test_a_pairs_extra_engines_are_freed_when_idle_and_its_default_engine_stays(
     them once unused for a while (never while they run a request), and loads them again when needed."""
     registry = EngineRegistry(release_extra_after_s=0.5)
     default = registry.get(SPEC)
-    main_alone = registry.get(replace(SPEC, speculative=False))
+    main_alone = registry.get(replace(SPEC, route=Route.LIBRARY_MAIN_ALONE))
     running = main_alone.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=2000, ignore_eos=True))
     assert isinstance(running.events.get(timeout=60), StepTokens)
     time.sleep(0.6)
     assert registry.release_idle_extras() == []  # it runs a request
     running.stop()
     drain(running)
-    assert registry.release_idle_extras() == [replace(SPEC, speculative=False)]
+    assert registry.release_idle_extras() == [replace(SPEC, route=Route.LIBRARY_MAIN_ALONE)]
     assert main_alone._process.wait(30) == 0  # its step process ended, its memory with it
-    assert [e["speculative"] for e in registry.loaded()] == [True] and default.alive
-    again = registry.get(replace(SPEC, speculative=False))
+    assert [e["route"] for e in registry.loaded()] == [Route.LIBRARY_SPECULATIVE] and default.alive
+    again = registry.get(replace(SPEC, route=Route.LIBRARY_MAIN_ALONE))
     tokens, finished = drain(again.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=4)))
     assert finished.finish_reason == "length" and len(tokens) == 4
     registry.unload(SPEC.slug)
@@ -199,7 +200,7 @@ def test_a_pairs_extra_engines_are_freed_when_idle_and_its_default_engine_stays(
 def test_the_step_process_gives_back_the_weight_files_pages_and_answers_the_same():
     """The compiled model answers from its own repacked copy of the weights; the file's pages it read while
     repacking would otherwise stay counted in the worker's memory for the engine's life."""
-    spec = replace(SPEC, slug="pages", main_dir=str(DEMO / "main-large"), draft_dir="", speculative=False)
+    spec = replace(SPEC, slug="pages", main_dir=str(DEMO / "main-large"), draft_dir="", route=Route.LIBRARY_MAIN_ALONE)
     weights = (DEMO / "main-large" / "openvino_model.bin").stat().st_size
     engine = EngineRegistry().get(spec)
 

@@ -94,7 +94,7 @@ def test_a_gguf_file_is_imported_and_generates(db, settings, tmp_path):
     pair = ModelPair.objects.get(slug="qwen-0.5b")
     assert [p.name for p in (tmp_path / "models" / "qwen-0.5b").iterdir()] == ["main"]  # no float32 copy left
     engine = LibraryEngine(PairSpec(slug="imported", main_dir=str(settings.MODELS_ROOT / pair.main_dir),
-                                 speculative=False))
+                                    route=Route.LIBRARY_MAIN_ALONE))
     prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": REQUESTS[0]}],
                                                   add_generation_prompt=True)
     text = engine.tokenizer.decode(drain(engine.submit(prompt=prompt, add_special_tokens=False,
@@ -471,7 +471,7 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
     from inference.selectors import live_workers
 
     worker = Worker(stack_env, f"pair.{SLUG}", tmp_path / "worker.log")
-    own = [{"slug": SLUG, "speculative": True, "exact_sampling": True}]
+    own = [{"slug": SLUG, "route": Route.OWN_SPECULATIVE}]
     try:
         name = worker.wait_ready(redis_client)
         api = client(live_server_url, key)
@@ -485,7 +485,7 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
 
         def held() -> list[dict]:
             time.sleep(3)  # a heartbeat after the last answer
-            return [{key: engine[key] for key in ("slug", "speculative", "exact_sampling")} for engine in next(
+            return [{key: engine[key] for key in ("slug", "route")} for engine in next(
                 beat["engines"] for beat in live_workers(client=redis_client) if beat["name"] == name)]
 
         plans = [ask(index) for index in range(3)]  # one of each kind alone: speculating, off, sampled exactly

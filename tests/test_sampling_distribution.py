@@ -5,6 +5,7 @@ sampling with a draft is not, today: a test says so, and fails the day an upgrad
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from inference.engines.own.draft_head import load_head_ids
 from inference.engines.own.engine import OwnEngine
 from inference.engines.own.prefix_cache import BLOCK_TOKENS
 from inference.engines.spec import PairSpec
-from inference.limits import Drafter
+from inference.limits import Drafter, Route
 from tests.distribution import compare, differs, samples
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,19 +50,19 @@ def drain(request, steps: list | None = None) -> tuple[int, ...]:
 
 @pytest.fixture(scope="module")
 def main_alone():
-    return LibraryEngine(PairSpec(slug="main-alone", main_dir=SPEC.main_dir, speculative=False))
+    return LibraryEngine(PairSpec(slug="main-alone", main_dir=SPEC.main_dir, route=Route.LIBRARY_MAIN_ALONE))
 
 
 @pytest.fixture(scope="module")
 def exact():
-    return OwnEngine(PairSpec(**{**SPEC.__dict__, "exact_sampling": True}))
+    return OwnEngine(replace(SPEC, route=Route.OWN_SPECULATIVE))
 
 
 @pytest.fixture(scope="module")
 def exact_cut_head(demo_head_ids):
     """The own engine, its draft's head cut to the 300 most frequent of the 4,096 tokens (and those every text
     needs), as `make real-pair` cuts a real pair's (engines/own/draft_head.py)."""
-    return OwnEngine(PairSpec(**{**SPEC.__dict__, "exact_sampling": True, "draft_head_ids": str(demo_head_ids)}))
+    return OwnEngine(replace(SPEC, route=Route.OWN_SPECULATIVE, draft_head_ids=str(demo_head_ids)))
 
 
 SETTINGS = [

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from inference import selectors, transport
 from inference.engines.decoding import DecodingParams
+from inference.limits import Route
 from inference.models import Generation, ModelPair
 from inference.serving import readers, web
 from inference.tasks import generate
@@ -154,7 +155,7 @@ def test_a_worker_taken_for_dead_does_not_finish_what_was_failed(demo_pair, stac
 
 def test_an_edited_pair_frees_the_engine_it_replaces(demo_pair, celery_worker, redis_client):
     """Each edit of a pair's settings builds a new pipeline; the worker keeps one per role
-    (speculative, exact sampling, main alone), not one per edit."""
+    (the library's speculative pipeline, its main alone, its own engine), not one per edit."""
     for cache_size_gb in (2, 3, 1):
         demo_pair.cache_size_gb = cache_size_gb
         demo_pair.save()
@@ -163,8 +164,8 @@ def test_an_edited_pair_frees_the_engine_it_replaces(demo_pair, celery_worker, r
                 max_new_tokens=4, speculative=speculative)).id)
     time.sleep(3)  # a heartbeat
     beat = next(w for w in selectors.live_workers(client=redis_client) if w["name"] == celery_worker.name)
-    roles = [(e["speculative"], e["exact_sampling"]) for e in beat["engines"] if e["slug"] == "demo-code"]
-    assert len(roles) == len(set(roles)) and {(True, False), (False, False)} <= set(roles)
+    routes = [e["route"] for e in beat["engines"] if e["slug"] == "demo-code"]
+    assert len(routes) == len(set(routes)) and {Route.LIBRARY_SPECULATIVE, Route.LIBRARY_MAIN_ALONE} <= set(routes)
 
 
 def test_a_reader_waits_for_the_end_event_that_lags_the_record(demo_pair, redis_client):

@@ -23,7 +23,7 @@ from typing import Protocol
 from inference.benchmark.prompts import Prompt
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Engine, Finished
-from inference.engines.spec import PairSpec
+from inference.engines.spec import PairSpec, library_route
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason, Route
@@ -211,25 +211,28 @@ class Engines:
             self._built[spec] = build_engine(spec)
         return self._built[spec]
 
-    def pair(self, *, speculative: bool, exact_sampling: bool = False, as_served: bool = True) -> Engine:
-        """`as_served`: the main alone in the configuration the host serves it in, else in the pair's own."""
-        if not speculative and not exact_sampling and self.alone and as_served:
+    def pair(self, route: Route, *, as_served: bool = True) -> Engine:
+        """The engine that serves `route` (the own engine's where the pair has one, else the library's route over
+        the pair's models). `as_served`: the main alone in the configuration the host serves it in, else in the
+        pair's own."""
+        if route == Route.LIBRARY_MAIN_ALONE and self.alone and as_served:
             return self._engine(self.alone)
-        if exact_sampling and self.own:
+        if route.is_own_engine() and self.own:
             return self._engine(self.own)
-        return self._engine(replace(self.spec, speculative=speculative,
-                                    exact_sampling=exact_sampling and bool(self.spec.draft_dir)))
+        return self._engine(replace(self.spec, route=library_route(self.spec, speculative=route.speculates())))
 
     def for_variant(self, variant: Variant) -> Engine:
         """Where the product runs a lone answer like `variant`: a sampled one with a draft on the own engine, a greedy
         one too where the pair serves lone answers there; a confidence threshold only the library applies."""
         on_own = variant.speculative and (variant.temperature > 0 or (
             self.lone_on_own and variant.assistant_confidence_threshold is None))
-        return self.pair(speculative=variant.speculative, exact_sampling=on_own)
+        if on_own:
+            return self.pair(Route.OWN_SPECULATIVE)
+        return self.pair(Route.LIBRARY_SPECULATIVE if variant.speculative else Route.LIBRARY_MAIN_ALONE)
 
     def draft_alone(self) -> Engine:
         return self._engine(replace(self.spec, slug=f"{self.spec.slug}-draft-alone", main_dir=self.spec.draft_dir,
-                                    draft_dir="", prompt_lookup=False, speculative=False))
+                                    draft_dir="", route=Route.LIBRARY_MAIN_ALONE))
 
     def close(self) -> None:
         for engine in self._built.values():
@@ -355,7 +358,7 @@ def draft_cost_ratio(*, spec: PairSpec | None = None, engines: Engines | None = 
     """Time per token of the draft alone over the main alone (plain pipelines, same settings), interleaved."""
     engines, own = _engines_for(spec, engines)
     try:
-        alone = {"main": engines.pair(speculative=False, as_served=False), "draft": engines.draft_alone()}
+        alone = {"main": engines.pair(Route.LIBRARY_MAIN_ALONE, as_served=False), "draft": engines.draft_alone()}
         times: dict[str, list[float]] = {"main": [], "draft": []}
         params = DecodingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
         for engine in alone.values():  # warm-up

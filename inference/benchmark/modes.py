@@ -25,9 +25,9 @@ from inference.engines.grammar.grammar import Grammar
 from inference.engines.interface import Engine, Finished
 from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.stepped_model import read_stepped, step_inputs
-from inference.engines.spec import PairSpec
+from inference.engines.spec import PairSpec, library_route
 from inference.engines.speculation_stats import SpeculationStats
-from inference.limits import Drafter, FinishReason
+from inference.limits import Drafter, FinishReason, Route
 from inference.serving.registry import build_engine
 
 # Each mode as PairSpec fields ("" precision: the device's default). fast-f32: f32 with the CPU's dynamic int8
@@ -38,7 +38,7 @@ MODES: dict[str, dict] = {
     "exact": EXACT,
     "fast": {"inference_precision": "", "kv_cache_precision": ""},
     "fast-f32": {**EXACT, "dynamic_quantization": True},
-    "own": {**EXACT, "dynamic_quantization": True, "exact_sampling": True, "own_engine": True},
+    "own": {**EXACT, "dynamic_quantization": True, "route": Route.OWN_SPECULATIVE},
 }
 MODES["own-whole-head"] = {**MODES["own"], "draft_head_ids": ""}  # the own engine's draft with its head whole
 MODES["own-fixed-k"] = {**MODES["own"], "drafters_judged": False}  # every step proposes K, paying or not
@@ -88,9 +88,8 @@ def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_strea
     """`speculating_streams`: on the own engine, beyond that many answers speculating ones join the batch (0:
     never, every answer speculates, the lines that show what speculating alone costs under load). `lookup`: the
     own engine's prompt lookup before its draft (off: the draft alone proposes)."""
-    fields = {"exact_sampling": False, "own_engine": False, "dynamic_quantization": False, **MODES[mode]}
-    return replace(spec, speculative=speculative or fields["exact_sampling"], speculating_streams=speculating_streams,
-                   chained_lookup=lookup, **fields)
+    fields = {"route": library_route(spec, speculative=speculative), "dynamic_quantization": False, **MODES[mode]}
+    return replace(spec, speculating_streams=speculating_streams, chained_lookup=lookup, **fields)
 
 
 def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int, grammar: Grammar | None = None,
@@ -187,7 +186,9 @@ def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens
 
 def mode_props(*, main_dir: str, mode: str) -> dict[str, str]:
     """A mode's device properties (what infer_cost compiles the main with)."""
-    return mode_spec(PairSpec(slug="cost", main_dir=main_dir), mode, speculative=False).device_properties(device="CPU")
+    compiled = {key: value for key, value in MODES[mode].items() if key != "route"}  # the main's, on either engine
+    return PairSpec(slug="cost", main_dir=main_dir, route=Route.LIBRARY_MAIN_ALONE, **compiled).device_properties(
+        device="CPU")
 
 
 def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",

@@ -41,7 +41,7 @@ from inference.engines.own.kv_cache import KvSequence
 from inference.engines.spec import PairSpec, context_length
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.tokenizer import load_tokenizer
-from inference.limits import Drafter
+from inference.limits import Drafter, Route
 from inference.serving.precision import CONFIGS, EXACT_ON_OWN_ENGINE, offered
 from inference.serving.registry import build_engine
 
@@ -163,7 +163,7 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
     """The figures a HostCalibration keeps (see the module's docstring)."""
     started = time.monotonic()
     prompts = chat_prompts(spec.main_dir, max(budget.prompts, budget.streams))
-    alone = {config.name: replace(spec, speculative=False, exact_sampling=False, own_engine=False, **config.fields)
+    alone = {config.name: replace(spec, route=Route.LIBRARY_MAIN_ALONE, **config.fields)
              for config in offered(capabilities)}
     steps = Steps(total=budget.rounds + (budget.rounds + 2 if spec.draft_dir else 0), report=progress)
     results: dict = {"budget": {**vars(budget), "ks": list(budget.ks), "stopped_ks": list(budget.stopped_ks),
@@ -214,8 +214,8 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
     each K in the batch at several streams, in rounds beside the fastest main alone measured again (so that the Ks
     are judged against it in one run). One answer speculates on its own, as a pair's first stream does."""
     config = CONFIGS[name]
-    engine = build_engine(replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=1,
-                                  prefix_cache_mb=0, **config.fields))
+    engine = build_engine(replace(spec, route=Route.OWN_SPECULATIVE, speculating_streams=1, prefix_cache_mb=0,
+                                  **config.fields))
     try:
         reference, alone = Line(fastest), Line(engine)
         reference_batched, batched = Line(fastest, streams=budget.streams), Line(engine, streams=budget.streams)
@@ -260,9 +260,8 @@ def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
     own_config, fastest = CONFIGS[results["own_config"]], CONFIGS[results["fastest"]]
     if results.get("draft") == "alternative":
         spec = replace(spec, draft_dir=spec.draft_alternative_dir)
-    own = OwnEngine(replace(spec, speculative=True, exact_sampling=True, own_engine=True, speculating_streams=1,
-                            **own_config.fields))
-    library = build_engine(replace(spec, speculative=False, exact_sampling=False, own_engine=False, **fastest.fields))
+    own = OwnEngine(replace(spec, route=Route.OWN_SPECULATIVE, speculating_streams=1, **own_config.fields))
+    library = build_engine(replace(spec, route=Route.LIBRARY_MAIN_ALONE, **fastest.fields))
     tokens = min(LONG_CONTEXT, context_length(Path(spec.main_dir)) - budget.max_new_tokens - LONG_QUESTION_ROOM)
     prompts = long_prompts(spec.main_dir, tokens)
     try:

@@ -16,15 +16,34 @@ PREFIX_CACHE_MB = 512  # the own engine's prefix caches, main and draft together
 HEAD_IDS_FILE = "head_vocabulary.npy"  # beside a draft's IR: the ids its head keeps (pairs/head_vocabulary.py)
 
 
+# Which of a pair's engines a spec builds: a worker keeps one engine per (slug, role). The own engine serves both own
+# routes, its main alone as its batch at K=0 (engines/own/batch.py), so the two share one role; the library's draft
+# and its prompt lookup are the pair's one speculative pipeline (an edited pair's replaces the other).
+ROLES: dict[Route, str] = {
+    Route.LIBRARY_SPECULATIVE: "library-speculative",
+    Route.PROMPT_LOOKUP: "library-speculative",
+    Route.LIBRARY_MAIN_ALONE: "library-main-alone",
+    Route.OWN_SPECULATIVE: "own",
+    Route.OWN_MAIN_ALONE: "own",
+}
+
+
 @dataclass(frozen=True)
 class PairSpec:
-    """Everything needed to build a pair's pipeline. `speculative=False` builds the main alone,
-    on the same backend and scheduler settings: the honest baseline, and per-request opt-out."""
+    """Everything needed to build one of a pair's engines, the route it serves included: the library's pipeline
+    with its draft or its prompt lookup, its main alone (the honest baseline, and the per-request opt-out, on the
+    same backend and scheduler settings), or the own engine. The own engine's spec says Route.OWN_SPECULATIVE: that
+    one engine serves the pair's own main alone too (at K=0), so serving/records.py's pair_spec gives both own
+    routes the same spec."""
 
     slug: str
     main_dir: str
     draft_dir: str = ""
-    prompt_lookup: bool = False
+    route: Route = Route.LIBRARY_SPECULATIVE  # the engine it builds (serving/registry.py's ENGINES)
+    # The route of the engine the pair serves as registered (ModelPair.own_engine_streams: its own), whose state the
+    # admin shows and which stays when idle; None: the library's route over this spec's models, the draft's where
+    # it has one, else the main alone (a spec built outside serving/records.py's pair_spec)
+    pair_default: Route | None = None
     device: str = "CPU"  # the main's
     draft_device: str = ""  # "": the main's device
     cache_size_gb: int = 1
@@ -32,9 +51,6 @@ class PairSpec:
     prefill_first: bool = False  # whole prompts in steps of their own (the library's dynamic_split_fuse off)
     inference_precision: str = "f32"
     kv_cache_precision: str = "f32"
-    speculative: bool = True
-    exact_sampling: bool = False  # the own engine (engines/own/engine.py) rather than openvino-genai's pipeline
-    own_engine: bool = False  # the pair serves its first streams on its own engine (ModelPair.own_engine_streams)
     speculating_streams: int = 0  # on the own engine: beyond this many answers, speculating ones join the batch
     prefix_cache_mb: int = PREFIX_CACHE_MB  # on the own engine: its prefix caches' bound (0: none)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
@@ -43,15 +59,21 @@ class PairSpec:
     draft_alternative_dir: str = ""  # the same draft in another weight format: a calibration keeps the cheaper
     drafters_judged: bool = True  # on the own engine: a drafter sits out where it does not pay (engines/own/payoff.py)
 
+    def __post_init__(self) -> None:
+        if self.route == Route.OWN_MAIN_ALONE:
+            raise ValueError("the own engine's spec says Route.OWN_SPECULATIVE: it serves its main alone too")
+        if self.route in (Route.LIBRARY_SPECULATIVE, Route.OWN_SPECULATIVE) and not self.draft_dir:
+            raise ValueError(f"{self.route} needs a draft model (draft_dir)")
+
     @property
-    def role(self) -> tuple[str, bool, bool]:
-        """What the spec is for: a pair's speculative engine, its own engine or its main alone.
-        A worker keeps one engine per role; a spec with new settings for a role replaces the old engine."""
-        return self.slug, self.speculative, self.exact_sampling
+    def role(self) -> tuple[str, str]:
+        """Which of the pair's engines the spec is for (ROLES): a worker keeps one engine per role; a spec with new
+        settings for a role replaces the old engine."""
+        return self.slug, ROLES[self.route]
 
     @property
     def uses_draft(self) -> bool:
-        return self.speculative and bool(self.draft_dir)
+        return self.route in (Route.LIBRARY_SPECULATIVE, Route.OWN_SPECULATIVE)
 
     @property
     def draft_runs_on(self) -> str:
@@ -64,7 +86,8 @@ class PairSpec:
 
     @property
     def uses_prompt_lookup(self) -> bool:
-        return self.speculative and not self.draft_dir and self.prompt_lookup
+        """The library's prompt lookup (the own engine's is `chained_lookup`, beside its draft)."""
+        return self.route == Route.PROMPT_LOOKUP
 
     @property
     def drafter(self) -> Drafter:
@@ -72,24 +95,12 @@ class PairSpec:
         return Drafter.NGRAM if self.uses_prompt_lookup else Drafter.DRAFT
 
     @property
-    def route(self) -> Route:
-        """The route this engine serves (the own engine serves its main alone too, at K=0)."""
-        if self.exact_sampling:
-            return Route.OWN_SPECULATIVE
-        if self.uses_draft:
-            return Route.LIBRARY_SPECULATIVE
-        return Route.PROMPT_LOOKUP if self.uses_prompt_lookup else Route.LIBRARY_MAIN_ALONE
-
-    @property
     def is_pair_default(self) -> bool:
         """The engine the pair serves as registered, whose state the admin shows (a speculative pair also
-        builds its main alone and its own engine, on demand): its own engine where it has one, else the
-        library's pipeline with its draft, or its prompt lookup, or its main alone."""
-        if self.own_engine:
-            return self.route == Route.OWN_SPECULATIVE
-        if self.draft_dir:
-            return self.route == Route.LIBRARY_SPECULATIVE
-        return self.route == (Route.PROMPT_LOOKUP if self.prompt_lookup else Route.LIBRARY_MAIN_ALONE)
+        builds its main alone and its own engine, on demand)."""
+        if self.pair_default is not None:
+            return self.route == self.pair_default
+        return self.route == (Route.LIBRARY_SPECULATIVE if self.draft_dir else Route.LIBRARY_MAIN_ALONE)
 
     @property
     def step_budget(self) -> int | None:
@@ -115,6 +126,15 @@ class PairSpec:
             # (docs/exactness.md#greedy-identity-and-the-cpus-kernels).
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
         return props
+
+
+
+def library_route(spec: PairSpec, *, speculative: bool) -> Route:
+    """The library's route over a spec's models: its draft's, or its prompt lookup's where the spec has that, or
+    the main alone (`speculative` off, or nothing to draft with)."""
+    if speculative and spec.draft_dir:
+        return Route.LIBRARY_SPECULATIVE
+    return Route.PROMPT_LOOKUP if speculative and spec.route == Route.PROMPT_LOOKUP else Route.LIBRARY_MAIN_ALONE
 
 
 DEFAULT_CONTEXT = 2048

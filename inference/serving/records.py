@@ -24,19 +24,29 @@ from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import FinishReason, Route
 from inference.models import Generation, ModelPair
 from inference.serving import precision
-from inference.serving.planning import HostFigures, Plan
+from inference.serving.planning import HostFigures, Plan, pair_default_route
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 NOT_SAVED = "This answer could not be saved (the database did not answer): send it again."
 
 
+def engine_route(*, pair: ModelPair, route: Route) -> Route:
+    """The route of the engine that serves `route` on the pair: its own engine serves both of its routes (its spec
+    says Route.OWN_SPECULATIVE, so the two share one engine); the library's speculative route is the pair's draft
+    or its prompt lookup, or its main alone without either."""
+    if route.is_own_engine() and pair.draft_dir:
+        return Route.OWN_SPECULATIVE
+    if route == Route.LIBRARY_MAIN_ALONE or not pair.is_speculative:
+        return Route.LIBRARY_MAIN_ALONE
+    return Route.LIBRARY_SPECULATIVE if pair.draft_dir else Route.PROMPT_LOOKUP
+
+
 def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE,
               calibration: HostFigures | None = None) -> PairSpec:
-    """The spec of the engine that serves a route of the pair (its own engine serves both of its routes; the
-    library's speculative route is the pair's draft or its prompt lookup, or its main alone without either).
-    On a calibrated host the main alone and the own engine run in the precision measured fastest there (the
-    library's speculation keeps the pair's own: its greedy answers are exact only in f32)."""
+    """The spec of the engine that serves a route of the pair (engine_route). On a calibrated host the main alone
+    and the own engine run in the precision measured fastest there (the library's speculation keeps the pair's
+    own: its greedy answers are exact only in f32)."""
     root = Path(settings.MODELS_ROOT)
     own = route.is_own_engine()  # whose main alone is its batch, beside the draft
     head_ids = root / pair.draft_dir / HEAD_IDS_FILE if pair.draft_dir else None  # `make real-pair` writes it
@@ -44,7 +54,8 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE,
         slug=pair.slug,
         main_dir=str(root / pair.main_dir),
         draft_dir=str(root / pair.draft_dir) if pair.draft_dir else "",
-        prompt_lookup=pair.prompt_lookup,
+        route=engine_route(pair=pair, route=route),
+        pair_default=engine_route(pair=pair, route=pair_default_route(pair)),
         device=pair.device,
         draft_device=pair.draft_device,
         cache_size_gb=pair.cache_size_gb,
@@ -52,9 +63,6 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE,
         prefill_first=pair.prefill_first,
         inference_precision=pair.inference_precision,
         kv_cache_precision=pair.kv_cache_precision,
-        speculative=route != Route.LIBRARY_MAIN_ALONE and pair.is_speculative,
-        exact_sampling=own and bool(pair.draft_dir),
-        own_engine=bool(pair.own_engine_streams and pair.draft_dir),
         speculating_streams=pair.own_engine_streams if pair.draft_dir else 0,
         prefix_cache_mb=settings.PREFIX_CACHE_MB,
         dynamic_quantization=bool(pair.own_engine_streams) and own,

@@ -19,7 +19,7 @@ from inference.engines.interface import Engine
 from inference.engines.library.pipeline import LibraryEngine, StepObserver
 from inference.engines.own.engine import OwnEngine
 from inference.engines.spec import PairSpec
-from inference.limits import LoadState
+from inference.limits import LoadState, Route
 from inference.serving.rates import StepRates
 
 log = logging.getLogger(__name__)
@@ -31,11 +31,23 @@ log = logging.getLogger(__name__)
 RENEW_WHEN_RUNNING_AT_MOST = 1
 
 
+# The engine class that serves each route: the library's pipeline (in a step process) or our exact sampler. The own
+# engine's spec says Route.OWN_SPECULATIVE for both own routes (engines/spec.py): its main alone is its batch.
+ENGINES: dict[Route, type[LibraryEngine] | type[OwnEngine]] = {
+    Route.LIBRARY_SPECULATIVE: LibraryEngine,
+    Route.PROMPT_LOOKUP: LibraryEngine,
+    Route.LIBRARY_MAIN_ALONE: LibraryEngine,
+    Route.OWN_SPECULATIVE: OwnEngine,
+    Route.OWN_MAIN_ALONE: OwnEngine,
+}
+
+
 def build_engine(spec: PairSpec, *, on_step: StepObserver | None = None, step_timeout_s: float = 0) -> Engine:
-    """The engine a spec asks for: our exact sampler, or the library's pipeline in a step process."""
-    if spec.route.is_own_engine():
-        return OwnEngine(spec)
-    return LibraryEngine(spec, on_step=on_step, step_timeout_s=step_timeout_s)
+    """The engine a spec's route asks for (ENGINES)."""
+    engine = ENGINES[spec.route]
+    if issubclass(engine, LibraryEngine):  # in a step process: its steps observed, a watchdog on them
+        return engine(spec, on_step=on_step, step_timeout_s=step_timeout_s)
+    return engine(spec)
 
 
 class EngineRegistry:
@@ -76,7 +88,7 @@ class EngineRegistry:
             if spec.is_pair_default:
                 self.states[spec.slug] = {"state": LoadState.LOADING, "error": ""}
             try:
-                for folder in filter(None, (spec.main_dir, spec.draft_dir if spec.speculative else "")):
+                for folder in filter(None, (spec.main_dir, spec.draft_dir if spec.uses_draft else "")):
                     if not Path(folder, "openvino_model.xml").is_file():
                         raise FileNotFoundError(f"no openvino_model.xml in {folder}")
                 if refusals := on_this_worker().refusals(spec.devices):
@@ -152,11 +164,11 @@ class EngineRegistry:
                     self._engines.pop(spec).close()
                     released.append(spec)
         if released:
-            log.info("freed idle engines (slug, speculative, exact sampling): %s", [spec.role for spec in released])
+            log.info("freed idle engines (slug, role): %s", [spec.role for spec in released])
         return released
 
     def loaded(self) -> list[dict]:
-        return [{"slug": s.slug, "speculative": s.speculative, "exact_sampling": s.exact_sampling,
+        return [{"slug": s.slug, "route": s.route,
                  "inference_precision": s.inference_precision, "kv_cache_precision": s.kv_cache_precision,
                  "dynamic_quantization": s.dynamic_quantization} for s in self._engines]
 
@@ -176,7 +188,8 @@ class EngineRegistry:
 
     def active_requests(self, *, slug: str = "", speculative: bool | None = None) -> int:
         """Requests running in this process, for one pair or all: in all its engines, or (`speculative`
-        True / False) in its speculative pipeline / its main alone."""
+        True / False) in the library's speculative pipeline / its main alone."""
         return sum(engine.active_count for spec, engine in self._engines.items()
                    if (not slug or spec.slug == slug)
-                   and (speculative is None or (spec.speculative == speculative and not spec.exact_sampling)))
+                   and (speculative is None or (not spec.route.is_own_engine()
+                                                and spec.route.speculates() == speculative)))

@@ -17,13 +17,14 @@ from inference.benchmark.modes import answer  # noqa: E402
 from inference.benchmark.prompts import prompts_from_file  # noqa: E402
 from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.engines.tokenizer import load_tokenizer  # noqa: E402
+from inference.limits import Route  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402
 
 SLUG, PROMPTS, TEMPERATURE, DRAFTS = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 ROUNDS, TOKENS, K = 2, 96, 3
 
-spec = replace(pair_spec(pair=ModelPair.objects.get(slug=SLUG)), exact_sampling=True, own_engine=True,
+spec = replace(pair_spec(pair=ModelPair.objects.get(slug=SLUG)), route=Route.OWN_SPECULATIVE,
                dynamic_quantization=True, inference_precision="f32", kv_cache_precision="f32", prompt_cache_tokens=0)
 tokenizer = load_tokenizer(spec.main_dir)
 prompts = [p.text for p in prompts_from_file(PROMPTS, render_chat=lambda messages: str(

@@ -115,7 +115,7 @@ class LibraryEngine:
         self._closed = False
         self._reader = threading.Thread(target=self._read_steps, name=f"steps-{spec.slug}", daemon=True)
         self._reader.start()
-        log.info("loaded %s (speculative=%s) in %.1f s, step process %s", spec.slug, spec.speculative,
+        log.info("loaded %s (%s) in %.1f s, step process %s", spec.slug, spec.route,
                  self.load_seconds, self._process.pid)
 
     @property
