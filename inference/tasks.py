@@ -20,9 +20,9 @@ def import_pair(job_id: int) -> None:
 @shared_task(name="inference.benchmark")
 def benchmark(run_id: int) -> None:
     """A benchmark of a pair on this worker's own engines (the task is routed to the pair's queue)."""
-    from inference.benchmark import runs
+    from inference.benchmark import records
 
-    runs.execute_benchmark_run(run_id=run_id)
+    records.execute_benchmark_run(run_id=run_id)
 
 
 @shared_task(name="inference.calibrate")

@@ -3,7 +3,7 @@
 import pytest
 from django.test import Client
 
-from inference.admin import BenchmarkForm
+from inference.admin.benchmarks import BenchmarkForm
 from inference.limits import K_MAX
 from inference.models import BenchmarkRun
 

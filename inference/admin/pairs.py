@@ -12,7 +12,7 @@ from inference import selectors, transport
 from inference.admin import pair_actions
 from inference.admin.benchmarks import benchmark_html
 from inference.admin.media import ExtraStyle
-from inference.benchmark import runs
+from inference.benchmark import records
 from inference.models import BenchmarkRun, JobStatus, ModelPair
 from inference.serving import calibrated
 
@@ -150,4 +150,4 @@ class ModelPairAdmin(admin.ModelAdmin):
         if latest and latest.status != BenchmarkRun.Status.FINISHED:
             pending = format_html("<p>Run #{} is {}: {}</p>", latest.id, latest.status,
                                   latest.error or latest.progress or "waiting for a worker")
-        return format_html("{}{}", pending, benchmark_html(runs.latest_finished_run(pair=pair)))
+        return format_html("{}{}", pending, benchmark_html(records.latest_finished_run(pair=pair)))

@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from inference.benchmark.inprocess import ADAPTIVE, PLAIN, Progress, Variant, k_variant, timestamp
 from inference.benchmark.prompts import Prompt
-from inference.benchmark.stack import StreamFn, concurrency_sweep, steady_sweep, summarize_concurrency
+from inference.benchmark.stack import StreamFn
+from inference.benchmark.sweeps import concurrency_sweep, steady_sweep, summarize_concurrency
 from inference.models import BenchmarkRun, ModelPair
 from inference.serving.planning.choice import quickest_k
 
@@ -29,7 +30,7 @@ class ProfileOptions:
     max_new_tokens: int = 96
     repeats: int = 1
     sampled: bool = True
-    load: str = "bursts"  # or "steady": N clients that ask again as soon as their answer ends (stack.steady_sweep)
+    load: str = "bursts"  # or "steady": N clients that ask again as soon as their answer ends (sweeps.steady_sweep)
     rounds: int = 6  # answers each client asks under a steady load
 
 

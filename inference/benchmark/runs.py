@@ -2,27 +2,18 @@
 
 `run_benchmark` plans the variants from the pair and the options, runs the in-process part and,
 given a stack, the same variants through the websocket and SSE clients (all interleaved) and
-then the concurrency sweep, and returns one results dict (what results.json holds). The admin
-path: `start_benchmark_run` records a BenchmarkRun and sends it to a worker of the pair's queue,
-where `execute_benchmark_run` measures in-process on the worker's own loaded engines.
+then the concurrency sweep, and returns one results dict (what results.json holds). The runs
+kept in the database, and the admin's run on a worker, are in records.py.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import platform
-import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from celery import current_app
-from django.conf import settings
-from django.db import transaction
-from django.utils import timezone
-
-from inference import jobs, pair_checks
+from inference import pair_checks
 from inference.benchmark import report
 from inference.benchmark.inprocess import (
     ADAPTIVE,
@@ -45,7 +36,7 @@ from inference.benchmark.inprocess import (
 from inference.benchmark.prompts import Prompt, heldout_prompts
 from inference.benchmark.summary import compare_to_inprocess, first_texts, loop_warning, summarize
 from inference.limits import Route
-from inference.models import BenchmarkRun, ModelPair
+from inference.models import ModelPair
 from inference.serving import planning
 from inference.serving.precision import CONFIGS
 
@@ -53,7 +44,6 @@ if TYPE_CHECKING:
     from inference.benchmark.peer import PeerServer
     from inference.benchmark.stack import StackTarget
 
-log = logging.getLogger(__name__)
 CLIENTS = ("websocket", "sse")  # inference.benchmark.stack's, imported only with a stack (it needs aiohttp)
 
 
@@ -275,13 +265,8 @@ def _under_load(*, stack: StackTarget, peer: PeerServer | None, options: Benchma
     """The stack's TTFT split, the bursts (the peer's line among them) and the steady load; `lines`: the
     steady load's and the bursts' variants; `progress`: the bursts' and the steady load's."""
     from inference.benchmark.peer import beside_peer
-    from inference.benchmark.stack import (
-        burst_ttft_profile,
-        concurrency_sweep,
-        steady_sweep,
-        summarize_concurrency,
-        ttft_profile,
-    )
+    from inference.benchmark.stack import ttft_profile
+    from inference.benchmark.sweeps import burst_ttft_profile, concurrency_sweep, steady_sweep, summarize_concurrency
 
     steady_lines, burst_lines = lines
     measured: dict[str, Any] = {"ttft_profile": ttft_profile({name: [s.as_dict() for r in results[name].values()
@@ -335,69 +320,3 @@ def history_prompts(*, pair: ModelPair, count: int) -> list[Prompt]:
     if not texts:
         raise ValueError(f"'{pair.slug}' has no recorded prompts yet")
     return [Prompt(text, "history", private=True) for text in texts]
-
-
-# ------------------------------------------------------------------ runs kept in the database
-def record_run(*, pair: ModelPair, options: BenchmarkOptions, results: dict, report_dir: Path) -> BenchmarkRun:
-    """Keep a finished run (from the command) so the pair's admin page shows it."""
-    return BenchmarkRun.objects.create(pair=pair, status=BenchmarkRun.Status.FINISHED, options=options.as_json(),
-                                       results=results, report_dir=str(report_dir.resolve()), progress="done",
-                                       finished_at=timezone.now())
-
-
-def start_benchmark_run(*, pair: ModelPair, options: BenchmarkOptions) -> BenchmarkRun:
-    """Record a queued run and send it to a worker of the pair's queue."""
-    run = BenchmarkRun.objects.create(pair=pair, options=options.as_json())
-    transaction.on_commit(lambda: current_app.send_task("inference.benchmark", args=[run.id], queue=pair.queue))
-    return run
-
-
-def _failure(exc: Exception) -> str:
-    """The run's error as the admin shows it: a timeout's own sentence, else the exception named."""
-    return str(exc) if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
-
-
-def execute_benchmark_run(*, run_id: int) -> None:
-    """The worker's side: measure in-process on this worker's own engines for the pair (shared
-    with any live traffic, which the notes say), write the report, keep the results."""
-    from inference.serving.worker import STATE
-
-    if not jobs.claim(model=BenchmarkRun, job_id=run_id):
-        return  # a replayed delivery of a run that already started
-    run = BenchmarkRun.objects.select_related("pair").get(id=run_id)
-    last_update = 0.0
-
-    def progress(done: int, total: int, label: str) -> None:
-        nonlocal last_update
-        if time.monotonic() - last_update >= 2:
-            last_update = time.monotonic()
-            BenchmarkRun.objects.filter(id=run_id).update(progress=f"{done}/{total}: {label}")
-
-    try:
-        with jobs.leased(model=BenchmarkRun, job_id=run_id):
-            options = BenchmarkOptions.from_json(run.options)
-            engines, baseline = benchmark_engines(pair=run.pair, get=STATE.engines.get)
-            results = run_benchmark(pair=run.pair, options=options, progress=progress, engines=engines, notes=(
-                baseline, "Run on a worker's own engines, which live traffic may have shared."))
-            report_dir = Path(settings.BENCHMARK_DIR) / f"{run.pair.slug}-{run.id}"
-            report.write_report(results, report_dir)
-    except Exception as exc:
-        log.exception("benchmark run %s failed", run_id)
-        BenchmarkRun.objects.filter(id=run_id).update(status=BenchmarkRun.Status.FAILED, finished_at=timezone.now(),
-                                                      error=_failure(exc))
-        return
-    BenchmarkRun.objects.filter(id=run_id).update(status=BenchmarkRun.Status.FINISHED, results=results,
-                                                  report_dir=str(report_dir), progress="done",
-                                                  finished_at=timezone.now())
-
-
-def latest_finished_run(*, pair: ModelPair) -> BenchmarkRun | None:
-    return pair.benchmarks.filter(status=BenchmarkRun.Status.FINISHED).order_by("-created_at").first()
-
-
-def plot_file(*, run: BenchmarkRun, name: str) -> Path | None:
-    """One of the run's PNGs, if it has it (names are checked against the known plots)."""
-    if name not in report.PLOTS or not run.report_dir:
-        return None
-    path = Path(run.report_dir) / name
-    return path if path.is_file() else None

@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from inference import errors
-from inference.benchmark import conversation, report, runs
+from inference.benchmark import conversation, records, report, runs
 from inference.benchmark.peer import PeerServer
 from inference.benchmark.prompts import Prompt, prompts_from_file
 from inference.benchmark.servers import StackError, check_served, local_stack, stack_credentials
@@ -138,7 +138,7 @@ class Command(BaseCommand):
         except (ValueError, OSError, errors.ServiceError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
         files = report.write_report(results, o["out"])
-        runs.record_run(pair=pair, options=options, results=results, report_dir=o["out"])
+        records.record_run(pair=pair, options=options, results=results, report_dir=o["out"])
         report.print_report(results, out=self.stdout.write)
         self.stdout.write("\nWrote " + ", ".join(str(f) for f in files))
 
