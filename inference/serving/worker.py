@@ -188,6 +188,23 @@ REPLAN_EVERY_S = 0.2  # how often a running answer asks whether to move to anoth
 OVERRUN_GRACE_S = 10  # an answer past settings.MAX_ANSWER_S whose engine has not stopped it ends anyway
 
 
+def _fixed_k(engine: Engine, params: DecodingParams) -> int | None:
+    """The K every step of the answer drafts, for its figures (None: the engine does not draft, or a threshold)."""
+    if not (engine.spec.uses_draft or engine.spec.uses_prompt_lookup):
+        return None
+    return params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
+
+
+def _scored(engine: Engine, item: StepTokens) -> list[list]:
+    """[text, logprob] per token, and [[text, logprob], ...] of its alternatives when the request asked."""
+    decode = engine.tokenizer.decode
+    scored: list[list] = [[decode([token]), logprob]
+                          for token, logprob in zip(item.token_ids, item.logprobs or [], strict=True)]
+    for entry, alternatives in zip(scored, item.alternatives or [], strict=False):
+        entry.append([[decode([token]), logprob] for token, logprob in alternatives])
+    return scored
+
+
 class Answer:
     """One generation being streamed: its request's steps go to the generation's Redis Stream (batched
     for STREAM_FLUSH_MS), its record is written at the end. While it runs, it may be handed over to
@@ -201,7 +218,7 @@ class Answer:
         self.asked, self.planned, self.engine, self.request = asked, planned, engine, request
         self.calibration = calibration  # what the plan read of the host (a burst may move it off the own engine)
         self.prompt_ids, self.started_at = request.prompt_ids, request.added_at
-        self.stats = SpeculationStats(num_assistant_tokens=self._fixed_k(engine, params),
+        self.stats = SpeculationStats(num_assistant_tokens=_fixed_k(engine, params),
                                       speculative=(engine.spec.uses_draft or engine.spec.uses_prompt_lookup)
                                       and params.num_assistant_tokens != 0,
                                       max_new_tokens=params.max_new_tokens, drafter=engine.spec.drafter)
@@ -212,21 +229,6 @@ class Answer:
         self.moving_to: planning.Plan | None = None
         self.cached_tokens = 0  # prompt tokens the first engine found in its prefix cache
         self.overran = False  # stopped for running past settings.MAX_ANSWER_S
-
-    @staticmethod
-    def _fixed_k(engine: Engine, params: DecodingParams) -> int | None:
-        if not (engine.spec.uses_draft or engine.spec.uses_prompt_lookup):
-            return None
-        return params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
-
-    def _scored(self, item: StepTokens) -> list[list]:
-        """[text, logprob] per token, and [[text, logprob], ...] of its alternatives when the request asked."""
-        decode = self.engine.tokenizer.decode
-        scored: list[list] = [[decode([token]), logprob]
-                              for token, logprob in zip(item.token_ids, item.logprobs or [], strict=True)]
-        for entry, alternatives in zip(scored, item.alternatives or [], strict=False):
-            entry.append([[decode([token]), logprob] for token, logprob in alternatives])
-        return scored
 
     def run(self) -> None:
         flush_s = settings.STREAM_FLUSH_MS / 1000
@@ -247,7 +249,7 @@ class Answer:
                 self.stats.add_step(len(item.token_ids), item.at, drafter=item.drafter, proposed=item.proposed)
                 piece: list = list(self.text.add(item.token_ids))
                 if item.logprobs is not None:  # a third element: each token's text and log probability
-                    piece.append(self._scored(item))
+                    piece.append(_scored(self.engine, item))
                 self.steps.append(piece)
                 self.pending.append(piece)
             elif isinstance(item, Finished):
@@ -341,7 +343,7 @@ class Answer:
             return Finished(FinishReason.ERROR, f"The answer could not go on ({planned.reason}): {WORKER_FAILED}")
         self.engine, self.request, self.planned = engine, request, planned
         STATE.running[str(self.generation.id)] = request
-        self.stats.hand_over(num_assistant_tokens=self._fixed_k(engine, params), speculative=engine.spec.uses_draft,
+        self.stats.hand_over(num_assistant_tokens=_fixed_k(engine, params), speculative=engine.spec.uses_draft,
                              drafter=engine.spec.drafter)
         _record_plan(generation=self.generation, planned=planned)
         return None
