@@ -1,17 +1,10 @@
-"""Which configurations of the main alone a calibration measures again after a round."""
+"""Which configurations of the main alone a calibration measures again after a round; the prompts it measures on."""
 
 import json
 
 from django.conf import settings
 
-from inference.calibration.measure import (
-    CALIBRATION_PROMPTS,
-    Line,
-    _contenders,
-    best_batch_k,
-    chat_prompts,
-    library_alone,
-)
+from inference.calibration.measure import CALIBRATION_PROMPTS, Line, _contenders, chat_prompts
 from inference.pairs import catalog
 
 
@@ -53,45 +46,3 @@ def test_a_pair_with_prompts_of_its_own_is_calibrated_on_them(tmp_path):
 def test_the_real_pairs_calibration_prompts_are_its_tuning_set_not_its_held_out_one():
     assert catalog.QWEN_CODER.calibration_prompts.endswith("chat-a.json")
     assert (settings.BASE_DIR / catalog.QWEN_CODER.calibration_prompts).is_file()
-
-
-def test_the_main_alone_moves_to_the_library_only_where_it_is_faster_and_its_first_tokens_no_later():
-    """At several streams the library prefills every prompt before it decodes: 1.06x the tokens a second of the own
-    engine's batch came with first tokens twice as late (the AVX2 host), which no user of a chat calls faster."""
-    configs = {"f32": {"tokens_per_s": 8.9, "streams": 4, "tokens_per_s_streams": 14.6}}
-
-    def verdict(library: dict, own: dict) -> dict[str, bool]:
-        return library_alone({"configs": configs, "fastest": "f32", "fastest_again": library, "own_main_alone": own})
-
-    own = {"tokens_per_s": 7.5, "first_token_ms": 1200.0, "tokens_per_s_streams": 13.8, "first_token_ms_streams": 3000.0}
-    library = {"tokens_per_s": 8.7, "first_token_ms": 1150.0, "tokens_per_s_streams": 14.6}
-    assert verdict({**library, "first_token_ms_streams": 2900.0}, own) == {"1": True, "4": True}
-    assert verdict({**library, "first_token_ms_streams": 6100.0}, own) == {"1": True, "4": False}
-    assert verdict({**library, "first_token_ms": 1300.0, "first_token_ms_streams": 2900.0}, own) == {"1": False, "4": True}
-    assert verdict({**library, "tokens_per_s_streams": 14.0, "first_token_ms_streams": 2900.0}, own)["4"] is False
-    untimed = {key: value for key, value in own.items() if not key.startswith("first_token")}  # calibrated before
-    assert verdict(library, untimed) == {"1": True, "4": True}
-
-
-def test_answers_speculate_in_the_batch_at_the_k_that_beat_every_main_alone_under_load_with_the_same_answers():
-    """Four at once (the Intel host, model 167): the own engine's batched main alone 31.3 tok/s, the library's 34.4;
-    a K in the batch counts only where its answers were the batched main alone's, and above both."""
-    configs = {"f32-dynamic": {"tokens_per_s": 12.9, "streams": 4, "tokens_per_s_streams": 35.8}}
-    own = {"tokens_per_s": 10.5, "tokens_per_s_streams": 31.3}
-    library = {"tokens_per_s": 11.9, "tokens_per_s_streams": 34.4}
-
-    def results(**batch_ks: tuple[float, int]) -> dict:
-        measured_ = {k.removeprefix("k"): {"tokens_per_s": rate, "identical": same, "answers": 4}
-                     for k, (rate, same) in batch_ks.items()}
-        found = {"configs": configs, "fastest": "f32-dynamic", "fastest_again": library, "own_main_alone": own,
-                 "batch_ks": measured_}
-        return found | {"batch_k": best_batch_k(found)}
-
-    assert results(k1=(41.0, 4), k2=(44.5, 4))["batch_k"] == 2
-    assert results(k1=(41.0, 4), k2=(44.5, 3))["batch_k"] == 1  # K=2 parted from the main alone at a near-tie
-    assert results(k1=(33.0, 4), k2=(34.0, 4))["batch_k"] == 0  # above the own batch, not above the library's
-    assert results()["batch_k"] == 0  # calibrated before it measured the batch
-    faster_library = {**library, "tokens_per_s_streams": 40.0}
-    beaten = results(k2=(44.5, 4)) | {"fastest_again": faster_library}
-    assert library_alone(beaten)["4"] is False  # the burst speculates in the own engine's batch: one engine
-    assert library_alone({**beaten, "batch_k": 0})["4"] is True
