@@ -203,6 +203,11 @@ function speculationWords(m) {
   }
   if (m.speculative_mode === "prompt-lookup") return "drafts from the prompt's own words";
   if (m.speculative_k == null) return "draft while confident";
+  if (because("moved-into-batch")) {
+    // The own engine moved it into one batch with the pair's other answers: the K it ran at there, not the planned one.
+    return m.speculative_k ? `K=${m.speculative_k} in a batch as more answers came`
+      : "the main model alone in a batch as more answers came";
+  }
   if (because("k-asked")) return `K=${m.speculative_k}, as asked`;
   if (because(...LOAD_CODES)) return `K=${m.speculative_k} chosen for the load`;
   if (because(...DEFAULT_CODES)) return `K=${m.speculative_k}, the pair's default`;
