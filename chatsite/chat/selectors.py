@@ -12,7 +12,6 @@ from inference.engines.speculation_stats import FIGURES
 from inference.limits import Route
 from inference.models import Generation, JobStatus, ModelPair
 from inference.serving import calibrated
-from inference.serving.host import Host
 
 
 def user_is_active(*, user) -> bool:
@@ -108,16 +107,15 @@ def host_figures(*, pair: ModelPair, workers: list[dict]) -> dict:
     """What the server does with the pair on the host of a worker serving it, from the pair's newest finished
     calibration there: the fastest main alone's tokens/s, as the admin's verdict quotes it (what an answer's speed
     is weighed against; None where that host is not calibrated, and no speed-up is claimed), and the K an answer
-    alone that names none is planned with, as the calibration measured it (0: the main alone; None: not measured,
-    the worker plans it from its figures)."""
+    alone that names none is planned with there, as that worker's heartbeat says (the worker plans; the web does
+    not: 0 the main alone, None the draft going on while confident or no worker yet)."""
     hosts = [_machine(beat.get("host_facts") or {}) for beat in workers if pair.queue in beat.get("queues", ())]
     calibration = next((c for c in pair.calibrations.filter(status=JobStatus.FINISHED).order_by("-finished_at")
                         if c.results.get("fastest") and _machine(c.host_facts) in hosts), None)
-    figures = calibrated.host_figures(pair=pair, host=Host(calibration.host, calibration.host_facts)) if calibration \
-        else None
     alone = calibrated.summary(calibration).get("main_alone_tokens_per_s") if calibration else None
+    planned = next((beat["lone_k"][pair.slug] for beat in workers if pair.slug in beat.get("lone_k", {})), None)
     return {"main_alone_tokens_per_s": max(alone, _main_alone_lately(pair=pair)) if alone else None,
-            "planned_k": figures.k_at(1) if figures and pair.own_engine_streams else None}
+            "planned_k": planned}
 
 
 def _main_alone_lately(*, pair: ModelPair, last: int = 20) -> float:

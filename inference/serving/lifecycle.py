@@ -17,13 +17,13 @@ import time
 from celery.signals import worker_ready, worker_shutdown
 from celery.worker.consumer import Consumer
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from inference import jobs, transport
 from inference.engines.devices import runtime_devices
 from inference.models import BenchmarkRun, HostCalibration, ModelPair
 from inference.pairs.importer import fail_abandoned_imports
-from inference.serving import calibrated
+from inference.serving import calibrated, planning
 from inference.serving.host import this_host
 from inference.serving.housekeeping import (
     fail_orphaned_generations,
@@ -32,7 +32,7 @@ from inference.serving.housekeeping import (
     resend_lost_generations,
 )
 from inference.serving.planning import pair_default_route
-from inference.serving.worker import STATE, WORKER_NAME, load_engine, stop_running
+from inference.serving.worker import STATE, WORKER_NAME, host_figures, load_engine, stop_running
 
 log = logging.getLogger(__name__)
 _queues: list[str] = []
@@ -69,7 +69,21 @@ def heartbeat_payload() -> dict:
         # {slug: {streams: {K: tok/s}}}: what the plans follow (serving/rates.py), for /metrics
         "figures": {slug: rates.figures() for slug, rates in STATE.engines.rates.items()},
         "prefix_cache_bytes": STATE.engines.prefix_cache_bytes(),  # {slug: bytes}, for /metrics
+        "lone_k": lone_answers_k(),
     }
+
+
+def lone_answers_k() -> dict[str, int | None]:
+    """{slug: the K an answer alone that leaves K to the pair is planned with here now (0: the main alone; None: the
+    draft goes on while confident)} for the pairs this worker serves: the chat shows it before a question is sent, so
+    the web side never plans. Empty while the database is away (the heartbeat goes on)."""
+    try:
+        pairs = [pair for pair in ModelPair.objects.filter(enabled=True) if pair.queue in _queues]
+        lone = {pair.slug: planning.plan(pair=pair, asked=planning.Asked(), load=planning.Load(streams=1),
+                                         calibration=host_figures(pair=pair)) for pair in pairs}
+    except DatabaseError:
+        return {}
+    return {slug: 0 if planned.route.is_main_alone() else planned.k for slug, planned in lone.items()}
 
 
 def _beat_forever() -> None:

@@ -4,7 +4,7 @@ and by how many streams the step served; and the most streams it ran lately.
 The pair's profile says which K is fastest at each load, as the benchmark measured it, maybe on
 another day: on these shared hosts the crossover between speculation and the main alone moved from
 above 16 streams to below 8 between two evenings. These figures say it for this host now, from the
-answers the worker serves, and speculation.plan prefers them where both the main alone and a K have
+answers the worker serves, and the planner (serving/planning) prefers them where both the main alone and a K have
 been measured at the load. A step that ran beside another of the pair's pipelines is not counted:
 the two contend for the cores and neither figure would be its own.
 """
