@@ -76,7 +76,8 @@ def highest_load_k(pair: ModelPair) -> int | None:
     return winning[-1][1] if winning else pair.num_assistant_tokens
 
 
-def _pair_k(pair: ModelPair) -> int:
+def pair_k(pair: ModelPair) -> int:
+    """The pair's own K, where a K is needed and nothing chose one."""
     return pair.num_assistant_tokens or DEFAULT_K
 
 
@@ -109,14 +110,14 @@ def prompt_lookup(s: Situation) -> Choice | None:
     exact)."""
     if s.pair.draft_dir:
         return None
-    k = s.asked.k or _pair_k(s.pair)
+    k = s.asked.k or pair_k(s.pair)
     return _drafting(k, Reason.K_ASKED if s.asked.k else Reason.PROMPT_LOOKUP)
 
 
 def named(s: Situation) -> Choice | None:
     """What the request named, it gets: a K, or a threshold (the library's; exact sampling takes the pair's K)."""
     if s.asked.threshold is not None and s.exact:
-        return _drafting(_pair_k(s.pair), Reason.EXACT_THRESHOLD)
+        return _drafting(pair_k(s.pair), Reason.EXACT_THRESHOLD)
     if s.asked.threshold is not None:
         return Choice(threshold=s.asked.threshold, why=(Why(Reason.THRESHOLD_ASKED),))
     if s.asked.k is not None:
@@ -191,7 +192,7 @@ def pair_default(s: Situation) -> Choice:
     if pair.num_assistant_tokens is None and pair.assistant_confidence_threshold is not None and not s.exact:
         return Choice(threshold=pair.assistant_confidence_threshold, why=(Why(Reason.PAIR_DEFAULT_THRESHOLD),))
     invalid = profile_errors(pair.speculation_profile)
-    return _drafting(_pair_k(pair), Reason.PAIR_DEFAULT_K_INVALID_PROFILE if invalid else Reason.PAIR_DEFAULT_K)
+    return _drafting(pair_k(pair), Reason.PAIR_DEFAULT_K_INVALID_PROFILE if invalid else Reason.PAIR_DEFAULT_K)
 
 
 CHOICES: tuple[Callable[[Situation], Choice | None], ...] = (

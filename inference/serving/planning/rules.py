@@ -9,17 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inference.limits import DEFAULT_K, Route
+from inference.limits import Route
 from inference.models import ModelPair
 from inference.serving import precision
-from inference.serving.planning.choice import choose
+from inference.serving.planning.choice import choose, pair_k
 from inference.serving.planning.decision import Choice, Plan
 from inference.serving.planning.inputs import Situation
 from inference.serving.reasons import Reason, Why
-
-
-def _pair_k(pair: ModelPair) -> int:
-    return pair.num_assistant_tokens or DEFAULT_K
 
 
 def _fast_mode(s: Situation) -> tuple[Why, ...]:
@@ -56,7 +52,7 @@ def top_logprobs(s: Situation, choice: Choice) -> Plan | None:
         return None
     if choice.alone:
         return _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.ALTERNATIVES)))
-    return _served(s, Route.OWN_SPECULATIVE, k=choice.k or _pair_k(s.pair),
+    return _served(s, Route.OWN_SPECULATIVE, k=choice.k or pair_k(s.pair),
                    why=(*choice.why, *_fast_mode(s), Why(Reason.ALTERNATIVES)))
 
 
@@ -107,7 +103,7 @@ def own_engine_under_grammar(s: Situation, choice: Choice) -> Plan | None:
     """Under a grammar the own engine masks the draft too, which then pays: the pair's K."""
     if not s.lone or not choice.under_grammar:
         return None
-    return _served(s, Route.OWN_SPECULATIVE, k=_pair_k(s.pair),
+    return _served(s, Route.OWN_SPECULATIVE, k=pair_k(s.pair),
                    why=(Why(Reason.OWN_CONSTRAINED), Why(Reason.OWN_ENGINE)))
 
 
