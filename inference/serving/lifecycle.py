@@ -78,7 +78,7 @@ def lone_answers_k() -> dict[str, int | None]:
     draft goes on while confident)} for the pairs this worker serves: the chat shows it before a question is sent, so
     the web side never plans. Empty while the database is away (the heartbeat goes on)."""
     try:
-        pairs = [pair for pair in ModelPair.objects.filter(enabled=True) if pair.queue in _queues]
+        pairs = ModelPair.objects.filter(enabled=True, slug__in=[queue.removeprefix("pair.") for queue in _queues])
         lone = {pair.slug: planning.plan(pair=pair, asked=planning.Asked(), load=planning.Load(streams=1),
                                          calibration=host_figures(pair=pair)) for pair in pairs}
     except DatabaseError:
