@@ -54,8 +54,9 @@ class KvSequence:
 
     Rejected tokens leave the cache in one of two ways. Cut (`cut_rejected`, the main's): the next logits
     are bitwise those of a cache that never held them, which greedy identity needs (under dynamic
-    quantization masked slots moved the real main's next logits by up to 0.2; cutting costs a few ms a
-    step). Masked (the draft's): attention mask 0, positions reused; cheaper, and the draft only proposes.
+    quantization masked slots moved the real main's next logits by up to 0.3, docs/exactness.md; a cut copies the
+    cache, dear after a long prompt). Masked (the draft's): attention mask 0, positions reused; free, and the draft
+    only proposes.
 
     `compiled` is stepped (engines/own/stepped_model.py). A draft's sequence is `last_row_only`: it proposes from the
     last fed token's logits, so its head runs for that token alone."""
@@ -94,8 +95,10 @@ class KvSequence:
         if self.cut_rejected:
             length = len(self.mask)
             for state in self.request.query_state():  # [batch, kv heads, sequence, head size] per layer and K/V
-                # A region of the state's own tensor: one copy (the plugin's), where a numpy slice made two more; the
-                # cut's cost grows with the context (docs/benchmark.md#a-long-conversation)
+                # A region of the tensor read (a numpy slice would copy it again). The plugin still copies the cache
+                # three times: reading it, writing it back, and growing it at the next inference (it keeps no room
+                # in a state handed back), so a rollback costs more the longer the context
+                # (docs/benchmark.md#a-long-conversation)
                 cache = state.state
                 end = list(cache.shape)
                 end[2] = length - n
