@@ -11,7 +11,9 @@
 3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay);
 4. a lone answer at the K chosen against the main alone (the own engine's and the fastest) after a long prompt
    (LONG_CONTEXT tokens, a pasted file, read once and kept in the prefix caches, as in a conversation's follow-ups):
-   the K long answers get, or 0 where the main alone was faster there, and which main alone runs them faster.
+   the K long answers get, or 0 where the main alone was faster there, and which main alone runs them faster;
+   where it was, from how many prompt tokens: where the gain measured after the short prompts and the long one falls
+   to nothing between the two (verdicts.py, long_context_from).
 
 Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift
 (docs/calibration.md#what-a-calibration-measures) falls on every line alike; the figures are the rounds' sums. From
@@ -34,7 +36,7 @@ import openvino as ov
 
 from inference.benchmark.modes import LOOPING, answer, infer_cost
 from inference.benchmark.prompts import heldout_prompts, prompts_from_file, repeated_ngram_share
-from inference.calibration.verdicts import LIBRARY_MARGIN, best_batch_k, best_k, library_alone
+from inference.calibration.verdicts import LIBRARY_MARGIN, best_batch_k, best_k, library_alone, long_context_from
 from inference.engines.interface import Engine
 from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.engine import OwnEngine
@@ -164,7 +166,8 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
     steps = Steps(total=budget.rounds + (budget.rounds + 2 if spec.draft_dir else 0), report=progress)
     results: dict = {"budget": {**vars(budget), "ks": list(budget.ks), "stopped_ks": list(budget.stopped_ks),
                                 "batch_ks": list(budget.batch_ks), "cost_sizes": list(budget.cost_sizes)},
-                     "prompts": prompts[:budget.prompts], "rounds": {}}
+                     "prompts": prompts[:budget.prompts], "prompt_tokens": prompt_tokens(spec.main_dir, prompts),
+                     "rounds": {}}
     engines = {name: build_engine(each) for name, each in alone.items()}
     try:
         for engine in engines.values():  # untimed, as the own engine warms itself: first inferences repack weights
@@ -197,6 +200,7 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
     if results["best_k"].get("1"):  # a phase of its own: not cut by the budget the Ks' rounds shared
         steps.next(f"a lone answer after a {LONG_CONTEXT}-token prompt")
         results["long_context"] = _long_context(spec, results, budget=budget)
+        results["long_context"]["from_tokens"] = long_context_from(results)
     results["batch_k"] = best_batch_k(results)
     results["library_alone"] = library_alone(results)
     results["seconds"] = round(time.monotonic() - started, 1)
@@ -234,6 +238,12 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
             "batch_ks": {str(k): line.figures(alone=batched) for k, line in in_batch.items()},
             "verify_cost": {str(n): round(ms / costs[1], 3) for n, ms in costs.items()},
             "verify_ms": round(costs[1], 2)}
+
+
+def prompt_tokens(main_dir: str, prompts: list[str]) -> int:
+    """The median prompt's length in tokens: where the short prompts' figures stand on the context's axis."""
+    tokenizer = load_tokenizer(main_dir)
+    return int(median(tokenizer.encode(text, add_special_tokens=False).input_ids.data.shape[1] for text in prompts))
 
 
 def long_prompts(main_dir: str, tokens: int) -> list[str]:

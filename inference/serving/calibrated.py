@@ -12,7 +12,7 @@ from django.db import transaction
 from inference import selectors
 from inference.models import HostCalibration, JobStatus, ModelPair
 from inference.serving.host import Host
-from inference.serving.planning import HostFigures
+from inference.serving.planning import LONG_CONTEXT_FROM, HostFigures
 
 
 def start_calibration(*, pair: ModelPair) -> HostCalibration:
@@ -40,6 +40,7 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
     if calibration is None:
         return HostFigures(host=host.described)
     results = calibration.results
+    long_context = results.get("long_context", {})
     return HostFigures(host=host.described, main_alone_config=results["fastest"],
                        own_config=results.get("own_config") or results["fastest"],
                        best_k={int(streams): int(k) for streams, k in results.get("best_k", {}).items()},
@@ -49,8 +50,9 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
                                       for streams, faster in results.get("library_alone", {}).items()},
                        draft_alternative=results.get("draft") == "alternative", step_costs=step_costs(results),
                        batch_k=int(results.get("batch_k", 0)),
-                       long_context_k=results.get("long_context", {}).get("k"),
-                       long_context_library=bool(results.get("long_context", {}).get("library_alone")))
+                       long_context_k=long_context.get("k"),
+                       long_context_library=bool(long_context.get("library_alone")),
+                       long_context_from=long_context.get("from_tokens") or LONG_CONTEXT_FROM)
 
 
 def step_costs(results: dict) -> tuple[float, ...]:

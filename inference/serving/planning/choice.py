@@ -15,7 +15,7 @@ from inference.limits import DEFAULT_K
 from inference.models import ModelPair
 from inference.pair_checks import profile_errors
 from inference.serving.planning.decision import Choice
-from inference.serving.planning.inputs import LONG_CONTEXT_FROM, Situation
+from inference.serving.planning.inputs import Situation
 from inference.serving.reasons import Reason, Why
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def _calibrated_k(s: Situation) -> int | None:
 
 def calibrated_long_context(s: Situation) -> Choice | None:
     if _calibrated_k(s) and s.long_prompt and s.host is not None and s.host.long_context_k == 0:
-        return _alone(Reason.CALIBRATED_LONG_CONTEXT_ALONE, {"tokens": LONG_CONTEXT_FROM})
+        return _alone(Reason.CALIBRATED_LONG_CONTEXT_ALONE, {"tokens": s.host.long_context_from})
     return None
 
 

@@ -10,7 +10,9 @@ from inference.models import ModelPair
 from inference.serving.rates import StepRates
 
 # From this many prompt tokens a lone answer plans by what the host's calibration measured after a long prompt
-# (calibration/measure.py, LONG_CONTEXT): halfway, in tokens, between its short prompts and its long one.
+# (calibration/measure.py, LONG_CONTEXT): halfway, in tokens, between its short prompts and its long one; where the
+# calibration found the main alone faster after the long prompt, from where the gain it measured falls to nothing
+# (HostFigures.long_context_from).
 LONG_CONTEXT_FROM = 1000
 
 
@@ -74,6 +76,7 @@ class HostFigures:
     batch_k: int = 0  # beyond the pair's speculating streams, answers speculate at this K in the own engine's batch
     long_context_k: int | None = None  # a lone answer's K after LONG_CONTEXT_FROM prompt tokens (0: the main alone)
     long_context_library: bool = False  # and there the library's main alone was faster than the own engine's
+    long_context_from: int = LONG_CONTEXT_FROM  # prompt tokens from which those two apply
 
     @property
     def calibrated(self) -> bool:
@@ -138,7 +141,7 @@ class Situation:
 
     @property
     def long_prompt(self) -> bool:
-        return self.asked.prompt_tokens >= LONG_CONTEXT_FROM
+        return self.asked.prompt_tokens >= (self.host.long_context_from if self.host else LONG_CONTEXT_FROM)
 
     @property
     def long_context_on_library(self) -> bool:

@@ -1,6 +1,6 @@
 """What a calibration's figures decide: where the main alone serves, the K answers get in the own engine's batch."""
 
-from inference.calibration.verdicts import best_batch_k, library_alone
+from inference.calibration.verdicts import best_batch_k, library_alone, long_context_from
 
 
 def test_the_main_alone_moves_to_the_library_only_where_it_is_faster_and_its_first_tokens_no_later():
@@ -43,3 +43,20 @@ def test_answers_speculate_in_the_batch_at_the_k_that_beat_every_main_alone_unde
     beaten = results(k2=(44.5, 4)) | {"fastest_again": faster_library}
     assert library_alone(beaten)["4"] is False  # the burst speculates in the own engine's batch: one engine
     assert library_alone({**beaten, "batch_k": 0})["4"] is True
+
+
+def test_long_answers_go_to_the_main_alone_from_where_the_gain_falls_to_nothing():
+    """The Intel model 207 host: K=6 1.25x the main alone after ~60-token prompts, 0.79x after 2,000 tokens: the gain
+    reaches nothing about halfway (the verify and the rollback of rejected tokens cost more as the context grows)."""
+    def results(*, short: float, long: float, long_k: int = 0) -> dict:
+        return {"configs": {"defaults": {"tokens_per_s": 15.3}}, "fastest": "defaults",
+                "fastest_again": {"tokens_per_s": 14.8}, "own_main_alone": {"tokens_per_s": 12.6},
+                "ks": {"6": {"tokens_per_s": short}}, "best_k": {"1": 6}, "prompt_tokens": 60,
+                "long_context": {"tokens": 2000, "k": long_k, "drafted": {"tokens_per_s": long},
+                                 "own_main_alone": {"tokens_per_s": 9.53}, "fastest": {"tokens_per_s": 11.65}}}
+
+    assert long_context_from(results(short=18.5, long=9.15)) == 1104
+    assert long_context_from(results(short=15.0, long=9.15)) == 175  # a slim gain is gone soon
+    assert long_context_from(results(short=18.5, long=12.0, long_k=6)) is None  # still paying: the K long answers get
+    assert long_context_from({**results(short=18.5, long=9.15), "prompt_tokens": None}) is None  # calibrated before
+    assert long_context_from({**results(short=18.5, long=9.15), "best_k": {"1": 0}}) is None  # no K to give up

@@ -153,6 +153,11 @@ TABLE = [
      OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(prompt_tokens=200), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
      OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+    # ... from the prompt length where the host's gain fell to nothing (calibration/verdicts.py, long_context_from)
+    (OWN, Asked(prompt_tokens=1200), Load(streams=1), replace(LONG_STEPS, long_context_k=0, long_context_from=1400),
+     None, OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+    (OWN, Asked(prompt_tokens=800), Load(streams=1), replace(LONG_STEPS, long_context_k=0, long_context_from=700),
+     None, OWN_ALONE, None, 0, (R.CALIBRATED_LONG_CONTEXT_ALONE, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     # ... on the library's main alone where that was the faster main alone after the long prompt (speculation off too)
     (OWN, Asked(prompt_tokens=1500), Load(streams=1),
      replace(LONG_STEPS, long_context_k=0, long_context_library=True), None,
