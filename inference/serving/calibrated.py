@@ -93,7 +93,7 @@ def summary(calibration: HostCalibration) -> dict:
     else:
         verdict = f"The main alone is fastest in {fastest['label']} ({fastest['tokens_per_s']:.1f} tok/s)" + (
             "; speculation was not measured in time, the pair's own K serves." if results.get("own_config") else ".")
-    verdict += _under_load(results)
+    verdict += _under_load(results) + _after_a_long_prompt(results)
     if (timed := results.get("draft_ms")) and "alternative" in timed:
         verdict += (f" A draft token took {timed['draft']:.1f} ms as registered, {timed['alternative']:.1f} ms in its "
                     "other weight format: the own engine loads " + (
@@ -124,6 +124,21 @@ def public_summary(calibration: HostCalibration) -> dict:
     text (paths, the library's words), which the admin shows."""
     return summary(calibration) | {"error": {"code": "calibration_failed", "message": CALIBRATION_FAILED}
                                    if calibration.error else None}
+
+
+def _after_a_long_prompt(results: dict) -> str:
+    """What the verdict says of a long conversation's answers, where the calibration measured one."""
+    long = results.get("long_context")
+    if not long:
+        return ""
+    alone = max(long["own_main_alone"]["tokens_per_s"], long["fastest"]["tokens_per_s"])
+    said = (f" After a {long['tokens']:,}-token prompt K={results['best_k']['1']} made "
+            f"{long['drafted']['tokens_per_s']:.1f} tok/s, the main alone {alone:.1f}: ")
+    if long["k"]:
+        return said + "long answers speculate too."
+    where = " on the library's pipeline" if long.get("library_alone") else ""
+    start = long.get("from_tokens") or LONG_CONTEXT_FROM
+    return said + f"answers from {start:,} prompt tokens run on the main alone{where}."
 
 
 def _under_load(results: dict) -> str:

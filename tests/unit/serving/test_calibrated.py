@@ -118,3 +118,18 @@ def test_a_calibration_says_what_it_decided_in_figures_and_words():
                                         "4 at once, 1.30x the fastest main alone there.") in batches["verdict"]
     assert "no K in the own engine's batch beat the main alone" in summary_of({**under_load, "batch_k": 0})["verdict"]
     assert "Under load" not in shown["verdict"]  # calibrated before the batch's Ks were measured
+
+
+def test_a_calibration_says_from_which_prompt_length_long_answers_give_up_the_draft():
+    """The Intel model 207 host: K=3 1.43x after the short prompts, 6.0 tok/s after a 2,000-token one, where the
+    library's main alone made 11.5."""
+    long = {"tokens": 2000, "k": 0, "library_alone": True, "from_tokens": 973, "drafted": {"tokens_per_s": 5.95},
+            "own_main_alone": {"tokens_per_s": 7.55}, "fastest": {"tokens_per_s": 11.49}}
+    shown = summary_of({**RESULTS, "long_context": long})["verdict"]
+    assert shown.endswith("After a 2,000-token prompt K=3 made 6.0 tok/s, the main alone 11.5: answers from 973 prompt "
+                          "tokens run on the main alone on the library's pipeline.")
+    before = {key: value for key, value in long.items() if key != "from_tokens"}  # calibrated before it was kept
+    assert "answers from 1,000 prompt tokens" in summary_of({**RESULTS, "long_context": before})["verdict"]
+    still = summary_of({**RESULTS, "long_context": {**long, "k": 3, "drafted": {"tokens_per_s": 12.5}}})["verdict"]
+    assert still.endswith("K=3 made 12.5 tok/s, the main alone 11.5: long answers speculate too.")
+    assert "After a" not in summary_of(RESULTS)["verdict"]  # no long prompt measured
