@@ -184,10 +184,16 @@ QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if s
 ENGINE_RENEW_AFTER_REQUESTS = env_int("SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS", 200)
 # A pair's main alone and exact engine each hold another copy of the main: freed after this long unused; 0: kept.
 RELEASE_EXTRA_ENGINES_AFTER_S = env_int("SPECCHAT_RELEASE_EXTRA_ENGINES_AFTER_S", 120)
-# MB of keys and values the own engine keeps for the prompts and answers it served (engines/own/prefix_cache.py), its
-# main's and its draft's together: a conversation's next turn, or another prompt starting alike, reads only what they
-# lack. 0 keeps none: the one-turn benchmarks' workers, so every line prefills what a user's new prompt would.
-PREFIX_CACHE_MB = env_int("SPECCHAT_PREFIX_CACHE_MB", 512)
+# MB of keys and values the own engine's block pools hold, its main's and its draft's together (engines/own/block_pool.py):
+# the running answers' and, in what they leave free, the prompts and answers kept for a conversation's next turn.
+# 0: a quarter of the memory available when the engine loads (engines/spec.py, KV_POOL_SHARE).
+KV_POOL_MB = env_int("SPECCHAT_KV_POOL_MB", 0)
+# Off: no block is kept for prompts to come (the one-turn benchmarks' workers, so every line reads a new prompt whole).
+PREFIX_CACHING = env_bool("SPECCHAT_PREFIX_CACHING", True)
+# Whose cached blocks a request may find: "user" (its account, or its API key's owner; the system prompts the operator
+# sets are shared by all), or "server" (every request's, for a team that shares everything). Under "user" neither
+# cached_tokens nor the first token's wait tells one user what another sent.
+PREFIX_CACHE_SCOPE = os.environ.get("SPECCHAT_PREFIX_CACHE_SCOPE", "user")
 # A step process that sends no step for this long while requests wait (plus as much again per 512 prompt
 # tokens still to prefill) is killed and its answers failed; the next request loads it again. 0: no watchdog.
 # Well above a decode step (well under a second for the real pair here) so its answers end within a minute.

@@ -112,7 +112,7 @@ def test_a_calibrated_host_measures_each_engine_as_it_serves_it(demo_pair):
     assert "fastest configuration (the device's defaults)" in note and "the library's speculative pipeline" in note
     assert (alone.inference_precision, alone.route.is_own_engine()) == ("", False)
     assert sampled.route.is_own_engine() and sampled.dynamic_quantization and sampled.inference_precision == "f32"
-    assert sampled.prefix_cache_mb == 0  # every answer prefills, as the main alone's: the prompts repeat
+    assert not sampled.prefix_caching  # every answer prefills, as the main alone's: the prompts repeat
     assert not greedy.route.is_own_engine()
 
     demo_pair.own_engine_streams = 1  # lone answers on the own engine: the K lines measure it, thresholds stay

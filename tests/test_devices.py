@@ -119,9 +119,9 @@ def test_a_pairs_live_figures_start_afresh_when_its_devices_change():
     own = replace(SPEC, route=Route.OWN_SPECULATIVE, pair_default=Route.OWN_SPECULATIVE, dynamic_quantization=True)
     registry.get(own)
     registry.rates_of(own.slug).record(k=3, streams=1, tokens=40, seconds=1.0)
-    registry.get(replace(own, prefix_cache_mb=0))  # other settings, the same devices: kept
+    registry.get(replace(own, prefix_caching=False))  # other settings, the same devices: kept
     assert registry.rates_of(own.slug).figures() == {1: {3: 40.0}}
-    registry.get(replace(own, prefix_cache_mb=0, device="AUTO"))
+    registry.get(replace(own, prefix_caching=False, device="AUTO"))
     assert registry.rates_of(own.slug).figures() == {}
 
 

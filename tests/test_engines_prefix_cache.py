@@ -182,7 +182,7 @@ def test_a_long_prompt_says_how_far_it_got_and_the_draft_reads_it_after_the_answ
 
 
 def test_no_prefix_cache_reads_every_prompt_whole():
-    engine = OwnEngine(replace(SPEC, slug="uncached", prefix_cache_mb=0))
+    engine = OwnEngine(replace(SPEC, slug="uncached", prefix_caching=False))
     prompt = ids_of(engine, SYSTEM + FILE)
     for _ in range(2):
         _, request, _ = run(engine, prompt, 3, tokens=4)

@@ -163,8 +163,8 @@ def benchmark_engines(*, pair: ModelPair, get=None) -> tuple[Engines, str]:
                 f"maybe not the fastest here (manage.py calibrate {pair.slug} first).")
     own = pair_spec(pair=pair, route=Route.OWN_SPECULATIVE, calibration=figures) if pair.draft_dir else None
     if own and get is None:  # its own engine keeps no prompt cache: every answer prefills, as the main alone's
-        own = replace(own, prefix_cache_mb=0)
-    elif own and own.prefix_cache_mb:  # a worker's: the one it serves with, not a second copy of the weights
+        own = replace(own, prefix_caching=False)
+    elif own and own.prefix_caching:  # a worker's: the one it serves with, not a second copy of the weights
         note += " The own engine keeps its prompt cache here: a repeated prompt's first token comes sooner."
     lone_on_own = bool(own and pair.own_engine_streams)
     note += (" In-process, the K lines run on the own engine, as the worker serves a lone answer with a K."

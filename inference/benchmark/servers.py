@@ -126,7 +126,7 @@ def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180)
 
 
 @contextmanager
-def local_stack(*, pair: ModelPair, worker_threads: int, prefix_cache_mb: int = 0) -> Iterator[str]:
+def local_stack(*, pair: ModelPair, worker_threads: int, prefix_caching: bool = False) -> Iterator[str]:
     """daphne and one Celery worker for the pair's queue (as `manage.py serve` runs them) on a free
     port, with this process's settings (engines not renewed); yields the base URL. Refuses to start
     while another worker takes the pair's queue, since it would take part of the load. The one-turn lines keep
@@ -137,7 +137,7 @@ def local_stack(*, pair: ModelPair, worker_threads: int, prefix_cache_mb: int = 
                          f"that server with --url")
     root = Path(settings.BASE_DIR)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "chatsite.settings"),
-           "SPECCHAT_PREFIX_CACHE_MB": str(prefix_cache_mb),
+           "SPECCHAT_PREFIX_CACHING": "1" if prefix_caching else "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
            "SPECCHAT_CHAT_MAX_CONCURRENT": str(worker_threads),  # the benchmark user's websocket sweep, as its key
            # No engine renewal within the run: a pipeline built mid-run takes the cores for seconds and

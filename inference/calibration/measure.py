@@ -214,7 +214,7 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
     each K in the batch at several streams, in rounds beside the fastest main alone measured again (so that the Ks
     are judged against it in one run). One answer speculates on its own, as a pair's first stream does."""
     config = CONFIGS[name]
-    engine = build_engine(replace(spec, route=Route.OWN_SPECULATIVE, speculating_streams=1, prefix_cache_mb=0,
+    engine = build_engine(replace(spec, route=Route.OWN_SPECULATIVE, speculating_streams=1, prefix_caching=False,
                                   **config.fields))
     try:
         reference, alone = Line(fastest), Line(engine)

@@ -52,3 +52,6 @@ class DecodingParams(Sampling):
     # speculating in the batch faster than the main alone's batch).
     batch_k: int = 0
     max_ngram_size: int = 3
+    # Whose cached blocks the own engine may give this answer (engines/own/block_pool.py): "" shares with every request
+    # that says "" (SPECCHAT_PREFIX_CACHE_SCOPE=server). The web side sets it: serving/web.py, cache_scope.
+    cache_scope: str = ""

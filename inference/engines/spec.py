@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+import os
 from pathlib import Path
 
 from inference.engines.devices import AUTO
 from inference.limits import Drafter, Route
 
-PREFIX_CACHE_MB = 512  # the own engine's prefix caches, main and draft together (engines/own/prefix_cache.py)
+# Where no size is set, the own engine's KV pools (main and draft together, engines/own/block_pool.py) take this share
+# of the memory available when the engine loads, as vLLM sizes its pool from a memory fraction. Pages count only once
+# written: a pool costs what the answers and the conversations it keeps have used.
+KV_POOL_SHARE = 0.25
+KV_POOL_MIN_MB = 64
 HEAD_IDS_FILE = "head_vocabulary.npy"  # beside a draft's IR: the ids its head keeps (pairs/head_vocabulary.py)
 
 
@@ -52,7 +57,8 @@ class PairSpec:
     inference_precision: str = "f32"
     kv_cache_precision: str = "f32"
     speculating_streams: int = 0  # on the own engine: beyond this many answers, speculating ones join the batch
-    prefix_cache_mb: int = PREFIX_CACHE_MB  # on the own engine: its prefix caches' bound (0: none)
+    kv_pool_mb: int = 0  # on the own engine: its KV pools' size, main and draft together (0: KV_POOL_SHARE of the RAM)
+    prefix_caching: bool = True  # on the own engine: blocks kept for prompts to come (off: every prompt read whole)
     dynamic_quantization: bool = False  # in the f32 mode on a CPU, int8 activations: exact on the own engine only
     chained_lookup: bool = True  # on the own engine: the prompt lookup proposes first, the draft where it has nothing
     draft_head_ids: str = ""  # on the own engine: a file of the ids the draft's head keeps (engines/own/draft_head.py)
@@ -109,6 +115,13 @@ class PairSpec:
         if self.prefill_first:
             return max(self.max_num_batched_tokens or 0, context_length(Path(self.main_dir)))
         return self.max_num_batched_tokens
+
+    def kv_pool_bytes(self) -> int:
+        """The own engine's KV pools together: `kv_pool_mb`, or a share of the memory available now."""
+        if self.kv_pool_mb:
+            return self.kv_pool_mb * 2**20
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # the RAM free now
+        return max(int(available * KV_POOL_SHARE), KV_POOL_MIN_MB * 2**20)
 
     def device_properties(self, *, device: str) -> dict[str, str]:
         """What a model is compiled with on `device`: the precision hints, and the CPU's switch below on the CPU

@@ -14,7 +14,7 @@ import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import redis
@@ -159,6 +159,16 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
     )
 
 
+def cache_scope(*, user=None, api_key=None) -> str:
+    """Whose cached blocks a request may find (engines/own/block_pool.py): its user's, the API key's owner's (a key
+    with no owner is its own user), or everyone's where the server shares its cache (SPECCHAT_PREFIX_CACHE_SCOPE)."""
+    if settings.PREFIX_CACHE_SCOPE == "server":
+        return ""
+    if user is None and api_key is not None:
+        return f"user:{api_key.user_id}" if api_key.user_id else f"key:{api_key.pk}"
+    return f"user:{user.pk}" if user is not None else "anonymous"
+
+
 def asked_max_new_tokens(*, pair: ModelPair, options: GenerationOptions) -> int:
     """max_tokens as asked, else the pair's default (checked against the pair's cap in decoding_params)."""
     if options.max_new_tokens is None:
@@ -241,7 +251,8 @@ def start_generation(
     check_prompt_text(prompt, param="prompt")
     if prompt_ids is None:
         prompt_ids = encode_prompt(pair=pair, prompt=prompt, add_special_tokens=add_special_tokens)
-    params = decoding_params(pair=pair, options=options, prompt_tokens=len(prompt_ids))
+    params = replace(decoding_params(pair=pair, options=options, prompt_tokens=len(prompt_ids)),
+                     cache_scope=cache_scope(user=user, api_key=api_key))
     client = transport.sync_client()
     state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=client))
     # Just after a Redis restart the heartbeats are not back yet: queue it; the stall checks judge it later.

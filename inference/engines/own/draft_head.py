@@ -21,10 +21,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from inference.engines.own.batch import BatchRow, SharedBatch
-from inference.engines.own.kv_cache import KvSequence
-from inference.engines.own.prefix_cache import PrefixCache
-from inference.engines.own.stepped_model import UnsupportedHead, logits_matmul, read_stepped
+from inference.engines.own.paged_model import UnsupportedHead, logits_matmul, read_paged
 
 # What stands between the head's weight constants and its MatMul, rebuilt from new inputs.
 DECOMPRESSION = {
@@ -50,9 +47,9 @@ class DraftHead:
 
 def compile_draft(core: ov.Core, *, draft_dir: str, head_ids: str, device: str, properties: dict
                   ) -> tuple[ov.CompiledModel, DraftHead | None]:
-    """The draft compiled as the own engine steps it (engines/own/stepped_model.py), its head cut to the ids in the file
+    """The draft compiled as the own engine runs it (engines/own/paged_model.py), its head cut to the ids in the file
     `head_ids` (whole when "")."""
-    model = read_stepped(core, draft_dir)
+    model = read_paged(core, draft_dir)
     head = cut_head(model, load_head_ids(head_ids)) if head_ids else None
     return core.compile_model(model, device, properties), head
 
@@ -100,26 +97,3 @@ def _kept_rows(output: ov.Output, ids: np.ndarray, *, vocab: int, axis: int) -> 
     for key, value in node.get_rt_info().items():  # a "decompression" mark keeps the plugin from folding it to f32
         clone.set_rt_info(value, key)
     return clone.output(0)
-
-
-class WidenedSequence(KvSequence):
-    """The draft's cache when its head is cut: each feed gives the last token's row only, widened to the full
-    vocabulary (all the engine uses of a draft's logits)."""
-
-    def __init__(self, compiled: ov.CompiledModel, head: DraftHead, *, prompts: PrefixCache | None = None):
-        super().__init__(compiled, prompts=prompts, last_row_only=True)
-        self.head = head
-
-    def feed(self, token_ids: list[int]) -> np.ndarray:
-        return self.head.widen(super().feed(token_ids)[0])[None, :]
-
-
-class WidenedRow(BatchRow):
-    """A row of the draft's batch when its head is cut: as WidenedSequence, its rows widened."""
-
-    def __init__(self, batch: SharedBatch, head: DraftHead):
-        super().__init__(batch)
-        self.head = head
-
-    def feed(self, token_ids: list[int]) -> np.ndarray:
-        return self.head.widen(super().feed(token_ids)[-1])[None, :]

@@ -7,10 +7,11 @@ from its own distribution, the main scores all K+1 positions in one inference, a
 main alone's distribution. At temperature 0 every draw is an argmax: the main's greedy output. A draft whose head
 keeps part of the vocabulary (engines/own/draft_head.py) gives rows widened back to all of it, q = 0 outside.
 
-Rejected tokens leave each model's cache as engines/own/kv_cache.py says (cut from the main's, masked in the
-draft's); a cache mostly dead is rebuilt once from the live tokens. Each request holds its own pair of
-infer requests and runs in its own thread (OpenVINO releases the GIL while it infers), but the answers of
-the main alone (K=0) share one batched inference a step (engines/own/batch.py): under load that is the fast way.
+The engine room follows vLLM v1's: each model's KV blocks and prefix cache (engines/own/block_pool.py), an answer's
+block table (engines/own/kv_cache.py), a scheduler that steps every answer's work in one inference a step
+(engines/own/scheduler.py) and the runner that fills the PagedAttention op's inputs (engines/own/model_runner.py).
+Each answer runs its loop in its own thread (OpenVINO releases the GIL while it infers); the main alone is this
+loop with no proposer, on the same kernel path, so switching speculation off never changes a greedy answer.
 """
 
 from __future__ import annotations
@@ -31,21 +32,19 @@ from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.constraint import TokenConstraint, load_vocabulary, masked
 from inference.engines.interface import ActiveRequest, Finished, JoinedBatch, PromptRead, StepTokens
 from inference.engines.own.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
-from inference.engines.own.batch import BatchRow, SharedBatch
-from inference.engines.own.draft_head import WidenedRow, WidenedSequence, compile_draft
-from inference.engines.own.kv_cache import KvCache, KvSequence
-from inference.engines.own.prefix_cache import PrefixCache, kv_bytes_per_token
+from inference.engines.own.draft_head import compile_draft
+from inference.engines.own.kv_cache import PagedModel, PagedSequence
+from inference.engines.own.model_runner import ModelRunner
+from inference.engines.own.paged_model import cache_layout, read_paged
 from inference.engines.own.proposers.chain import Drafting
 from inference.engines.own.proposers.interface import Proposal
 from inference.engines.own.proposers.prompt_lookup import PromptLookup
-from inference.engines.own.stepped_model import read_stepped
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.spec import PairSpec
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
 from inference.limits import DEFAULT_K, Drafter, FinishReason
 
 log = logging.getLogger(__name__)
-COMPACT_MIN_DEAD = 64  # rebuild a cache once this many slots (and more than half) are dead
 # Beyond this many prompt tokens missing from the draft's prefix cache, the answer does not wait for the draft to read
 # them (its prefill would land in the stream, after the first token): it runs on the main alone, and the draft reads
 # the conversation once the answer is out, ready for the next turn (docs/speculation.md#long-conversations).
@@ -104,17 +103,18 @@ class OwnEngine:
         self.spec = spec
         started = time.perf_counter()
         core = ov.Core()
-        self.main = core.compile_model(read_stepped(core, spec.main_dir), spec.device,
-                                       spec.device_properties(device=spec.device))
-        self.draft, self.draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
-                                                    device=spec.draft_runs_on,
-                                                    properties=spec.device_properties(device=spec.draft_runs_on))
-        main_bytes, draft_bytes = kv_bytes_per_token(self.main), kv_bytes_per_token(self.draft)
-        capacity = spec.prefix_cache_mb * 2**20  # shared so that both models keep as many tokens
-        self.main_prompts = PrefixCache(capacity_bytes=capacity * main_bytes // (main_bytes + draft_bytes))
-        self.draft_prompts = PrefixCache(capacity_bytes=capacity * draft_bytes // (main_bytes + draft_bytes))
-        self.batch = SharedBatch(self.main, prompts=self.main_prompts)
-        self.draft_batch = SharedBatch(self.draft, prompts=self.draft_prompts, last_row_only=True)
+        main = core.compile_model(read_paged(core, spec.main_dir), spec.device,
+                                  spec.device_properties(device=spec.device))
+        draft, draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
+                                          device=spec.draft_runs_on,
+                                          properties=spec.device_properties(device=spec.draft_runs_on))
+        main_bytes, draft_bytes = cache_layout(main).block_bytes, cache_layout(draft).block_bytes
+        pool = spec.kv_pool_bytes()  # shared so that both models hold as many tokens
+        caching = spec.prefix_caching
+        self.main = PagedModel(ModelRunner(main, pool_bytes=pool * main_bytes // (main_bytes + draft_bytes)),
+                               caching=caching)
+        self.draft = PagedModel(ModelRunner(draft, pool_bytes=pool * draft_bytes // (main_bytes + draft_bytes)),
+                                head=draft_head, caching=caching)
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
         self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
@@ -148,17 +148,10 @@ class OwnEngine:
     def alive(self) -> bool:
         return True  # it runs in this process
 
-    def draft_sequence(self) -> KvSequence:
-        """A request's draft cache; its rows span the whole vocabulary, however much of it the head keeps."""
-        if self.draft_head is None:
-            return KvSequence(self.draft, prompts=self.draft_prompts, last_row_only=True)
-        return WidenedSequence(self.draft, self.draft_head, prompts=self.draft_prompts)
-
-    def draft_row(self) -> BatchRow:
-        """A request's row of the draft's batch, its rows widened as draft_sequence's."""
-        if self.draft_head is None:
-            return self.draft_batch.row()
-        return WidenedRow(self.draft_batch, self.draft_head)
+    @property
+    def cached_bytes(self) -> int:
+        """What the two pools hold cached for prompts to come."""
+        return self.main.pool.cached_bytes + self.draft.pool.cached_bytes
 
     def grammar_vocabulary(self) -> llg.LLTokenizer:
         """The main's vocabulary as llguidance reads it, built once (a second or so on 152k tokens)."""
@@ -217,15 +210,18 @@ class Decoding:
         self.engine, self.request, self.params = engine, request, params
         self.rng = np.random.default_rng(params.seed)
         self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
-        self.main: KvCache = (engine.batch.row() if self.k == 0
-                              else KvSequence(engine.main, prompts=engine.main_prompts, cut_rejected=True))
+        self.scope = params.cache_scope
+        self.main: PagedSequence = engine.main.sequence(scope=self.scope, exact=True)
+        self.main.drafting = self.k > 0
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
         grammar = params.grammar
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
-        self.drafting = Drafting(engine.draft_sequence(), lookup=self._lookup(), params=params, rng=self.rng,
-                                 constraint=self.constraint, judged=engine.spec.drafters_judged) if self.k else None
+        self.drafting = Drafting(engine.draft.sequence(scope=self.scope), lookup=self._lookup(), params=params,
+                                 rng=self.rng, constraint=self.constraint,
+                                 judged=engine.spec.drafters_judged) if self.k else None
         self.behind: Drafting | None = None  # a draft left out of this answer, to read the conversation after it
+        self.joined = False  # it went on at its K for the batch
 
     def _lookup(self) -> PromptLookup | None:
         """The prompt lookup, tried before the draft where the pair chains it."""
@@ -252,7 +248,7 @@ class Decoding:
             self.behind.draft.cache.close()
 
     def _draft_missing(self) -> int:
-        return len(self.prompt_ids) - self.engine.draft_prompts.cached_tokens(self.prompt_ids)
+        return len(self.prompt_ids) - self.engine.draft.cached_tokens(self.prompt_ids, self.scope)
 
     def _reading(self, read: int, total: int) -> None:
         if total >= PROGRESS_MIN_TOKENS:
@@ -277,32 +273,26 @@ class Decoding:
         while finished is None:
             if self.request.stop_requested:
                 return Finished(FinishReason.STOPPED)
-            self._compact_if_mostly_dead()
             self._join_batch_if_busy()
             finished = self._emit(*self._step())
         return finished
 
     def _join_batch_if_busy(self) -> None:
-        """Beyond the pair's speculating streams, an answer speculating on its own cache moves, cache and all,
-        to the batch: an answer speculating beside the batch (or beside another) costs an inference a step of its
-        own, where the batch's row costs next to nothing (docs/benchmark.md#real-pair). There it speculates on at
-        its K for the batch (`DecodingParams.batch_k`), its draft a row of the draft's batch, or goes on as the
-        main alone (0). It stays there, and says so (JoinedBatch: the answer's record carries it)."""
+        """Beyond the pair's speculating streams, an answer speculating goes on at its K for the batch
+        (`DecodingParams.batch_k`, 0: the main alone): its steps share every inference with the other answers' anyway
+        (engines/own/scheduler.py), and there a verify of many tokens costs more than the draft saves
+        (docs/speculation.md#speculating-in-the-batch). It stays there, and says so (JoinedBatch: on the record)."""
         limit = self.engine.spec.speculating_streams
-        if not (isinstance(self.main, KvSequence) and limit and self.engine.active_count > limit):
-            return  # already a row of the batch (every answer at K=0 is), or no limit
-        row = self.engine.batch.row()
-        row.adopt(self.main.live_cache())
-        self.main.close()
+        if not (self.drafting and limit and self.engine.active_count > limit) or self.joined:
+            return
+        self.joined = True
         k_before = self.k
-        self.main, self.k = row, min(self.k, self.params.batch_k)
+        self.k = min(self.k, self.params.batch_k)
         self.request.events.put(JoinedBatch(token=len(self.emitted), k=self.k, k_before=k_before))
-        if self.drafting and self.k:
-            self.drafting.into_batch(self.engine.draft_row())
-            row.drafting = True
-        elif self.drafting:
+        if not self.k:
             self.drafting.stop()
             self.drafting = None
+            self.main.drafting = False
 
     def _allowed(self, logits: np.ndarray) -> np.ndarray:
         """The logits with the tokens the grammar refuses now at -inf; unchanged without a grammar."""
@@ -376,11 +366,3 @@ class Decoding:
                     keep -= 1
                 return full[len(self.emitted):keep], FinishReason.STOP
         return tokens, reason
-
-    def _compact_if_mostly_dead(self) -> None:
-        live = self.prompt_ids + self.emitted[:-1]  # the last emitted token is fed at the next step
-        if self.main.dead >= COMPACT_MIN_DEAD and self.main.dead > self.main.position:
-            self.main.rebuild(live)
-        drafting = self.drafting
-        if drafting and (draft := drafting.draft.cache).dead >= COMPACT_MIN_DEAD and draft.dead > draft.position:
-            drafting.rebuild(live)

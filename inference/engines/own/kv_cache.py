@@ -1,132 +1,131 @@
-"""The cache seam of the own engine: what exact.Decoding asks of one model's KV cache for one answer, stated
-once (KvCache), and the cache of its own each model holds (KvSequence). The main alone's answers hold a row
-of a shared batch instead (engines/own/batch.py, BatchRow), behind the same seam.
+"""One answer's keys and values in one model's blocks (the KV manager of vLLM v1's engine): its block table, the
+tokens it holds, and what a step asks of them. The main's and the draft's of an answer are each a PagedSequence.
+
+- A prompt starts from the blocks the pool holds for its start (engines/own/block_pool.py), under the answer's cache
+  scope, and the rest is read in chunks of the scheduler's budget (engines/own/scheduler.py), other answers stepping
+  between two chunks.
+- Rejected tokens are taken back by shortening the sequence: no copy, whatever the context (the next step writes over
+  their slots).
+- The main's sequence is `exact`: every query it makes holds two tokens at least (a lone token re-feeds the one
+  before it), so the main alone's tokens, a verify's rows and a prompt's last row all run on the op's multi-token
+  kernel and are bitwise alike whoever shares the step (docs/exactness.md#one-kernel-path). The draft only proposes:
+  its steps feed what they have.
+- When the answer ends, its full blocks are cached under their hashes for the conversation's next turn, and every
+  block goes back to the pool.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import openvino as ov
 
-from inference.engines.own.prefix_cache import PrefixCache, ProgressCallback
-from inference.engines.own.stepped_model import step_inputs
+from inference.engines.own.block_pool import block_hashes
+from inference.engines.own.model_runner import ModelRunner, Work
+from inference.engines.own.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from inference.engines.own.draft_head import DraftHead
+
+ProgressCallback = Callable[[int, int], object]  # (prompt tokens in the cache so far, prompt tokens)
 
 
-class KvCache(Protocol):
-    """One model's KV cache for one answer, fed a step at a time."""
+class PagedModel:
+    """A compiled model as the engine runs it: its runner (cache tensors, pool) and its scheduler; `head`, a draft's
+    cut head whose rows are widened back to the whole vocabulary."""
 
-    position: int  # the next token's position: the live tokens so far
-    cached: int  # the prompt's tokens its prefill found in the prefix cache
+    def __init__(self, runner: ModelRunner, *, head: DraftHead | None = None, caching: bool = True):
+        self.runner, self.pool, self.head = runner, runner.pool, head
+        self.caching = caching  # full blocks kept for prompts to come (off: every prompt read whole)
+        self.scheduler = Scheduler(runner)
+
+    def sequence(self, *, scope: str = "", exact: bool = False) -> PagedSequence:
+        return PagedSequence(self, scope=scope, exact=exact)
+
+    def hashes(self, token_ids: list[int], scope: str) -> list[bytes]:
+        return block_hashes(token_ids, block_tokens=self.pool.block_tokens, scope=scope)
+
+    def cached_tokens(self, token_ids: list[int], scope: str) -> int:
+        """How many of the first tokens a prefill of `token_ids` would find cached (its last token is always fed)."""
+        return len(self.pool.cached_prefix(self.hashes(token_ids[:-1], scope), hold=False)) * self.pool.block_tokens
+
+
+class PagedSequence:
+    """One answer's cache in one model: `position` tokens in the blocks of `block_table`."""
+
+    def __init__(self, model: PagedModel, *, scope: str, exact: bool):
+        self.model, self.scope, self.exact = model, scope, exact
+        self.block_table: list[int] = []
+        self.tokens: list[int] = []  # whose keys and values the blocks hold, in order
+        self.cached = 0  # the prompt's tokens its prefill found in the pool
+        self.drafting = False  # the main's sequence of an answer that speculates: its steps come between drafts
+        self._cached_blocks = 0  # the leading blocks already findable by hash
 
     @property
-    def dead(self) -> int:
-        """Slots the cache holds for rejected tokens (masked, not cut): rebuild() drops them."""
-        ...
+    def position(self) -> int:
+        return len(self.tokens)
 
     def prefill(self, prompt_ids: list[int], *, on_chunk: ProgressCallback | None = None) -> np.ndarray:
-        """The prompt into a fresh cache, from the model's prefix cache where it holds its start: logits whose last
-        row is the prompt's last token's. `cached` then says how many prompt tokens were found there."""
-        ...
-
-    def feed(self, token_ids: list[int]) -> np.ndarray:
-        """Tokens after the live ones: logits whose last row is the last token's (a KvSequence gives a row
-        per fed token, which verifying K proposals needs)."""
-        ...
-
-    def drop_last(self, n: int) -> None:
-        """The last n fed tokens were rejected."""
-        ...
-
-    def rebuild(self, live_ids: list[int]) -> None:
-        """A fresh cache holding `live_ids` only."""
-        ...
-
-    def close(self, *, keep_ids: list[int] | None = None) -> None:
-        """The answer is over: whatever the cache holds elsewhere is given back, its live slots (which hold
-        `keep_ids`, or more) kept in the model's prefix cache first."""
-        ...
-
-
-class KvSequence:
-    """One model's KV cache for one request: which slots are live, and the next position.
-
-    Rejected tokens leave the cache in one of two ways. Cut (`cut_rejected`, the main's): the next logits
-    are bitwise those of a cache that never held them, which greedy identity needs (under dynamic
-    quantization masked slots moved the real main's next logits by up to 0.3, docs/exactness.md; a cut copies the
-    cache, dear after a long prompt). Masked (the draft's): attention mask 0, positions reused; free, and the draft
-    only proposes.
-
-    `compiled` is stepped (engines/own/stepped_model.py). A draft's sequence is `last_row_only`: it proposes from the
-    last fed token's logits, so its head runs for that token alone."""
-
-    def __init__(self, compiled: ov.CompiledModel, *, prompts: PrefixCache | None = None, cut_rejected: bool = False,
-                 last_row_only: bool = False):
-        self.request = compiled.create_infer_request()
-        self.prompts = prompts or PrefixCache(capacity_bytes=0)  # the model's prefix cache (none kept: a test's own)
-        self.cached = 0
-        self.cut_rejected = cut_rejected
-        self.last_row_only = last_row_only
-        self.mask = np.zeros(0, dtype=np.int64)
-        self.position = 0
-
-    def feed(self, token_ids: list[int]) -> np.ndarray:
-        """Logits for each fed token (the last one's alone if `last_row_only`), given every live slot before it."""
-        n = len(token_ids)
-        self.mask = np.concatenate([self.mask, np.ones(n, dtype=np.int64)])
-        self.request.infer(step_inputs(np.array([token_ids], dtype=np.int64),
-                                       positions=np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
-                                       attention_mask=self.mask[None, :], rows=1 if self.last_row_only else n))
-        self.position += n
-        return self.request.get_output_tensor(0).data[0]
-
-    def prefill(self, prompt_ids: list[int], *, on_chunk: ProgressCallback | None = None) -> np.ndarray:
-        """The prompt into a fresh cache (its start from the prefix cache): the last token's logits."""
-        logits, self.cached = self.prompts.prefill(self.request, prompt_ids, on_chunk=on_chunk)
-        self.mask = np.ones(len(prompt_ids), dtype=np.int64)
-        self.position = len(prompt_ids)
+        """The prompt after the blocks the pool holds for its start: the last token's logits [1, vocabulary]."""
+        if self.tokens:
+            raise ValueError("a sequence reads one prompt, first")
+        pool, n = self.model.pool, len(prompt_ids)
+        hashes = self.model.hashes(prompt_ids, self.scope)
+        found = pool.cached_prefix(hashes[: (n - 1) // pool.block_tokens], hold=True) if self.model.caching else []
+        self.block_table, self._cached_blocks = found, len(found)
+        self.tokens = prompt_ids[: len(found) * pool.block_tokens]
+        self.cached = len(self.tokens)
+        pool.count_lookup(queried=n, hit=self.cached)
+        budget = self.model.scheduler.step_tokens
+        logits = None
+        while self.position < n:
+            logits = self.feed(prompt_ids[self.position:self.position + budget], rows=1)
+            if on_chunk is not None:
+                on_chunk(self.position, n)
+        self._cache_full_blocks(hashes)
+        assert logits is not None
         return logits
 
+    def feed(self, token_ids: list[int], *, rows: int | None = None) -> np.ndarray:
+        """Logits for the last `rows` fed tokens (each one's on the main, the last one's on the draft)."""
+        rows = rows or (len(token_ids) if self.exact else 1)
+        past, fed = self.position, token_ids
+        if self.exact and len(token_ids) == 1 and past:
+            past, fed = past - 1, [self.tokens[-1], *token_ids]  # re-fed: the multi-token kernel, as a verify's
+        self._hold(self.position + len(token_ids))
+        scheduler = self.model.scheduler
+        logits = scheduler.infer(Work(self.block_table, past, fed, rows), member=self, drafting=self.drafting)
+        self.tokens += token_ids
+        head = self.model.head
+        return logits if head is None else np.stack([head.widen(row) for row in logits])
+
     def drop_last(self, n: int) -> None:
-        """The last n fed tokens were rejected: cut from the cache, or masked from now on."""
+        """The last n fed tokens were rejected: the sequence ends before them, its blocks beyond given back."""
         if not n:
             return
-        if self.cut_rejected:
-            length = len(self.mask)
-            for state in self.request.query_state():  # [batch, kv heads, sequence, head size] per layer and K/V
-                # A region of the tensor read (a numpy slice would copy it again). The plugin still copies the cache
-                # three times: reading it, writing it back, and growing it at the next inference (it keeps no room
-                # in a state handed back), so a rollback costs more the longer the context
-                # (docs/benchmark.md#a-long-conversation)
-                cache = state.state
-                end = list(cache.shape)
-                end[2] = length - n
-                state.state = ov.Tensor(cache, ov.Coordinate([0] * len(end)), ov.Coordinate(end))
-            self.mask = self.mask[:-n]
-        else:
-            self.mask[-n:] = 0
-        self.position -= n
-
-    @property
-    def dead(self) -> int:
-        return len(self.mask) - self.position
-
-    def live_cache(self) -> dict[str, np.ndarray]:
-        """A copy of the cache's live slots, each state [1, kv heads, slots, head size] (a slot's keys hold its
-        position: the live ones keep theirs, in order)."""
-        live = np.flatnonzero(self.mask)
-        return {state.name: np.ascontiguousarray(state.state.data[:, :, live]) for state in self.request.query_state()}
+        del self.tokens[-n:]
+        needed = -(-self.position // self.model.pool.block_tokens)
+        if len(self.block_table) > needed:
+            self.model.pool.release(self.block_table[needed:])
+            del self.block_table[needed:]
 
     def close(self, *, keep_ids: list[int] | None = None) -> None:
-        """The cache given back now, not when the answer's objects go (a batch row leaves its batch)."""
-        if keep_ids and self.position:
-            self.prompts.keep(keep_ids, self.live_cache())
-        self.request.reset_state()
+        """The answer is over: its full blocks cached (where `keep_ids`, the answer's tokens, say what they hold),
+        every block given back."""
+        if keep_ids is not None and keep_ids[: self.position] == self.tokens:
+            self._cache_full_blocks(self.model.hashes(self.tokens, self.scope))
+        self.model.pool.release(self.block_table)
+        self.block_table, self.tokens = [], []
+        self.model.scheduler.leave(self)
 
-    def rebuild(self, live_ids: list[int]) -> None:
-        """Drop the dead slots: a fresh cache holding the live tokens only."""
-        self.request.reset_state()
-        self.mask = np.zeros(0, dtype=np.int64)
-        self.position = 0
-        self.feed(live_ids)
+    def _hold(self, tokens: int) -> None:
+        needed = -(-tokens // self.model.pool.block_tokens) - len(self.block_table)
+        if needed > 0:
+            self.block_table += self.model.pool.allocate(needed)
+
+    def _cache_full_blocks(self, hashes: list[bytes]) -> None:
+        full = min(len(hashes), self.position // self.model.pool.block_tokens) if self.model.caching else 0
+        if full > self._cached_blocks:
+            self.model.pool.cache(self.block_table[self._cached_blocks:full], hashes[self._cached_blocks:full])
+            self._cached_blocks = full

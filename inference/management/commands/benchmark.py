@@ -92,7 +92,7 @@ class Command(BaseCommand):
             chats = conversation.conversations_from_file(o["conversations"])
             peer = self.peer(url=o["compare_url"], model=o["compare_model"], key=o["compare_key"], stack=True)
             stack = (nullcontext(o["url"]) if o["url"]
-                     else local_stack(pair=pair, worker_threads=4, prefix_cache_mb=settings.PREFIX_CACHE_MB))
+                     else local_stack(pair=pair, worker_threads=4, prefix_caching=True))
             with stack_credentials(max_concurrent=4) as credentials, stack as base_url:
                 endpoints = {line: conversation.Endpoint(base_url=base_url.rstrip("/"), model=pair.slug,
                                                          api_key=credentials.api_key, extra=extra)

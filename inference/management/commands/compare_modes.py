@@ -46,7 +46,7 @@ class Command(BaseCommand):
         record = ModelPair.objects.filter(slug=pair).first()
         if record is None or not record.draft_dir:
             raise CommandError(f"No pair '{pair}' with a draft is registered.")
-        spec = replace(pair_spec(pair=record), prefix_cache_mb=0)  # every line prefills every prompt
+        spec = replace(pair_spec(pair=record), prefix_caching=False)  # every line prefills every prompt
         tokenizer = load_tokenizer(spec.main_dir)
         try:
             prompts = [p.text for p in prompts_from_file(prompts_file, render_chat=lambda messages: str(

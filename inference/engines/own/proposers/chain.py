@@ -13,8 +13,7 @@ import numpy as np
 
 from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.constraint import TokenConstraint
-from inference.engines.own.batch import BatchRow
-from inference.engines.own.kv_cache import KvSequence
+from inference.engines.own.kv_cache import PagedSequence
 from inference.engines.own.payoff import Payoff
 from inference.engines.own.proposers.draft_model import DraftModel
 from inference.engines.own.proposers.interface import Proposal, Proposer
@@ -26,7 +25,7 @@ from inference.limits import Drafter
 class Drafting:
     """One answer's proposers: the draft model on its own cache, and the prompt lookup when it is on."""
 
-    def __init__(self, draft: KvSequence, *, lookup: PromptLookup | None, params: DecodingParams,
+    def __init__(self, draft: PagedSequence, *, lookup: PromptLookup | None, params: DecodingParams,
                  rng: np.random.Generator, constraint: TokenConstraint | None, judged: bool = True):
         self.draft = DraftModel(draft, params=params, rng=rng, constraint=constraint)
         self.lookup = LookupProposer(lookup, constraint) if lookup is not None else None
@@ -69,17 +68,6 @@ class Drafting:
         for proposer in self.proposers():
             proposer.settle(proposal, last=last, accepted=accepted, token=token)
 
-    def rebuild(self, live_ids: list[int]) -> None:
-        self.draft.rebuild(live_ids)
-
     def stop(self) -> None:
         """The answer goes on without speculating (the main alone's batch): the draft is not fed again."""
         self.draft.stop()
-
-    def into_batch(self, row: BatchRow) -> None:
-        """The answer speculates in the batch from now on (own/engine.py): its draft a row of the draft's batch, the
-        cache it had copied in, proposing K tokens every step, so that the rows ask each batch together (a lookup's
-        step, a stop or a drafter sitting out would send one row to the main while the others draft)."""
-        self.draft.into_batch(row)
-        self.lookup, self.step_length = None, None
-        self.payoff = Payoff(judging=False)

@@ -18,18 +18,17 @@ import numpy as np
 from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.constraint import TokenConstraint, masked
 from inference.engines.own.acceptance import draw, probabilities
-from inference.engines.own.batch import BatchRow
-from inference.engines.own.kv_cache import KvCache, KvSequence
+from inference.engines.own.kv_cache import PagedSequence
 from inference.engines.own.proposers.interface import Proposal
 from inference.limits import Drafter
 
 
 class DraftModel:
-    """The draft on its cache (a KvSequence of its own, or a row of the draft's batch), fed lazily."""
+    """The draft on its own sequence of the draft's blocks, fed lazily."""
 
-    def __init__(self, cache: KvSequence, *, params: DecodingParams, rng: np.random.Generator,
+    def __init__(self, cache: PagedSequence, *, params: DecodingParams, rng: np.random.Generator,
                  constraint: TokenConstraint | None):
-        self.cache: KvCache = cache
+        self.cache = cache
         self.stop_below = params.draft_stop_below
         self.params, self.rng, self.constraint = params, rng, constraint
         self.backlog: list[int] = []  # tokens the draft has not seen, before the last emitted one
@@ -53,19 +52,8 @@ class DraftModel:
             self.backlog = []
             self.cache.drop_last(seen - accepted)
 
-    def rebuild(self, live_ids: list[int]) -> None:
-        self.cache.rebuild(live_ids)
-        self.backlog = []
-
     def stop(self) -> None:
         self.cache.close()
-
-    def into_batch(self, row: BatchRow) -> None:
-        """Its cache copied into a row of the draft's batch, which it feeds from now on, never stopping unsure."""
-        assert isinstance(self.cache, KvSequence)
-        row.adopt(self.cache.live_cache())
-        self.cache.close()
-        self.cache, self.stop_below = row, None
 
     def _drafted(self, k: int, feed: list[int], *, threshold: float | None) -> Proposal:
         """Up to k draft proposals, drawn from q (the draft's distribution, under the grammar if any; its argmax

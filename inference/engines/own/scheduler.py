@@ -1,0 +1,116 @@
+"""Which sequences one model's next inference holds, as vLLM v1's scheduler decides it: every answer's work that
+is waiting (a prompt's chunk, the main alone's token, a verify, a draft token), in the order it asked, under a budget
+of tokens a step, in one inference of the model runner (engines/own/model_runner.py).
+
+Each answer runs in its own thread and asks for its work as it needs it (`infer`); one driver thread a model steps.
+On the PagedAttention op a sequence's rows do not depend on which others share its inference (docs/exactness.md),
+so batching is only a matter of speed: one inference of four sequences reads the weights once. A step waits briefly
+for the sequences that took part in the last one (their threads are emitting its tokens, or drafting), so that
+answers under load keep stepping together instead of splitting into groups out of step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+from inference.engines.own.model_runner import ModelRunner, Work
+
+log = logging.getLogger(__name__)
+STEP_TOKENS = 256  # a step's budget: a long prompt is read in chunks of this many, other answers stepping between
+GATHER_S = 0.02  # how long a step waits for the sequences of the last one to ask again
+DRAFTING_GATHER_S = 0.5  # ... for a sequence that speculates (it drafts K tokens on the draft between two verifies)
+
+
+class Ask:
+    """A sequence's pending work, answered with its rows of logits or the error its inference raised."""
+
+    def __init__(self, work: Work, member: object, *, drafting: bool):
+        self.work, self.member, self.drafting = work, member, drafting
+        self.result: np.ndarray | BaseException | None = None
+        self.done = threading.Event()
+
+
+class Scheduler:
+    """One model's steps. `infer` blocks its caller until its work has run."""
+
+    def __init__(self, runner: ModelRunner, *, step_tokens: int = STEP_TOKENS):
+        self.runner = runner
+        self.step_tokens = step_tokens
+        self._waiting: list[Ask] = []
+        self._last: dict[object, bool] = {}  # the members of the last step: whether each drafts between its steps
+        self._changed = threading.Condition()
+        self._driver: threading.Thread | None = None
+        self.steps = 0
+
+    def infer(self, work: Work, *, member: object, drafting: bool = False) -> np.ndarray:
+        """`work`'s rows of logits; `member` is the sequence asking (the step waits for the last step's members)."""
+        ask = Ask(work, member, drafting=drafting)
+        with self._changed:
+            self._waiting.append(ask)
+            if self._driver is None or not self._driver.is_alive():
+                self._driver = threading.Thread(target=self._drive, name="own-scheduler", daemon=True)
+                self._driver.start()
+            self._changed.notify_all()
+        ask.done.wait()
+        if isinstance(ask.result, BaseException):
+            raise RuntimeError("the model's step failed") from ask.result
+        assert ask.result is not None
+        return ask.result
+
+    def leave(self, member: object) -> None:
+        """The sequence is done: the next step does not wait for it."""
+        with self._changed:
+            self._last.pop(member, None)
+            self._changed.notify_all()
+
+    def _drive(self) -> None:
+        while True:
+            with self._changed:
+                if not self._changed.wait_for(lambda: self._waiting, timeout=30):
+                    self._driver = None
+                    return
+                self._gather()
+                step = self._take()
+            self._run(step)
+
+    def _gather(self) -> None:
+        """Wait (the lock held by wait_for's caller) for the last step's members to ask again, within the gather."""
+        drafting = any(self._last.values())
+        deadline = time.monotonic() + (DRAFTING_GATHER_S if drafting else GATHER_S)
+        while self._missing() and self._changed.wait(timeout=max(deadline - time.monotonic(), 0)):
+            pass
+
+    def _missing(self) -> bool:
+        asked = {id(ask.member) for ask in self._waiting}
+        return any(id(member) not in asked for member in self._last)
+
+    def _take(self) -> list[Ask]:
+        """The waiting asks, first come first, within the step's budget (one at least); a prompt's chunk is cut by its
+        sequence to the budget, so the budget holds a chunk and the other answers' tokens beside it."""
+        step, tokens = [], 0
+        for ask in list(self._waiting):
+            n = len(ask.work.tokens)
+            if step and tokens + n > self.step_tokens:
+                continue
+            step.append(ask)
+            tokens += n
+        for ask in step:
+            self._waiting.remove(ask)
+        self._last = {ask.member: ask.drafting for ask in step}
+        return step
+
+    def _run(self, step: list[Ask]) -> None:
+        results: list[np.ndarray | BaseException]
+        try:
+            results = [*self.runner.run([ask.work for ask in step])]
+        except Exception as exc:  # the step's answers fail, the model steps on
+            log.exception("a step of %d sequences failed", len(step))
+            results = [exc] * len(step)
+        self.steps += 1
+        for ask, result in zip(step, results, strict=True):
+            ask.result = result
+            ask.done.set()
