@@ -184,9 +184,9 @@ QUEUE_TIMEOUT_S = env_int("SPECCHAT_QUEUE_TIMEOUT_S", 300)  # ...and failed if s
 ENGINE_RENEW_AFTER_REQUESTS = env_int("SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS", 200)
 # A pair's main alone and exact engine each hold another copy of the main: freed after this long unused; 0: kept.
 RELEASE_EXTRA_ENGINES_AFTER_S = env_int("SPECCHAT_RELEASE_EXTRA_ENGINES_AFTER_S", 120)
-# MB of keys and values the own engine's block pools hold, its main's and its draft's together (engines/own/block_pool.py):
-# the running answers' and, in what they leave free, the prompts and answers kept for a conversation's next turn.
-# 0: a quarter of the memory available when the engine loads (engines/spec.py, KV_POOL_SHARE).
+# MB of keys and values the own engine's block pools hold, main and draft together (engines/own/block_pool.py): the
+# running answers' and, in what they leave free, the prompts and answers kept for a conversation's next turn.
+# 0: a quarter of the memory free when the engine loads (engines/spec.py, KV_POOL_SHARE).
 KV_POOL_MB = env_int("SPECCHAT_KV_POOL_MB", 0)
 # Off: no block is kept for prompts to come (the one-turn benchmarks' workers, so every line reads a new prompt whole).
 PREFIX_CACHING = env_bool("SPECCHAT_PREFIX_CACHING", True)

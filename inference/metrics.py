@@ -54,8 +54,8 @@ FAMILIES = (
     Family("vllm:prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache."),
     Family("vllm:prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache (not prefilled again)."),
     Family("specchat_prefix_cache_bytes", "gauge",
-           "Bytes a worker's prefix caches hold for a pair (the own engine's main and draft; bounded by "
-           "SPECCHAT_PREFIX_CACHE_MB)."),
+           "Bytes a worker's KV pools hold cached for prompts to come, for a pair (the own engine's main and draft; "
+           "within SPECCHAT_KV_POOL_MB)."),
     Family("vllm:time_to_first_token_seconds", "histogram",
            "Time from the request entering the batch to its first token."),
     Family("vllm:time_per_output_token_seconds", "histogram",

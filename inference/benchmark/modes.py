@@ -24,7 +24,9 @@ from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.grammar import Grammar
 from inference.engines.interface import Engine, Finished
 from inference.engines.own.draft_head import compile_draft
-from inference.engines.own.stepped_model import read_stepped, step_inputs
+from inference.engines.own.kv_cache import PagedModel, PagedSequence
+from inference.engines.own.model_runner import ModelRunner, Work
+from inference.engines.own.paged_model import read_paged
 from inference.engines.spec import PairSpec, library_route
 from inference.engines.speculation_stats import SpeculationStats
 from inference.limits import Drafter, FinishReason, Route
@@ -191,60 +193,65 @@ def mode_props(*, main_dir: str, mode: str) -> dict[str, str]:
         device="CPU")
 
 
+MEASURING_POOL_BYTES = 512 * 2**20  # the costs' own pools: a few sequences of a few thousand tokens
+
+
 def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
                sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256, repeats: int = 12,
                rows: int = 1) -> dict[int, float]:
-    """Median ms of one inference of n new tokens on a warm KV cache of `context` tokens (raw OpenVINO,
-    the stateful IR as the own engine steps it, compiled with `props`): the cost of verifying K = n - 1 draft tokens,
-    for `rows` answers at once (a batch of that many rows, n tokens each)."""
+    """Median ms of one inference of n new tokens after `context` tokens (the PagedAttention op as the own engine
+    runs it, compiled with `props`): the cost of verifying K = n - 1 draft tokens, for `rows` answers at once (one
+    inference of that many sequences, n tokens each)."""
     core = ov.Core()
-    request = core.compile_model(read_stepped(core, main_dir), device, props).create_infer_request()
+    model = measuring_model(core.compile_model(read_paged(core, main_dir), device, props))
     rng = np.random.default_rng(0)
+    sequences = [model.sequence(exact=True) for _ in range(rows)]
+    for sequence in sequences:
+        sequence.prefill(rng.integers(100, 20_000, size=context).tolist())
+        sequence.reserve(context + max(sizes))
     costs: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats // 4):
-        request.reset_state()
-        _infer_seconds(request, rng.integers(100, 20_000, size=(rows, context)), 0, last_only=True)
-        position = context
-        for _ in range(4):  # sizes interleaved, so drift hits all alike
-            for n in sizes:
-                costs[n].append(_infer_seconds(request, rng.integers(100, 20_000, size=(rows, n)), position))
-                position += n
+    for _ in range(repeats):  # sizes interleaved, so drift hits all alike; each verify taken back (free)
+        for n in sizes:
+            works = [Work(sequence.block_table, sequence.position, rng.integers(100, 20_000, size=n).tolist(), rows=n)
+                     for sequence in sequences]
+            began = time.perf_counter()
+            model.runner.run(works)
+            costs[n].append(time.perf_counter() - began)
     return {n: statistics.median(values) * 1000 for n, values in costs.items()}
+
+
+def measuring_model(compiled: ov.CompiledModel) -> PagedModel:
+    """A compiled model with a small pool of its own, nothing cached: what a cost is measured on."""
+    return PagedModel(ModelRunner(compiled, pool_bytes=MEASURING_POOL_BYTES), caching=False)
 
 
 def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 64) -> dict[str, float]:
     """Median ms of one token of the main, of the draft with its head whole and of the draft with its head cut to
-    the pair's list (engines/own/draft_head.py), on warm caches of `context` tokens, a token each in turn (the order
-    turned each time) so a busy host's drift hits all alike: c, the draft's cost in main tokens, is their ratio."""
+    the pair's list (engines/own/draft_head.py), after `context` tokens, a token each in turn (the order turned each
+    time) so a busy host's drift hits all alike: c, the draft's cost in main tokens, is their ratio."""
     spec = mode_spec(spec, mode, speculative=True)
     core, rng = ov.Core(), np.random.default_rng(0)
-    models = {"main": core.compile_model(read_stepped(core, spec.main_dir), spec.device,
-                                         spec.device_properties(device=spec.device))}
+    main = measuring_model(core.compile_model(read_paged(core, spec.main_dir), spec.device,
+                                              spec.device_properties(device=spec.device)))
+    sequences: dict[str, PagedSequence] = {"main": main.sequence(exact=True)}
     heads = {"whole head": "", "cut head": spec.draft_head_ids} if spec.draft_head_ids else {"whole head": ""}
     for name, ids in heads.items():
-        models[name] = compile_draft(core, draft_dir=spec.draft_dir, head_ids=ids, device=spec.draft_runs_on,
-                                     properties=spec.device_properties(device=spec.draft_runs_on))[0]
-    requests = {name: model.create_infer_request() for name, model in models.items()}
-    seconds: dict[str, list[float]] = {name: [] for name in requests}
-    prompt = rng.integers(100, 20_000, size=(1, context))
-    for request in requests.values():
-        _infer_seconds(request, prompt, 0, last_only=True)
-    names = list(requests)
+        compiled, head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=ids, device=spec.draft_runs_on,
+                                       properties=spec.device_properties(device=spec.draft_runs_on))
+        sequences[name] = PagedModel(ModelRunner(compiled, pool_bytes=MEASURING_POOL_BYTES), head=head,
+                                     caching=False).sequence()
+    seconds: dict[str, list[float]] = {name: [] for name in sequences}
+    prompt = rng.integers(100, 20_000, size=context).tolist()
+    for sequence in sequences.values():
+        sequence.prefill(prompt)
+    names = list(sequences)
     for index in range(tokens):
-        token = rng.integers(100, 20_000, size=(1, 1))
+        token = int(rng.integers(100, 20_000))
         for name in names[index % len(names):] + names[:index % len(names)]:
-            seconds[name].append(_infer_seconds(requests[name], token, context + index))
+            began = time.perf_counter()
+            sequences[name].feed([token])
+            seconds[name].append(time.perf_counter() - began)
     return {name: statistics.median(values) * 1000 for name, values in seconds.items()}
-
-
-def _infer_seconds(request: ov.InferRequest, ids: np.ndarray, start: int, *, last_only: bool = False) -> float:
-    """An inference of `ids` [answers, n] after `start` tokens each, a row of logits for each token (as the main
-    verifies), or for the last alone (as a prefill)."""
-    began = time.perf_counter()
-    answers, n = ids.shape
-    request.infer(step_inputs(ids, positions=np.tile(np.arange(start, start + n), (answers, 1)),
-                              attention_mask=np.ones((answers, start + n), np.int64), rows=1 if last_only else n))
-    return time.perf_counter() - began
 
 
 def _share(part: int, whole: int) -> str:

@@ -6,8 +6,8 @@ An engine (library/pipeline.py, own/engine.py) is built from a PairSpec; the wor
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from inference.engines.devices import AUTO

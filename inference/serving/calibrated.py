@@ -46,12 +46,9 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
                        best_k={int(streams): int(k) for streams, k in results.get("best_k", {}).items()},
                        draft_stop_below=results.get("ks", {}).get(str(results.get("best_k", {}).get("1")), {}).get(
                            "draft_stop_below"),  # the lone answer's K, measured with the draft stopping where unsure
-                       library_alone={int(streams): bool(faster)
-                                      for streams, faster in results.get("library_alone", {}).items()},
                        draft_alternative=results.get("draft") == "alternative", step_costs=step_costs(results),
                        batch_k=int(results.get("batch_k", 0)),
                        long_context_k=long_context.get("k"),
-                       long_context_library=bool(long_context.get("library_alone")),
                        long_context_from=long_context.get("from_tokens") or LONG_CONTEXT_FROM)
 
 
@@ -136,9 +133,8 @@ def _after_a_long_prompt(results: dict) -> str:
             f"{long['drafted']['tokens_per_s']:.1f} tok/s, the main alone {alone:.1f}: ")
     if long["k"]:
         return said + "long answers speculate too."
-    where = " on the library's pipeline" if long.get("library_alone") else ""
     start = long.get("from_tokens") or LONG_CONTEXT_FROM
-    return said + f"answers from {start:,} prompt tokens run on the main alone{where}."
+    return said + f"answers from {start:,} prompt tokens run on the main alone."
 
 
 def _under_load(results: dict) -> str:

@@ -173,12 +173,11 @@ class EngineRegistry:
                  "dynamic_quantization": s.dynamic_quantization} for s in self._engines]
 
     def prefix_cache_bytes(self) -> dict[str, int]:
-        """Slug -> the bytes its engines' prefix caches hold (the own engine's, main and draft)."""
+        """Slug -> the bytes its engines hold cached for prompts to come (the own engine's pools, main and draft)."""
         held: dict[str, int] = {}
         for spec, engine in list(self._engines.items()):
-            for cache in (getattr(engine, "main_prompts", None), getattr(engine, "draft_prompts", None)):
-                if cache is not None:
-                    held[spec.slug] = held.get(spec.slug, 0) + cache.stats.bytes
+            if isinstance(engine, OwnEngine):
+                held[spec.slug] = held.get(spec.slug, 0) + engine.cached_bytes
         return held
 
     def unload(self, slug: str) -> None:

@@ -133,7 +133,7 @@ def _serve(*, generation: Generation, asked: planning.Asked, planned: planning.P
         writer.send({"type": "start", "prompt_tokens": request.prompt_tokens, "worker": worker_name,
                      **_served(generation)})
         answer = Answer(generation=generation, writer=writer, params=params, asked=asked, planned=planned,
-                        engine=engine, request=request, calibration=figures)
+                        engine=engine, request=request)
         request = None  # the answer owns it (and any engine it is handed over to) from here
         answer.run()
     except Exception:  # whatever went wrong, the reader gets an error instead of waiting forever
@@ -213,10 +213,9 @@ class Answer:
 
     def __init__(self, *, generation: Generation, writer: transport.StreamWriter, params: DecodingParams,
                  asked: planning.Asked, planned: planning.Plan, engine: Engine,
-                 request: ActiveRequest, calibration: planning.HostFigures | None = None):
+                 request: ActiveRequest):
         self.generation, self.writer, self.params = generation, writer, params
         self.asked, self.planned, self.engine, self.request = asked, planned, engine, request
-        self.calibration = calibration  # what the plan read of the host (a burst may move it off the own engine)
         self.prompt_ids, self.started_at = request.prompt_ids, request.added_at
         self.stats = SpeculationStats(num_assistant_tokens=_fixed_k(engine, params),
                                       speculative=(engine.spec.uses_draft or engine.spec.uses_prompt_lookup)
@@ -309,7 +308,7 @@ class Answer:
         self.moving_to = handover.handover(
             pair=self.generation.pair, asked=self.asked, planned=self.planned, load=load,
             generated=self.stats.tokens, remaining=self.params.max_new_tokens - self.stats.tokens,
-            live=planning.live_figures(rates, asked=self.asked, load=load), calibration=self.calibration)
+            live=planning.live_figures(rates, asked=self.asked, load=load))
         if self.moving_to:
             self.request.stop()
 

@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -103,11 +104,12 @@ class OwnEngine:
         self.spec = spec
         started = time.perf_counter()
         core = ov.Core()
+        compiled = replace(spec, dynamic_quantization=True)  # see precision.EXACT_ON_OWN_ENGINE
         main = core.compile_model(read_paged(core, spec.main_dir), spec.device,
-                                  spec.device_properties(device=spec.device))
+                                  compiled.device_properties(device=spec.device))
         draft, draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
                                           device=spec.draft_runs_on,
-                                          properties=spec.device_properties(device=spec.draft_runs_on))
+                                          properties=compiled.device_properties(device=spec.draft_runs_on))
         main_bytes, draft_bytes = cache_layout(main).block_bytes, cache_layout(draft).block_bytes
         pool = spec.kv_pool_bytes()  # shared so that both models hold as many tokens
         caching = spec.prefix_caching

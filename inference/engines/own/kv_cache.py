@@ -119,6 +119,10 @@ class PagedSequence:
         self.block_table, self.tokens = [], []
         self.model.scheduler.leave(self)
 
+    def reserve(self, tokens: int) -> None:
+        """Blocks for `tokens` tokens in all (a measurement steps on its own, past the scheduler)."""
+        self._hold(tokens)
+
     def _hold(self, tokens: int) -> None:
         needed = -(-tokens // self.model.pool.block_tokens) - len(self.block_table)
         if needed > 0:

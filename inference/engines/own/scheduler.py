@@ -91,7 +91,8 @@ class Scheduler:
     def _take(self) -> list[Ask]:
         """The waiting asks, first come first, within the step's budget (one at least); a prompt's chunk is cut by its
         sequence to the budget, so the budget holds a chunk and the other answers' tokens beside it."""
-        step, tokens = [], 0
+        step: list[Ask] = []
+        tokens = 0
         for ask in list(self._waiting):
             n = len(ask.work.tokens)
             if step and tokens + n > self.step_tokens:

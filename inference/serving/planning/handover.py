@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from inference.limits import Route, SpeculativeMode
+from inference.limits import SpeculativeMode
 from inference.models import ModelPair
-from inference.serving.planning import Asked, HostFigures, LiveFigures, Load, Plan, plan
+from inference.serving.planning import Asked, LiveFigures, Load, Plan, plan
 from inference.serving.reasons import Reason, Why
 
 # A running answer moves to the other pipeline only while the pair's batch here is this small: it must
@@ -22,18 +22,16 @@ HANDOVER_MIN_TOKENS = 32  # tokens still to generate: fewer would not repay the 
 
 
 def handover(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int, remaining: int,
-             live: LiveFigures | None = None, calibration: HostFigures | None = None) -> Plan | None:
+             live: LiveFigures | None = None) -> Plan | None:
     """The plan a running answer moves to, or None to stay: once, between the main alone and speculation,
     for greedy answers the profile or the figures planned, and off the own engine for sampled ones (the
     library cannot change a request's K, so moving is a new request that goes on from the answer so far;
     its greedy tokens are the same, and sampled ones are drawn from the main's distribution either way).
-    An answer the pair's own engine serves stays there, unless a burst comes where the host's `calibration`
-    measured the library's main alone faster (`_beside_a_burst`)."""
+    An answer the pair's own engine serves stays there: its main alone runs on it too."""
     if remaining < HANDOVER_MIN_TOKENS or planned.handed_over:
         return None
     if pair.own_engine_streams:
-        return _beside_a_burst(pair=pair, asked=asked, planned=planned, load=load, generated=generated,
-                               calibration=calibration)
+        return None
     if planned.route.is_own_engine():
         if asked.alternatives:
             return None
@@ -56,22 +54,6 @@ def _off_the_own_engine(*, pair: ModelPair, asked: Asked, planned: Plan, load: i
         return None  # the request asked for this engine
     now = plan(pair=pair, asked=asked, load=Load(streams=load))
     if not now.route.is_main_alone():
-        return None
-    return _handed_over(planned, now, generated=generated, load=load)
-
-
-def _beside_a_burst(*, pair: ModelPair, asked: Asked, planned: Plan, load: int, generated: int,
-                    calibration: HostFigures | None) -> Plan | None:
-    """A lone answer on the pair's own engine, speculating or its main alone, when more answers come than the pair
-    speculates for, where the host measured the library's main alone faster under load: the new answers run there
-    (rules.own_batch), and this one would otherwise run beside them, a second engine on the same cores.
-    It joins them, at any load: a burst's answers are prefilling at once anyway."""
-    if (not planned.route.is_own_engine() or asked.alternatives or asked.k is not None
-            or asked.threshold is not None or load <= pair.own_engine_streams
-            or calibration is None or not calibration.alone_on_library):
-        return None
-    now = plan(pair=pair, asked=asked, load=Load(streams=load), calibration=calibration)  # the burst's own plan
-    if now.route != Route.LIBRARY_MAIN_ALONE:
         return None
     return _handed_over(planned, now, generated=generated, load=load)
 

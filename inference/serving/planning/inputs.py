@@ -70,13 +70,11 @@ class HostFigures:
     own_config: str = ""
     best_k: dict[int, int] = field(default_factory=dict)
     draft_stop_below: float | None = None  # the best K was measured with the draft stopping where unsure
-    library_alone: dict[int, bool] = field(default_factory=dict)  # {streams: the library's main alone is faster}
     draft_alternative: bool = False  # the own engine loads the pair's draft in its other weight format: cheaper here
     step_costs: tuple[float, ...] = ()  # a draft token, then the verify of 2, 3, ... tokens, as shares of a main token
     batch_k: int = 0  # beyond the pair's speculating streams, answers speculate at this K in the own engine's batch
     long_context_k: int | None = None  # a lone answer's K after LONG_CONTEXT_FROM prompt tokens (0: the main alone)
-    long_context_library: bool = False  # and there the library's main alone was faster than the own engine's
-    long_context_from: int = LONG_CONTEXT_FROM  # prompt tokens from which those two apply
+    long_context_from: int = LONG_CONTEXT_FROM  # prompt tokens from which it applies
 
     @property
     def calibrated(self) -> bool:
@@ -84,21 +82,6 @@ class HostFigures:
 
     def k_at(self, load: int) -> int | None:
         return self.best_k.get(load)  # it measures lone answers only: None beyond
-
-    @property
-    def alone_on_library(self) -> bool:
-        """Whether a burst's main alone runs on the library's pipeline (in its fastest configuration) rather than the
-        own engine's batch: where that was faster at the most streams measured, the load where the main alone runs
-        most. One engine for a burst: two would split it between two copies of the weights on the same cores."""
-        return bool(self.library_alone) and self.library_alone[max(self.library_alone)]
-
-    @property
-    def lone_alone_on_library(self) -> bool:
-        """Whether a lone answer's main alone runs there too: only where the library was also faster at one stream.
-        Else it runs on the own engine, the computation of the main the pair's speculating answers are exact to, so
-        that `speculative: false` writes the same text as the default (the two computations part at near-ties:
-        docs/exactness.md); a burst then moves it to the library (planning/handover.py)."""
-        return self.alone_on_library and self.library_alone.get(1, False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,8 +125,3 @@ class Situation:
     @property
     def long_prompt(self) -> bool:
         return self.asked.prompt_tokens >= (self.host.long_context_from if self.host else LONG_CONTEXT_FROM)
-
-    @property
-    def long_context_on_library(self) -> bool:
-        """A long conversation's main alone runs on the library's pipeline where the host measured it faster there."""
-        return self.calibrated and self.long_prompt and self.host is not None and self.host.long_context_library

@@ -82,7 +82,7 @@ def inexact_sampling(s: Situation, choice: Choice) -> Plan | None:
 def own_batch(s: Situation, choice: Choice) -> Plan | None:
     """Beyond the answers the pair speculates for, its own engine's batch, one copy of the weights: speculating at
     the K the request named, or where the host measured a K there faster than any main alone under load; else the
-    main alone there, or on the library's pipeline where the host measured that faster under load."""
+    main alone there, the same computation as speculation's (engines/own/kv_cache.py), so the same answer."""
     if not s.beyond_own_streams:
         return None
     asked, beyond = s.asked, Why(Reason.BEYOND_OWN_STREAMS, {"load": s.streams})
@@ -94,8 +94,6 @@ def own_batch(s: Situation, choice: Choice) -> Plan | None:
         k = s.host.batch_k
         return _served(s, Route.OWN_SPECULATIVE, k=k, batch_k=k,
                        why=(*why, Why(Reason.OWN_BATCH_SPECULATING, {"k": k})))
-    if s.calibrated and s.host is not None and (s.host.alone_on_library or s.long_context_on_library):
-        return _served(s, Route.LIBRARY_MAIN_ALONE, why=why)
     return _served(s, Route.OWN_MAIN_ALONE, why=(*why, Why(Reason.OWN_BATCH)))
 
 
@@ -108,15 +106,13 @@ def own_engine_under_grammar(s: Situation, choice: Choice) -> Plan | None:
 
 
 def own_engine(s: Situation, choice: Choice) -> Plan | None:
-    """Within the answers the pair speculates for, its own engine: speculating, or its main alone, unless the host
-    measured the library's main alone faster for a lone answer (or after a long prompt)."""
+    """Within the answers the pair speculates for, its own engine: speculating, or its main alone on the same kernels,
+    so that switching speculation off never changes a greedy answer."""
     if not s.lone:
         return None
     if not choice.alone:
         return _served(s, Route.OWN_SPECULATIVE, k=choice.k, draft_stop_below=choice.draft_stop_below,
                        measured_here=choice.measured_here, why=(*choice.why, *_fast_mode(s), Why(Reason.OWN_ENGINE)))
-    if s.calibrated and s.host is not None and (s.host.lone_alone_on_library or s.long_context_on_library):
-        return _served(s, Route.LIBRARY_MAIN_ALONE, why=choice.why, measured_here=choice.measured_here)
     return _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.OWN_ENGINE)),
                    measured_here=choice.measured_here)
 
