@@ -48,7 +48,7 @@ class DecodingParams(Sampling):
     # (engines/own/step_length.py; the planner sets them where the request left K to the pair).
     step_costs: tuple[float, ...] = ()
     # Beyond the pair's speculating streams the own engine's answers run in one batch: there this answer speculates
-    # at this K (0: as the main alone; engines/own/batch.py, the planner sets it where the host's calibration measured
+    # at this K (0: as the main alone; engines/own/engine.py, the planner sets it where the host's calibration measured
     # speculating in the batch faster than the main alone's batch).
     batch_k: int = 0
     max_ngram_size: int = 3

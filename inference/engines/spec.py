@@ -22,7 +22,7 @@ HEAD_IDS_FILE = "head_vocabulary.npy"  # beside a draft's IR: the ids its head k
 
 
 # Which of a pair's engines a spec builds: a worker keeps one engine per (slug, role). The own engine serves both own
-# routes, its main alone as its batch at K=0 (engines/own/batch.py), so the two share one role; the library's draft
+# routes, its main alone at K=0 (engines/own/engine.py), so the two share one role; the library's draft
 # and its prompt lookup are the pair's one speculative pipeline (an edited pair's replaces the other).
 ROLES: dict[Route, str] = {
     Route.LIBRARY_SPECULATIVE: "library-speculative",

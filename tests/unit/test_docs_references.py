@@ -1,7 +1,7 @@
 """README.md and docs/*.md name only what exists: a newcomer who follows a name finds it.
 
 What counts as a reference:
-- a backticked path into the project (`engines/own/engine.py`, `engines/own/batch.py`, `tests/...`, `templates/`):
+- a backticked path into the project (`engines/own/engine.py`, `engines/own/scheduler.py`, `tests/...`, `templates/`):
   the file or folder exists (a path not starting at the root is read from inference/; model folders aside); a module's path with a
   name after it (`inference/selectors.generation_for_user`): the module has it;
 - a backticked dotted name whose first part is one of the project's modules, by its full dotted path or its
@@ -133,7 +133,7 @@ def test_the_checks_catch_a_wrong_name():
     assert dotted_name_problem("readers.StepAligner") is None
     assert dotted_name_problem("web.follow_generation") == "`web.follow_generation`: inference.serving.web has no follow_generation"
     assert path_problem("inference/engines/base.py") is not None
-    assert path_problem("engines/own/batch.py") is None
+    assert path_problem("engines/own/scheduler.py") is None
     assert path_problem("inference/selectors.generation_for_user") is None
     assert path_problem("inference/selectors.no_such_function") is not None
     assert link_problem(ROOT / "README.md", "docs/exactness.md#no-such-heading") is not None
