@@ -77,7 +77,7 @@ class PagedSequence:
         self.tokens = prompt_ids[: len(found) * pool.block_tokens]
         self.cached = len(self.tokens)
         pool.count_lookup(queried=n, hit=self.cached)
-        budget = self.model.scheduler.step_tokens
+        budget = self.model.scheduler.chunk_tokens
         logits = None
         while self.position < n:
             logits = self.feed(prompt_ids[self.position:self.position + budget], rows=1)

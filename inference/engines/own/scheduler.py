@@ -20,7 +20,8 @@ import numpy as np
 from inference.engines.own.model_runner import ModelRunner, Work
 
 log = logging.getLogger(__name__)
-STEP_TOKENS = 256  # a step's budget: a long prompt is read in chunks of this many, other answers stepping between
+CHUNK_TOKENS = 256  # a long prompt is read in chunks of this many, other answers stepping between two
+STEP_TOKENS = 2 * CHUNK_TOKENS  # a step's budget: a chunk and every other answer's tokens, or two chunks
 GATHER_S = 0.02  # how long a step waits for the sequences of the last one to ask again
 DRAFTING_GATHER_S = 0.5  # ... for a sequence that speculates (it drafts K tokens on the draft between two verifies)
 
@@ -37,9 +38,10 @@ class Ask:
 class Scheduler:
     """One model's steps. `infer` blocks its caller until its work has run."""
 
-    def __init__(self, runner: ModelRunner, *, step_tokens: int = STEP_TOKENS):
+    def __init__(self, runner: ModelRunner, *, chunk_tokens: int = CHUNK_TOKENS):
         self.runner = runner
-        self.step_tokens = step_tokens
+        self.chunk_tokens = chunk_tokens  # what a sequence asks at most at once (PagedSequence.prefill)
+        self.step_tokens = 2 * chunk_tokens
         self._waiting: list[Ask] = []
         self._last: dict[object, bool] = {}  # the members of the last step: whether each drafts between its steps
         self._changed = threading.Condition()
@@ -89,11 +91,11 @@ class Scheduler:
         return any(id(member) not in asked for member in self._last)
 
     def _take(self) -> list[Ask]:
-        """The waiting asks, first come first, within the step's budget (one at least); a prompt's chunk is cut by its
-        sequence to the budget, so the budget holds a chunk and the other answers' tokens beside it."""
+        """The waiting asks within the step's budget (one at least): the running answers' tokens first, then prompts'
+        chunks, each first come first, so that a long prompt being read delays no other answer's next token."""
         step: list[Ask] = []
         tokens = 0
-        for ask in list(self._waiting):
+        for ask in sorted(self._waiting, key=lambda ask: len(ask.work.tokens) >= self.chunk_tokens):
             n = len(ask.work.tokens)
             if step and tokens + n > self.step_tokens:
                 continue
