@@ -16,7 +16,7 @@ from inference.serving.records import pair_spec
 from tests.unit.serving.planning import (
     ALONE,
     LIB,
-    LIBRARY_ALWAYS,
+    LIBRARY_FASTER,
     LOSES,
     NOT_YET,
     OWN,
@@ -55,7 +55,10 @@ def test_each_route_runs_in_the_precision_the_host_measured(route, precision, kv
     assert (spec.inference_precision, spec.kv_cache_precision, spec.dynamic_quantization) == (precision, kv, quantized)
     uncalibrated = pair_spec(pair=pair(**OWN), route=route, calibration=NOT_YET)
     assert uncalibrated == pair_spec(pair=pair(**OWN), route=route)
-    assert pair_spec(pair=pair(**OWN), route=ALONE, calibration=LIBRARY_ALWAYS).inference_precision == "bf16"
+    # where the library's main alone was fastest in bf16: a pair that pipeline serves runs it so; an own pair's main
+    # alone runs on its own engine, in the configuration it is exact in
+    assert pair_spec(pair=pair(), route=ALONE, calibration=LIBRARY_FASTER).inference_precision == "bf16"
+    assert pair_spec(pair=pair(**OWN), route=OWN_ALONE, calibration=LIBRARY_FASTER).inference_precision == "f32"
 
 
 def test_the_own_engine_loads_the_draft_in_the_format_the_host_measured_cheaper():
@@ -127,9 +130,46 @@ def test_a_calibration_says_from_which_prompt_length_long_answers_give_up_the_dr
             "own_main_alone": {"tokens_per_s": 7.55}, "fastest": {"tokens_per_s": 11.49}}
     shown = summary_of({**RESULTS, "long_context": long})["verdict"]
     assert shown.endswith("After a 2,000-token prompt K=3 made 6.0 tok/s, the main alone 11.5: answers from 973 prompt "
-                          "tokens run on the main alone on the library's pipeline.")
+                          "tokens run on the main alone.")  # the own engine's, though the library's was faster
+    assert "library" not in shown
     before = {key: value for key, value in long.items() if key != "from_tokens"}  # calibrated before it was kept
     assert "answers from 1,000 prompt tokens" in summary_of({**RESULTS, "long_context": before})["verdict"]
     still = summary_of({**RESULTS, "long_context": {**long, "k": 3, "drafted": {"tokens_per_s": 12.5}}})["verdict"]
     assert still.endswith("K=3 made 12.5 tok/s, the main alone 11.5: long answers speculate too.")
     assert "After a" not in summary_of(RESULTS)["verdict"]  # no long prompt measured
+
+
+def test_a_calibration_that_found_the_librarys_main_alone_faster_moves_no_answer_of_an_own_pair(monkeypatch):
+    """The calibration still records where the library's pipeline ran the main alone faster than the own engine
+    (at one stream, under load, after a long prompt); the plan reads it no more: an own pair's answers, speculating
+    or its main alone, run on its own engine, the same computation either way (changed 2026-11-29)."""
+    long = {"tokens": 2000, "k": 0, "library_alone": True, "from_tokens": 973, "drafted": {"tokens_per_s": 5.95},
+            "own_main_alone": {"tokens_per_s": 7.55}, "fastest": {"tokens_per_s": 11.49}}
+    faster = {**RESULTS, "library_alone": {"1": True, "4": True}, "long_context": long}
+    host = host_of({"cpu": "AMD EPYC", "family": "26", "model": "2", "isa": ["avx512f"], "cores": 2})
+
+    def figures_of(results: dict):
+        found = HostCalibration(host=host.signature, status=JobStatus.FINISHED, results=results,
+                                finished_at=timezone.now())
+        monkeypatch.setattr(calibrated.selectors, "finished_calibration", lambda **_: found)
+        return calibrated.host_figures(pair=pair(**OWN), host=host)
+
+    figures = figures_of(faster)
+    without = {key: value for key, value in faster.items() if key != "library_alone"}
+    assert figures == figures_of({**without, "long_context": {**long, "library_alone": False}})  # read the same
+    assert (figures.best_k, figures.long_context_k, figures.long_context_from) == ({1: 3}, 0, 973)
+
+    def planned(asked: Asked, streams: int):
+        return plan(pair=pair(**OWN), asked=asked, load=Load(streams=streams), calibration=figures)
+
+    for asked in (Asked(), Asked(sampled=True), Asked(speculative=False), Asked(prompt_tokens=1500),
+                  Asked(prompt_tokens=1500, speculative=False)):
+        for streams in (1, 2, 3, 4, 8):
+            assert planned(asked, streams).route.is_own_engine(), (asked, streams)
+    assert (planned(Asked(), 1).route, planned(Asked(), 1).k) == (OWN_K, 3)
+    assert planned(Asked(speculative=False), 1).reasons == (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)
+    assert planned(Asked(), 4).reasons == (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)
+    long_prompt = planned(Asked(prompt_tokens=1500), 1)
+    assert (long_prompt.route, long_prompt.reasons) == (
+        OWN_ALONE, (R.CALIBRATED_LONG_CONTEXT_ALONE, R.OWN_ENGINE, R.FASTEST_CONFIG))
+    assert "(f32 with dynamic int8 activations)" in long_prompt.reason  # the own engine's configuration

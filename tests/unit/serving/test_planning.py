@@ -25,9 +25,7 @@ from tests.unit.serving.planning import (
     COSTED,
     FAST,
     LIB,
-    LIBRARY_ALONE_ONLY,
-    LIBRARY_ALWAYS,
-    LIBRARY_UNDER_LOAD,
+    LIBRARY_FASTER,
     LONG_STEPS,
     LOOKS,
     LOOKUP,
@@ -158,12 +156,12 @@ TABLE = [
      None, OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(prompt_tokens=800), Load(streams=1), replace(LONG_STEPS, long_context_k=0, long_context_from=700),
      None, OWN_ALONE, None, 0, (R.CALIBRATED_LONG_CONTEXT_ALONE, R.OWN_ENGINE, R.FASTEST_CONFIG)),
-    # ... on the library's main alone where that was the faster main alone after the long prompt (speculation off too)
-    (OWN, Asked(prompt_tokens=1500), Load(streams=1),
-     replace(LONG_STEPS, long_context_k=0, long_context_library=True), None,
-     ALONE, None, 0, (R.CALIBRATED_LONG_CONTEXT_ALONE, R.FASTEST_CONFIG)),
-    (OWN, Asked(prompt_tokens=1500, speculative=False), Load(streams=1),
-     replace(LONG_STEPS, long_context_library=True), None, ALONE, None, 0, (R.ASKED_OFF, R.FASTEST_CONFIG)),
+    # ... on the own engine, speculation off too and beyond its streams: the same computation as its speculation
+    # (changed 2026-11-29: where the library's main alone was faster after the long prompt, these ran there)
+    (OWN, Asked(prompt_tokens=1500, speculative=False), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
+     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(prompt_tokens=1500), Load(streams=3), replace(LONG_STEPS, long_context_k=0), None,
+     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
     (OWN, Asked(prompt_tokens=1500, k=3), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
      OWN_K, 3, 3, (R.K_ASKED, R.OWN_ENGINE)),
     # where the host's costs were timed, the draft proposes up to K what each answer's acceptance pays for; not at a
@@ -195,33 +193,30 @@ TABLE = [
     (OWN, Asked(), Load(streams=1), LOSES, live({0: 10.0, 3: 20.0}), OWN_K, 3, 0, (R.LIVE_K_FASTEST, R.OWN_ENGINE)),
     # sampled answers keep their own profile (the calibration measures greedy answers)
     (OWN, Asked(sampled=True), Load(streams=1), LOSES, None, OWN_K, 3, 0, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
-    # where the library's main alone was faster than the own engine's batch, the main alone runs there
-    (OWN, Asked(), Load(streams=1), LIBRARY_UNDER_LOAD, None, OWN_K, 3, 0, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
-    (OWN, Asked(), Load(streams=3), LIBRARY_UNDER_LOAD, None, ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.FASTEST_CONFIG)),
-    (OWN, Asked(), Load(streams=4), LIBRARY_UNDER_LOAD, None, ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.FASTEST_CONFIG)),
-    # a lone answer's main alone stays on the own engine unless the library was faster at one stream too: the same
-    # computation of the main as the default answers, so that speculation off writes the same text
-    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_UNDER_LOAD, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
-    (OWN, Asked(speculative=False), Load(streams=2), LIBRARY_UNDER_LOAD, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
-    (OWN, Asked(speculative=False), Load(streams=3), LIBRARY_UNDER_LOAD, None,
-     ALONE, None, 0, (R.ASKED_OFF, R.FASTEST_CONFIG)),
-    (OWN, Asked(), Load(streams=1), replace(LIBRARY_UNDER_LOAD, best_k={1: 0}), None,
-     OWN_ALONE, None, 0, (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
-    # the library faster at one stream only: one engine for a burst's main alone, the own batch, so a lone one too
-    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_ALONE_ONLY, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
-    (OWN, Asked(speculative=False), Load(streams=3), LIBRARY_ALONE_ONLY, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_BATCH, R.FASTEST_CONFIG)),
-    (OWN, Asked(), Load(streams=3), LIBRARY_ALONE_ONLY, None,
+    # where the library's pipeline ran the main alone faster (bf16), an own pair's main alone stays on its own engine,
+    # lone or beyond its streams, in the configuration it is exact in: switching speculation off, or more answers
+    # coming, never changes an answer (changed 2026-11-29: the rows beyond its streams, and the lone main alone where
+    # the library was faster at one stream too, ran on the library's main alone)
+    (OWN, Asked(), Load(streams=1), LIBRARY_FASTER, None, OWN_K, 3, 0, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=3), LIBRARY_FASTER, None,
      OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
-    (OWN, Asked(), Load(streams=1), LIBRARY_ALWAYS, None,
-     ALONE, None, 0, (R.CALIBRATED_MAIN_ALONE_FASTER, R.FASTEST_CONFIG)),
-    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_ALWAYS, None,
-     ALONE, None, 0, (R.ASKED_OFF, R.FASTEST_CONFIG)),
-    (OWN, Asked(alternatives=True, speculative=False), Load(streams=9), LIBRARY_ALWAYS, None,
+    (OWN, Asked(), Load(streams=4), LIBRARY_FASTER, None,
+     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+    (OWN, Asked(sampled=True), Load(streams=3), LIBRARY_FASTER, None,
+     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+    (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_FASTER, None,
+     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(speculative=False), Load(streams=2), LIBRARY_FASTER, None,
+     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(speculative=False), Load(streams=3), LIBRARY_FASTER, None,
+     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_BATCH, R.FASTEST_CONFIG)),
+    (OWN, Asked(), Load(streams=1), replace(LIBRARY_FASTER, best_k={1: 0}), None,
+     OWN_ALONE, None, 0, (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(alternatives=True, speculative=False), Load(streams=9), replace(LIBRARY_FASTER, best_k={1: 0}), None,
      OWN_ALONE, None, 0, (R.ASKED_OFF, R.ALTERNATIVES, R.FASTEST_CONFIG)),  # only the own engine computes alternatives
+    # a pair the library's pipeline serves runs its main alone there, in the configuration measured fastest
+    (PROFILED, Asked(speculative=False), Load(streams=1), LIBRARY_FASTER, None,
+     ALONE, None, 0, (R.ASKED_OFF, R.FASTEST_CONFIG)),
     # where speculating in the own engine's batch beat every main alone under load: a burst speculates there, greedy,
     # sampled, under a grammar or at a K named (set aside, and said); a lone answer speculates at its K until more
     # come, then at the batch's; an answer that asked for the main alone runs as one
