@@ -104,7 +104,9 @@ class OwnEngine:
         self.spec = spec
         started = time.perf_counter()
         core = ov.Core()
-        compiled = replace(spec, dynamic_quantization=True)  # see precision.EXACT_ON_OWN_ENGINE
+        # f32 blocks of the layout the engine's pools assume (a device's default cache may be u8, its key and value
+        # blocks shaped apart), and dynamic quantization: the arrangement exact on the op (precision.EXACT_ON_OWN_ENGINE)
+        compiled = replace(spec, inference_precision="f32", kv_cache_precision="f32", dynamic_quantization=True)
         main = core.compile_model(read_paged(core, spec.main_dir), spec.device,
                                   compiled.device_properties(device=spec.device))
         draft, draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
