@@ -17,10 +17,11 @@ from django.conf import settings
 from inference.benchmark.modes import compare_modes, draft_cost
 from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.constraint import vocabulary
-from inference.engines.own.draft_head import WidenedSequence, cut_head, load_head_ids
+from inference.engines.own.draft_head import cut_head, load_head_ids
 from inference.engines.own.engine import OwnEngine
-from inference.engines.own.kv_cache import KvSequence
-from inference.engines.own.stepped_model import read_stepped
+from inference.engines.own.kv_cache import PagedModel
+from inference.engines.own.model_runner import ModelRunner
+from inference.engines.own.paged_model import cache_layout, read_paged
 from inference.engines.spec import PairSpec
 from inference.limits import Route
 from inference.pairs.head_vocabulary import write_head_vocabulary
@@ -41,6 +42,11 @@ def engine(demo_head_ids):
     return OwnEngine(replace(SPEC, draft_head_ids=str(demo_head_ids)))
 
 
+def paged(compiled: ov.CompiledModel) -> PagedModel:
+    """A compiled model on a pool of its own, of a few blocks."""
+    return PagedModel(ModelRunner(compiled, pool_bytes=8 * cache_layout(compiled).block_bytes))
+
+
 def test_the_list_holds_the_most_frequent_tokens_and_every_token_a_text_needs(demo_head_ids):
     ids = load_head_ids(demo_head_ids)
     tokens, special = vocabulary(str(PAIR / "draft"))
@@ -58,19 +64,24 @@ def test_the_cut_heads_logits_are_the_full_heads_at_the_kept_ids(demo_head_ids, 
     ids = load_head_ids(demo_head_ids)
     core, folder = ov.Core(), str(PAIR / role)
     props = replace(SPEC, dynamic_quantization=dynamic_quantization).device_properties(device="CPU")
-    model = read_stepped(core, folder)
+    model = read_paged(core, folder)
     head = cut_head(model, ids)
     prompt = [5, 100, 200, 300, 999, 17, 40, 2048]
-    full = KvSequence(core.compile_model(read_stepped(core, folder), "CPU", props)).feed(prompt)
-    cut = KvSequence(core.compile_model(model, "CPU", props)).feed(prompt)
+    # the main's exact sequence: a row per fed token; the model's own head, not widened
+    full = paged(core.compile_model(read_paged(core, folder), "CPU", props)).sequence(exact=True).feed(prompt)
+    cut = paged(core.compile_model(model, "CPU", props)).sequence(exact=True).feed(prompt)
     assert head.width == full.shape[-1] and cut.shape == (len(prompt), len(ids))
     assert np.allclose(cut, full[:, ids], rtol=0, atol=1e-5), float(np.abs(cut - full[:, ids]).max())
 
 
 def test_a_proposal_is_a_kept_token_and_the_full_drafts_own_choice_when_that_is_kept(engine, demo_head_ids):
+    """The engine's draft: its cut head's rows widened to the whole vocabulary, -inf at the rows cut."""
     ids = load_head_ids(demo_head_ids)
     kept = set(ids.tolist())
-    full, cut = KvSequence(OwnEngine(SPEC).draft), WidenedSequence(engine.draft, engine.draft_head)
+    assert engine.draft.head is not None and engine.main.head is None
+    core = ov.Core()
+    whole = core.compile_model(read_paged(core, str(PAIR / "draft")), "CPU", SPEC.device_properties(device="CPU"))
+    full, cut = paged(whole).sequence(), engine.draft.sequence()
     feed = engine.tokenizer.encode(PROMPTS[0]).input_ids.data[0].tolist()
     agreed = 0
     for _ in range(24):
@@ -82,6 +93,8 @@ def test_a_proposal_is_a_kept_token_and_the_full_drafts_own_choice_when_that_is_
             agreed += 1
         feed = [int(np.argmax(full_row))]  # both follow the full draft's own text
     assert agreed >= 12
+    cut.close()
+    assert engine.draft.pool.free_count == engine.draft.pool.blocks
 
 
 def test_greedy_answers_with_the_cut_draft_are_the_main_alones_and_it_still_speculates(engine):

@@ -1,6 +1,7 @@
 """A pair's own engine (ModelPair.own_engine_streams): with the CPU's dynamic quantization (int8
 activations, the fastest way to run an int8 main alone), its greedy answers with the draft are the main
-alone's token for token, because rejected tokens are cut from the main's cache; and a worker serving
+alone's token for token, because rejected tokens are taken back by shortening the main's sequence and every row the
+main computes is bitwise the same whichever answers share its step (engines/own/kv_cache.py); and a worker serving
 such a pair answers one stream on it alone: one copy of the weights, no step process."""
 
 import json
@@ -19,9 +20,7 @@ from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Finished, JoinedBatch
-from inference.engines.own import batch
 from inference.engines.own.engine import OwnEngine
-from inference.engines.own.kv_cache import KvSequence
 from inference.engines.own.payoff import WINDOW
 from inference.engines.own.proposers.chain import Drafting
 from inference.engines.own.proposers.prompt_lookup import PromptLookup
@@ -56,15 +55,14 @@ def answer(engine, prompt: str, k: int, **held) -> list[int]:
 
 
 @pytest.mark.no_database
-def test_rejected_tokens_cut_from_the_cache_leave_no_trace(engine):
-    """After each step the main's cache holds the accepted tokens alone: two caches that rejected different
-    proposals give bitwise the same next logits. Against a cache fed one token at a time they agree to the last
-    bits: bitwise where the CPU's kernels compute a row alike for 1 and K+1 rows (seen with AVX-512), within
-    1e-5 where they do not (AVX2: docs/exactness.md#kernels)."""
+def test_rejected_tokens_taken_back_leave_no_trace(engine):
+    """After each step the main's sequence holds the accepted tokens alone (drop_last shortens it; the next step writes
+    over the rejected tokens' slots): two sequences that rejected different proposals, and one fed a token at a time,
+    give bitwise the same next logits (the main's exact sequence runs every row on the multi-token kernel)."""
     ids = engine.tokenizer.encode(PROMPTS[0]).input_ids.data[0].tolist()
     rng = np.random.default_rng(0)
-    clean = KvSequence(engine.main)
-    cuts = [KvSequence(engine.main, cut_rejected=True) for _ in range(2)]
+    clean = engine.main.sequence(exact=True)
+    cuts = [engine.main.sequence(exact=True) for _ in range(2)]
     for sequence in (clean, *cuts):
         sequence.feed(ids)
     for token in rng.integers(100, 1000, 6).tolist():
@@ -73,89 +71,99 @@ def test_rejected_tokens_cut_from_the_cache_leave_no_trace(engine):
         for cut in cuts:
             got.append(cut.feed([token, *rng.integers(100, 1000, 3).tolist()])[0].copy())  # 3 proposals, rejected
             cut.drop_last(3)
+            assert cut.position == clean.position
         assert np.array_equal(got[0], got[1])
-        assert np.allclose(got[0], expected, rtol=0, atol=1e-4)
+        assert np.array_equal(got[0], expected)
+    for sequence in (clean, *cuts):
+        sequence.close()
 
 
-@pytest.mark.no_database
-def test_rows_of_the_batch_compute_what_each_would_on_its_own_cache():
-    """Answers of the main alone share one batched inference a step (engines/own/batch.py): prompts of different
-    lengths join (padded), one leaves early (cut out), one joins late, one is late to a step (a masked slot);
-    every row's logits are those of its own cache (f32 here: the padding moves only the last bits)."""
-    engine = OwnEngine(replace(SPEC, dynamic_quantization=False))
-    forced = np.random.default_rng(1).integers(100, 1000, 8).tolist()
-    got: dict[int, list[np.ndarray]] = {}
-
-    def run(index: int, steps: int, delay: float = 0.0) -> None:
-        time.sleep(delay)
-        row = engine.batch.row()
-        got[index] = [row.feed(prompt_ids[index])[-1].copy()]
-        for step, token in enumerate(forced[:steps]):
-            if index == 2 and step == 3:
-                time.sleep(0.2)  # the others step without it meanwhile
-            got[index].append(row.feed([token])[-1].copy())
-        row.close()
-
-    prompt_ids = [engine.tokenizer.encode(text).input_ids.data[0].tolist() for text in (*PROMPTS, "x = [")]
-    threads = [threading.Thread(target=run, args=args) for args in ((0, 8), (1, 3), (2, 8), (3, 6, 0.3))]
+def each_steps(works) -> None:
+    """Run `works` (functions of no argument) at once, each in its own thread."""
+    threads = [threading.Thread(target=work) for work in works]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    for index, rows in got.items():
-        alone = KvSequence(engine.main)
-        expected = [alone.feed(prompt_ids[index])[-1]] + [alone.feed([token])[-1].copy() for token in forced]
-        assert len(rows) == {1: 4, 3: 7}.get(index, 9)
-        for step, (mine, theirs) in enumerate(zip(rows, expected, strict=False)):
-            assert np.allclose(mine, theirs, atol=1e-3), (index, step, float(np.abs(mine - theirs).max()))
-    deadline = time.monotonic() + 5
-    while engine.batch.rows and time.monotonic() < deadline:
-        time.sleep(0.05)  # the last row's leaving is the driver's to do
-    assert not engine.batch.rows and engine.batch.mask.shape == (0, 0)
+
+
+def pools_empty(*engines) -> bool:
+    """Every block of the engines' pools back, none held by a sequence (cached ones included: they are free)."""
+    return all(model.pool.free_count == model.pool.blocks for engine in engines for model in (engine.main, engine.draft))
 
 
 @pytest.mark.no_database
-def test_rows_feeding_several_tokens_compute_what_each_would_on_its_own_cache(monkeypatch):
-    """Rows of a batch speculating (engines/own/batch.py): each step a row feeds one to four tokens (padded before them
-    where another feeds more), the main rejects some (masked), a row leaves, and the cache is packed once it holds a
-    few dead slots: every row's logits for its live tokens are those of its own cache holding those tokens alone."""
-    monkeypatch.setattr(batch, "COMPACT_SLOTS", 6)
-    engine = OwnEngine(replace(SPEC, dynamic_quantization=False))
+def test_rows_sharing_a_step_compute_what_each_would_alone(engine):
+    """Answers of the main alone share one inference a step (engines/own/scheduler.py): prompts of different lengths
+    join, one leaves early, one joins late, one is late to a step (the others step without it); every sequence's
+    logits are bitwise those of its own sequence stepped alone, and every block is back in the pool after."""
+    forced = np.random.default_rng(1).integers(100, 1000, 8).tolist()
+    prompt_ids = [engine.tokenizer.encode(text).input_ids.data[0].tolist() for text in (*PROMPTS, "x = [")]
+    got: dict[int, list[np.ndarray]] = {}
+    steps = engine.main.scheduler.steps
+
+    def run(index: int, steps: int, delay: float = 0.0) -> None:
+        time.sleep(delay)
+        sequence = engine.main.sequence(exact=True)
+        got[index] = [sequence.feed(prompt_ids[index])[-1].copy()]
+        for step, token in enumerate(forced[:steps]):
+            if index == 2 and step == 3:
+                time.sleep(0.2)  # the others step without it meanwhile
+            got[index].append(sequence.feed([token])[-1].copy())
+        sequence.close()
+
+    each_steps([lambda args=args: run(*args) for args in ((0, 8), (1, 3), (2, 8), (3, 6, 0.3))])
+    fed = sum(map(len, got.values()))
+    assert engine.main.scheduler.steps - steps < fed, "no two sequences shared a step"
+    for index, rows in got.items():
+        alone = engine.main.sequence(exact=True)
+        expected = [alone.feed(prompt_ids[index])[-1]] + [alone.feed([token])[-1].copy() for token in forced]
+        alone.close()
+        assert len(rows) == {1: 4, 3: 7}.get(index, 9)
+        for step, (mine, theirs) in enumerate(zip(rows, expected, strict=False)):
+            assert np.array_equal(mine, theirs), (index, step, float(np.abs(mine - theirs).max()))
+    assert pools_empty(engine)
+
+
+@pytest.mark.no_database
+def test_rows_feeding_several_tokens_compute_what_each_would_alone(engine):
+    """Sequences speculating side by side: each step one feeds one to four tokens, the main rejects some (taken back),
+    one leaves early: every sequence's logits for its live tokens are bitwise those of a sequence holding those tokens
+    alone, fed them at once."""
     rng = np.random.default_rng(2)
     got: dict[int, list[tuple[list[int], np.ndarray]]] = {}  # each step's live tokens after it, and its logits
     done: list[int] = []
 
     def run(index: int, steps: int) -> None:
-        row, live = engine.batch.row(), list(prompt_ids[index])
-        got[index] = [(list(live), row.feed(live)[-1:].copy())]
+        sequence, live = engine.main.sequence(exact=True), list(prompt_ids[index])
+        got[index] = [(list(live), sequence.feed(live)[-1:].copy())]
         for _ in range(steps):
             fed = rng.integers(100, 1000, int(rng.integers(1, 5))).tolist()
-            logits = row.feed(fed)
+            logits = sequence.feed(fed)
             kept = int(rng.integers(0, len(fed) + 1))
             got[index] += [([*live, *fed[: n + 1]], logits[n:n + 1].copy()) for n in range(kept)]
-            row.drop_last(len(fed) - kept)
+            sequence.drop_last(len(fed) - kept)
             live += fed[:kept]
-        row.close()
+            assert sequence.tokens == live
+        sequence.close()
         done.append(index)
 
     prompt_ids = [engine.tokenizer.encode(text).input_ids.data[0].tolist() for text in PROMPTS]
-    threads = [threading.Thread(target=run, args=args) for args in ((0, 12), (1, 4), (2, 12))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    each_steps([lambda args=args: run(*args) for args in ((0, 12), (1, 4), (2, 12))])
     assert sorted(done) == [0, 1, 2] and sum(map(len, got.values())) > 30
     for index, rows in got.items():
         for live, logits in rows:
-            alone = KvSequence(engine.main)
-            assert np.allclose(logits, alone.feed(live)[-1:], atol=1e-3), (index, len(live))
+            alone = engine.main.sequence(exact=True)
+            assert np.array_equal(logits, alone.feed(live)[-1:]), (index, len(live))
+            alone.close()
+    assert pools_empty(engine)
 
 
 @pytest.mark.no_database
 def test_answers_speculating_in_the_batch_are_the_main_alones(engine):
     """Beyond the pair's speculating streams, with a K for the batch (DecodingParams.batch_k), three answers at once
-    speculate in it: one inference of the main a step for all (their K+1 tokens each), the draft's a batch too;
-    each answer is the main alone's, greedy, and both batches are empty after."""
+    go on speculating: one inference of the main a step for all (their K+1 tokens each), of the draft too; each
+    answer is the main alone's, greedy, and every block of both pools is back once they finished."""
     busy = OwnEngine(replace(SPEC, slug="batched", speculating_streams=1))
     params = DecodingParams(max_new_tokens=60, ignore_eos=True, num_assistant_tokens=3, batch_k=3)
     requests_ = [busy.submit(prompt=prompt, params=params) for prompt in PROMPTS]
@@ -164,16 +172,13 @@ def test_answers_speculating_in_the_batch_are_the_main_alones(engine):
     alone = replace(params, num_assistant_tokens=0)
     for prompt, answer_steps in zip(PROMPTS, steps, strict=True):
         assert flat(answer_steps) == flat(steps_of(engine.submit(prompt=prompt, params=alone))), prompt
-    deadline = time.monotonic() + 5
-    while (busy.batch.rows or busy.draft_batch.rows) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the last rows' leaving is the drivers' to do
-    assert not busy.batch.rows and not busy.draft_batch.rows
+    assert busy.active_count == 0 and pools_empty(busy)  # an answer's sequences close before its Finished
 
 
 @pytest.mark.no_database
 def test_answers_of_the_main_alone_at_once_each_end_as_asked(engine):
-    """Four answers of the main alone at once, batched: each runs to its cap; the first, run alone again, is the
-    main's greedy answer with the draft too."""
+    """Four answers of the main alone at once, sharing the main's steps: each runs to its cap; the first, run alone
+    again, is the main's greedy answer with the draft too."""
     answers: dict[str, list[int]] = {}
     threads = [threading.Thread(target=lambda p=p: answers.__setitem__(p, answer(engine, p, 0)))
                for p in (*PROMPTS, "x = [")]
@@ -273,19 +278,18 @@ def test_a_draft_that_does_not_pay_sits_out_and_the_answer_stays_the_main_alones
 
 
 @pytest.mark.no_database
-def test_the_draft_is_fed_every_token_of_the_answer_once_whatever_proposed_it():
+def test_the_draft_is_fed_every_token_of_the_answer_once_whatever_proposed_it(engine):
     """A main that copies the prompt's function with a few tokens changed, verifying greedily: steps of the lookup
-    (the draft infers nothing) and of the draft, proposals kept whole, in part or not at all. The draft's cache
-    then holds the answer's tokens, each once and in order: the logits of a cache fed them afresh (f32: masked
-    slots move only the last bits)."""
-    engine = OwnEngine(replace(SPEC, dynamic_quantization=False))
+    (the draft infers nothing) and of the draft, proposals kept whole, in part or not at all. The draft's sequence
+    then holds the answer's tokens, each once and in order: the logits of a sequence fed them afresh (to the last
+    bits: the draft's one-token steps run another kernel than a prompt's)."""
     encode = engine.tokenizer.encode
     history = encode("Repeat this code:\n" + FUNCTION).input_ids.data[0].tolist()
     rng = np.random.default_rng(2)
     copy = [int(rng.integers(100, 1000)) if rng.random() < 0.1 else token
             for token in encode(FUNCTION, add_special_tokens=False).input_ids.data[0].tolist()]
-    drafting = Drafting(KvSequence(engine.draft), lookup=PromptLookup(history), params=DecodingParams(max_new_tokens=99),
-                        rng=rng, constraint=None)
+    drafting = Drafting(engine.draft.sequence(), lookup=PromptLookup(history),
+                        params=DecodingParams(max_new_tokens=99), rng=rng, constraint=None)
     drafting.prefill(history)
     answer = copy[:1]
     drafting.lookup.extend(answer)
@@ -301,9 +305,14 @@ def test_the_draft_is_fed_every_token_of_the_answer_once_whatever_proposed_it():
         answer += expected[:accepted + 1]
         seen.add((proposal.drafter, "all" if accepted == len(proposal.tokens) else "some" if accepted else "none"))
     assert {(Drafter.NGRAM, "all"), (Drafter.NGRAM, "some"), (Drafter.DRAFT, "some"), (Drafter.DRAFT, "none")} <= seen, seen
-    logits = drafting.draft.cache.feed([*drafting.draft.backlog, answer[-1]])[-1]
-    assert drafting.draft.cache.position == len(history) + len(answer)
-    assert np.allclose(logits, KvSequence(engine.draft).feed(history + answer)[-1], atol=1e-3)
+    cache = drafting.draft.cache
+    logits = cache.feed([*drafting.draft.backlog, answer[-1]])[-1]
+    assert cache.position == len(history) + len(answer) and cache.tokens == history + answer
+    afresh = engine.draft.sequence()
+    expected = afresh.feed(history + answer)[-1]
+    assert np.allclose(logits, expected, rtol=0, atol=1e-4), float(np.abs(logits - expected).max())
+    for sequence in (cache, afresh):
+        sequence.close()
 
 
 SNIPPET = {"type": "object", "properties": {"lang": {"enum": ["python", "rust", "go"]},
@@ -350,9 +359,9 @@ def flat(steps: list[list[int]]) -> list[int]:
 
 @pytest.mark.no_database
 def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
-    """Beyond the pair's speculating streams, the answer speculating moves to the main alone's batch with its
-    cache (one inference a step for all, where speculating beside the batch cost one more): from then on one
-    token a step, and the same greedy answer; the engine says when it moved and that its K fell to 0 there."""
+    """Beyond the pair's speculating streams, the answer speculating goes on at the K for the batch (0 here: the
+    host is not calibrated), its main's steps shared with the other answer's, its sequences where they were: from
+    then on one token a step, and the same greedy answer; the engine says when it joined and that its K fell to 0."""
     busy = OwnEngine(replace(SPEC, slug="busy", speculating_streams=1))
     params = DecodingParams(max_new_tokens=160, ignore_eos=True, num_assistant_tokens=3)
     speculating = busy.submit(prompt=PROMPTS[0], params=params)
@@ -373,7 +382,7 @@ def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
 @pytest.mark.no_database
 def test_the_benchmark_runs_a_burst_as_the_pair_ships_it():
     """compare_modes' "as shipped" line: of a burst of answers, the pair's own_engine_streams speculate until
-    the rest have come, which run on the main alone, batched; the same greedy answers."""
+    the rest have come, which run on the main alone, all sharing the main's steps; the same greedy answers."""
     lines = compare_modes(spec=replace(SPEC, slug="shipped"), prompts=list(PROMPTS[:2]), ks=(3,), max_new_tokens=24,
                           repeats=1, modes=("own",), streams=2, own_engine_streams=1, say=lambda _: None)
     alone, speculating, shipped = lines
@@ -443,9 +452,9 @@ def test_one_stream_is_served_on_the_own_engine_alone(own_engine_pair, live_serv
 
 @pytest.mark.django_db(transaction=True)
 def test_an_answer_moved_into_the_batch_says_so_in_its_usage(own_engine_pair, live_server_url, api_key):
-    """Beyond the pair's one speculating stream the own engine moves the first answer into its batch and runs it on
-    the main alone there (the host is not calibrated: no K for the batch): its usage says so, and says the K it runs
-    at now, not the K it was planned with."""
+    """Beyond the pair's one speculating stream the own engine's first answer joins the batch and goes on on the main
+    alone (the host is not calibrated: no K for the batch): its usage says so, and says the K it runs at now, not the
+    K it was planned with."""
     pair, _ = own_engine_pair
     events = sse_events(post(live_server_url, "/v1/completions", api_key.secret,
                              {"model": pair.slug, "prompt": PROMPTS[0], "max_tokens": 300, "ignore_eos": True,

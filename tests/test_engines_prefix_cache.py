@@ -1,7 +1,8 @@
-"""The own engine's prefix cache (engines/own/prefix_cache.py) as a conversation meets it, on the demo pair: what a prompt
-finds kept (a hit, a partial hit, a miss, after an eviction), the turns of a chat (a follow-up, Regenerate, Edit,
-Continue), two users sharing a system prompt, a batch row on a kept prefix; and the answers with the cache warm are
-the main alone's, greedy, at every K."""
+"""The own engine's prefix cache (engines/own/block_pool.py: the blocks of each model's pool, found by the hash of
+their tokens) as a conversation meets it, on the demo pair: what a prompt finds kept (a hit, a partial hit, a miss,
+after an eviction, never a block a running answer holds), the turns of a chat (a follow-up, Regenerate, Edit,
+Continue), two users sharing a system prompt (or not: a cache scope each), the main alone on a kept prefix; and the
+answers with the cache warm are the main alone's, greedy, at every K."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from inference.engines.own.block_pool import PoolFull
+
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Finished, PromptRead, StepTokens
 from inference.engines.own.engine import DRAFT_CATCH_UP_TOKENS, OwnEngine
-from inference.engines.own.kv_cache import KvSequence
-from inference.engines.own.prefix_cache import BLOCK_TOKENS, PrefixCache
+from inference.engines.own.kv_cache import PagedModel
+from inference.engines.own.model_runner import ModelRunner
 from inference.limits import Drafter
 from tests.test_engines_exact import SPEC
 
@@ -54,19 +57,24 @@ class Store:
 '''
 
 
+BLOCK_TOKENS = 32  # the CPU plugin's PagedAttention block (engines/own/paged_model.py, cache_layout)
+
+
 @pytest.fixture(scope="module")
 def engine():
-    return OwnEngine(SPEC)
+    engine = OwnEngine(SPEC)
+    assert engine.main.pool.block_tokens == engine.draft.pool.block_tokens == BLOCK_TOKENS
+    return engine
 
 
 def ids_of(engine: OwnEngine, text: str) -> list[int]:
     return engine.tokenizer.encode(text).input_ids.data[0].tolist()
 
 
-def run(engine: OwnEngine, prompt_ids: list[int], k: int, tokens: int = 40):
-    """The answer's tokens, its request (cached_tokens), and its events."""
-    request = engine.submit(prompt_ids=prompt_ids, params=DecodingParams(max_new_tokens=tokens, ignore_eos=True,
-                                                                         num_assistant_tokens=k))
+def run(engine: OwnEngine, prompt_ids: list[int], k: int, tokens: int = 40, scope: str = ""):
+    """The answer's tokens, its request (cached_tokens), and its events; `scope`: the user's cache scope."""
+    request = engine.submit(prompt_ids=prompt_ids, params=DecodingParams(
+        max_new_tokens=tokens, ignore_eos=True, num_assistant_tokens=k, cache_scope=scope))
     events = []
     while not isinstance(event := request.events.get(timeout=120), Finished):
         events.append(event)
@@ -79,8 +87,13 @@ def whole_blocks(n: int) -> int:
     return (n - 1) // BLOCK_TOKENS * BLOCK_TOKENS
 
 
+def full_blocks(n: int) -> int:
+    """What a sequence of n tokens leaves cached as it ends: its full blocks."""
+    return n // BLOCK_TOKENS * BLOCK_TOKENS
+
+
 def settled(engine: OwnEngine) -> None:
-    """The engine's answers all over (a batch row's slots reach the cache as it leaves)."""
+    """The engine's answers all over, and the draft done reading a conversation it was left out of."""
     deadline = time.monotonic() + 30
     while engine.active_count and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -89,8 +102,9 @@ def settled(engine: OwnEngine) -> None:
 
 def test_a_follow_up_reads_only_its_new_tokens_and_answers_as_the_main_alone(engine):
     """Turn one: a pasted file (a miss). Turn two sends the whole history: the prompt and the answer come from the
-    cache (the answer's slots were kept as it ended), the follow-up's own tokens alone are read; and it answers the
-    same at K=3, K=5 and on the main alone (K=0, a batch row), all reading the same kept blocks."""
+    cache (the answer's full blocks were kept as it ended: its tokens but the last, never fed), the follow-up's own
+    tokens alone are read; and it answers the same at K=3, K=5 and on the main alone (K=0), all reading the same kept
+    blocks."""
     first = ids_of(engine, SYSTEM + FILE + "\nWhat does save() guard against?\n")
     answer, request, _ = run(engine, first, 3)
     assert request.cached_tokens == 0
@@ -99,7 +113,8 @@ def test_a_follow_up_reads_only_its_new_tokens_and_answers_as_the_main_alone(eng
     answers = {}
     for k in (3, 5, 0):  # the first reads the turn before from the cache, the others its own prompt too
         answers[k], request, _ = run(engine, follow_up, k)
-        assert request.cached_tokens == whole_blocks(len(first) + len(answer) - 1 if k == 3 else len(follow_up)), k
+        assert request.cached_tokens == (full_blocks(len(first) + len(answer) - 1) if k == 3
+                                         else whole_blocks(len(follow_up))), k
         settled(engine)
     assert answers[3] == answers[0] and answers[5] == answers[0]
 
@@ -119,45 +134,73 @@ def test_regenerate_edit_and_continue_reuse_the_prefix_up_to_what_changed(engine
     assert request.cached_tokens == whole_blocks(len(prompt) + len(first))
 
 
-def test_two_users_sharing_a_system_prompt_share_its_blocks(engine):
+def test_two_users_sharing_a_system_prompt_share_its_blocks_unless_each_has_a_scope(engine):
+    """A server that shares its cache (the empty scope) gives the second user the first one's blocks of the system
+    prompt; a user with a scope of their own finds none of them, nor learns they are there (cached_tokens)."""
     alice = ids_of(engine, SYSTEM * 3 + "Alice: is json.load safe on untrusted input?\n")
     bob = ids_of(engine, SYSTEM * 3 + "Bob: how do I read a YAML file?\n")
     shared = next(i for i, (a, b) in enumerate(zip(alice, bob, strict=False)) if a != b)
     assert shared > BLOCK_TOKENS
     run(engine, alice, 3)
-    _, request, _ = run(engine, bob, 0)  # the other user's answer on the main alone, a batch row
+    _, request, _ = run(engine, bob, 0)  # the other user's answer on the main alone
     assert request.cached_tokens == shared // BLOCK_TOKENS * BLOCK_TOKENS
+    assert engine.main.cached_tokens(bob, "carol") == 0
+    _, request, _ = run(engine, bob, 3, tokens=4, scope="carol")
+    assert request.cached_tokens == 0
+    assert engine.main.cached_tokens(bob, "carol") == whole_blocks(len(bob))  # hers now, under her scope
 
 
-def test_a_miss_a_partial_hit_and_an_eviction(engine):
-    """A cache bounded to four blocks: a prompt of three blocks and a bit is kept whole (read again, bitwise what it
-    computed cold: the prefill's chunks are cut on one grid); another starting alike for two blocks finds those two;
-    a third prompt's blocks push the least recently used out, the first blocks of a run last, and the cache never
-    holds more than its bound."""
-    block_bytes = BLOCK_TOKENS * (engine.main_prompts.stats.bytes // max(engine.main_prompts.stats.blocks, 1))
-    cache = PrefixCache(capacity_bytes=4 * block_bytes // BLOCK_TOKENS)
+def test_a_miss_a_partial_hit_and_an_eviction_that_spares_running_answers(engine):
+    """A pool of six blocks on the engine's main: a prompt of three blocks and a bit is kept whole (read again, bitwise
+    what it computed cold); another starting alike for two blocks finds those two; a third prompt's blocks push the
+    least recently freed out, a conversation's end before its start. An answer running holds its blocks: a prompt
+    wanting more than the others fails alone, one wanting what is free evicts only those, and the running answer's
+    next logits are bitwise those of a sequence that never met a small pool. Every block is back in the pool after."""
+    small = PagedModel(ModelRunner(engine.main.runner.compiled, pool_bytes=6 * engine.main.pool.block_bytes))
+    pool = small.pool
+    assert pool.blocks == 6 and pool.cached_blocks == 0
     rng = np.random.default_rng(5)
     first = rng.integers(10, 4000, 3 * BLOCK_TOKENS + 10).tolist()
     partial = first[: 2 * BLOCK_TOKENS] + rng.integers(10, 4000, BLOCK_TOKENS + 5).tolist()
     other = rng.integers(10, 4000, 2 * BLOCK_TOKENS + 1).tolist()
 
     def prefill(ids: list[int]) -> tuple[np.ndarray, int]:
-        sequence = KvSequence(engine.main, prompts=cache)
+        sequence = small.sequence(exact=True)
         logits = sequence.prefill(ids)[-1].copy()
+        sequence.close(keep_ids=ids)
         return logits, sequence.cached
 
     cold, found = prefill(first)
-    assert found == 0 and cache.stats.blocks == 3
+    assert found == 0 and pool.cached_blocks == 3
     warm, found = prefill(first)
     assert found == 3 * BLOCK_TOKENS and np.array_equal(warm, cold)
     _, found = prefill(partial)
-    assert found == 2 * BLOCK_TOKENS and cache.stats.blocks == 4
-    _, found = prefill(other)
-    assert found == 0 and cache.stats.blocks == 4 and cache.stats.evicted_blocks == 2
-    assert cache.stats.bytes <= cache.capacity_bytes
-    assert cache.cached_tokens(first) == 2 * BLOCK_TOKENS  # its third block went first, its first two stay
-    assert cache.stats.queries == len(first) * 2 + len(partial) + len(other)
-    assert cache.stats.hits == 5 * BLOCK_TOKENS
+    assert found == 2 * BLOCK_TOKENS and pool.cached_blocks == 4 and pool.stats.evicted_blocks == 0
+    _, found = prefill(other)  # three blocks, two of them never cached: one cached block goes
+    assert found == 0 and pool.cached_blocks == 5 and pool.stats.evicted_blocks == 1
+    assert small.cached_tokens(first, "") == 2 * BLOCK_TOKENS  # its third block went first, its first two stay
+
+    running = small.sequence(exact=True)
+    running.prefill(first)  # its first two blocks found, two taken: four of six held
+    held = list(running.block_table)
+    evicted = pool.stats.evicted_blocks
+    wanting = small.sequence(exact=True)
+    with pytest.raises(PoolFull):
+        wanting.prefill(rng.integers(10, 4000, 2 * BLOCK_TOKENS + 1).tolist())  # three blocks
+    wanting.close()
+    assert pool.stats.evicted_blocks == evicted and pool.free_count == 2
+    fitting = small.sequence(exact=True)
+    fitting.prefill(rng.integers(10, 4000, BLOCK_TOKENS + 1).tolist())  # two blocks: the free ones, both cached
+    assert pool.stats.evicted_blocks == evicted + 2 and pool.free_count == 0 and not set(held) & set(fitting.block_table)
+    assert running.block_table == held and small.cached_tokens(first, "") == 3 * BLOCK_TOKENS
+    token = int(rng.integers(10, 4000))
+    afresh = engine.main.sequence(exact=True)
+    assert np.array_equal(running.feed([token])[-1], afresh.feed([*first, token])[-1])
+    for sequence in (running, fitting, afresh):
+        sequence.close()
+    assert pool.free_count == pool.blocks
+    assert pool.stats.queries == 3 * len(first) + len(partial) + len(other) + 2 * BLOCK_TOKENS + 1 + BLOCK_TOKENS + 1
+    assert pool.stats.hits == 7 * BLOCK_TOKENS
 
 
 def test_a_long_prompt_says_how_far_it_got_and_the_draft_reads_it_after_the_answer(engine):
@@ -166,16 +209,17 @@ def test_a_long_prompt_says_how_far_it_got_and_the_draft_reads_it_after_the_answ
     the conversation, so the next turn speculates from the start."""
     long_file = SYSTEM + FILE * 4 + "\nWhich functions write to disk?\n"
     first = ids_of(engine, long_file)
-    assert len(first) - engine.draft_prompts.cached_tokens(first) > DRAFT_CATCH_UP_TOKENS
-    answer, _, events = run(engine, first, 3)
+    assert len(first) - engine.draft.cached_tokens(first, "") > DRAFT_CATCH_UP_TOKENS
+    answer, request, events = run(engine, first, 3)
     progress = [event for event in events if isinstance(event, PromptRead)]
-    assert [event.read for event in progress] == sorted(event.read for event in progress)
-    assert progress[-1] == PromptRead(len(first), len(first))
-    assert len(progress) >= (len(first) - progress[0].read) // BLOCK_TOKENS
+    chunk = engine.main.scheduler.step_tokens  # a prompt is read in chunks of a step's budget
+    assert len(progress) > 1 and progress[-1] == PromptRead(len(first), len(first))
+    assert [event.read for event in progress] == [min(request.cached_tokens + chunk * n, len(first))
+                                                  for n in range(1, len(progress) + 1)]
     assert not [e for e in events if isinstance(e, StepTokens) and e.drafter == Drafter.DRAFT and e.proposed]
     settled(engine)
     follow_up = first + answer + ids_of(engine, "\nAnd which read from it?\n")
-    assert engine.draft_prompts.cached_tokens(follow_up) >= whole_blocks(len(first) + len(answer) - 1)
+    assert engine.draft.cached_tokens(follow_up, "") == full_blocks(len(first) + len(answer) - 1)
     speculated, _, events = run(engine, follow_up, 3)
     assert [e for e in events if isinstance(e, StepTokens) and e.drafter == Drafter.DRAFT and e.proposed]
     assert speculated == run(engine, follow_up, 0)[0]
@@ -187,4 +231,5 @@ def test_no_prefix_cache_reads_every_prompt_whole():
     for _ in range(2):
         _, request, _ = run(engine, prompt, 3, tokens=4)
         assert request.cached_tokens == 0
-    assert engine.main_prompts.stats.blocks == 0 and engine.main_prompts.stats.hits == 0
+    for model in (engine.main, engine.draft):
+        assert model.pool.cached_blocks == 0 and model.pool.stats.hits == 0

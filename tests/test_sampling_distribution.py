@@ -16,7 +16,6 @@ from inference.engines.interface import Finished
 from inference.engines.library.pipeline import LibraryEngine
 from inference.engines.own.draft_head import load_head_ids
 from inference.engines.own.engine import OwnEngine
-from inference.engines.own.prefix_cache import BLOCK_TOKENS
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter, Route
 from tests.distribution import compare, differs, samples
@@ -90,17 +89,18 @@ LONG_PROMPT = "".join(f"def step_{n}(values):\n    return [v * {n} for v in valu
 @pytest.mark.no_database
 def test_samples_on_a_warm_prefix_follow_the_main_alone(main_alone, exact):
     """A prompt of several blocks: every sample after the first reads them from the own engine's prefix cache
-    (engines/own/prefix_cache.py) and prefills only its last tokens; the samples still follow the main alone's."""
+    (engines/own/block_pool.py) and prefills only its last tokens; the samples still follow the main alone's."""
     sampling = {"temperature": 1.0, "num_assistant_tokens": 3}
-    hits = exact.main_prompts.stats.hits
+    pool = exact.main.pool
+    hits = pool.stats.hits
     reference = samples(sampler(main_alone, prompt=LONG_PROMPT, temperature=1.0), range(N), threads=16)
     tested = samples(sampler(exact, prompt=LONG_PROMPT, **sampling), range(90_000, 90_000 + N))
     report = compare(tested, reference)
     assert not differs(report), report
     assert len(set(tested)) > 20
-    blocks = len(exact.tokenizer.encode(LONG_PROMPT).input_ids.data[0]) // BLOCK_TOKENS
+    blocks = (len(exact.tokenizer.encode(LONG_PROMPT).input_ids.data[0]) - 1) // pool.block_tokens  # its last read
     # all but the first few, which ran at once before any had kept the blocks
-    assert blocks >= 2 and exact.main_prompts.stats.hits - hits >= (N - 10) * blocks * BLOCK_TOKENS
+    assert blocks >= 2 and pool.stats.hits - hits >= (N - 10) * blocks * pool.block_tokens
 
 
 REPEATING = "x = [1, 2, 3, 4]\ny = [1, 2, 3, 4]\nz = [1, 2,"  # the answer's history repeats from its first token

@@ -105,7 +105,7 @@ class OwnEngine:
         started = time.perf_counter()
         core = ov.Core()
         # f32 blocks of the layout the engine's pools assume (a device's default cache may be u8, its key and value
-        # blocks shaped apart), and dynamic quantization: the arrangement exact on the op (precision.EXACT_ON_OWN_ENGINE)
+        # blocks shaped apart), and dynamic quantization: the exact arrangement on the op (EXACT_ON_OWN_ENGINE)
         compiled = replace(spec, inference_precision="f32", kv_cache_precision="f32", dynamic_quantization=True)
         main = core.compile_model(read_paged(core, spec.main_dir), spec.device,
                                   compiled.device_properties(device=spec.device))
