@@ -24,6 +24,7 @@ from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.grammar import Grammar
 from inference.engines.interface import Engine, Finished
 from inference.engines.own.draft_head import compile_draft
+from inference.engines.own.engine import own_engine_precision
 from inference.engines.own.kv_cache import PagedModel, PagedSequence
 from inference.engines.own.model_runner import ModelRunner, Work
 from inference.engines.own.paged_model import read_paged
@@ -229,7 +230,7 @@ def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 6
     """Median ms of one token of the main, of the draft with its head whole and of the draft with its head cut to
     the pair's list (engines/own/draft_head.py), after `context` tokens, a token each in turn (the order turned each
     time) so a busy host's drift hits all alike: c, the draft's cost in main tokens, is their ratio."""
-    spec = mode_spec(spec, mode, speculative=True)
+    spec = own_engine_precision(mode_spec(spec, mode, speculative=True))
     core, rng = ov.Core(), np.random.default_rng(0)
     main = measuring_model(core.compile_model(read_paged(core, spec.main_dir), spec.device,
                                               spec.device_properties(device=spec.device)))

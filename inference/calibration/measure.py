@@ -39,7 +39,7 @@ from inference.benchmark.prompts import heldout_prompts, prompts_from_file, repe
 from inference.calibration.verdicts import LIBRARY_MARGIN, best_batch_k, best_k, library_alone, long_context_from
 from inference.engines.interface import Engine
 from inference.engines.own.draft_head import compile_draft
-from inference.engines.own.engine import OwnEngine
+from inference.engines.own.engine import OwnEngine, own_engine_precision
 from inference.engines.own.kv_cache import PagedModel
 from inference.engines.own.model_runner import ModelRunner
 from inference.engines.spec import PairSpec, context_length
@@ -230,7 +230,7 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
     finally:
         engine.close()
     steps.next(f"the main's cost of verifying 1-{budget.cost_sizes[-1]} tokens in {config.label}")
-    props = replace(spec, **config.fields).device_properties(device=spec.device)
+    props = own_engine_precision(replace(spec, **config.fields)).device_properties(device=spec.device)
     costs = infer_cost(main_dir=spec.main_dir, props=props, device=spec.device, sizes=budget.cost_sizes, repeats=8)
     return {"own_config": name,
             "fastest_again": reference.figures() | _at_once(reference_batched),
@@ -296,7 +296,7 @@ def draft_token_ms(spec: PairSpec, *, context: int = 64, repeats: int = 12) -> d
     """Milliseconds of one draft token after a short context, as the own engine runs it (its head cut), for the
     pair's draft and its alternative if it has one, interleaved: {"draft": ms(, "alternative": ms)}."""
     core = ov.Core()
-    properties = spec.device_properties(device=spec.draft_runs_on)
+    properties = own_engine_precision(spec).device_properties(device=spec.draft_runs_on)
     sequences = {}
     folders = {"draft": spec.draft_dir, "alternative": spec.draft_alternative_dir}
     for name, folder in ((name, folder) for name, folder in folders.items() if folder):

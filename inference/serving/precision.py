@@ -34,9 +34,9 @@ CONFIGS = {config.name: config for config in (
     PrecisionConfig("f16", "f16", "f16", "", True, needs="FP16"),
 )}
 # Where the own engine's greedy answers are the main alone's token for token by construction: on the PagedAttention
-# op a row's bits do not depend on the step it shares only with dynamic quantization on (without it, 6e-6 apart:
-# docs/exactness.md#one-kernel-path); bf16 was not exact on the stateful IR either (docs/calibration.md).
-EXACT_ON_OWN_ENGINE = ("f32-dynamic",)
+# op a row's bits do not depend on the step it shares in f32 with dynamic quantization on (without it, 6e-6 apart),
+# and in bf16 with bf16 blocks (docs/exactness.md#one-kernel-path; engines/own/engine.py, own_engine_precision).
+EXACT_ON_OWN_ENGINE = ("f32-dynamic", "bf16")
 
 
 def offered(capabilities: list[str]) -> list[PrecisionConfig]:

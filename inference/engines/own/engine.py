@@ -96,6 +96,15 @@ def eos_token_ids(model_dir: str) -> set[int]:
     return ids
 
 
+def own_engine_precision(spec: PairSpec) -> PairSpec:
+    """The spec as the own engine compiles it: bf16 with bf16 blocks where its calibration chose bf16, else f32 with f32
+    blocks and dynamic quantization, the two arrangements whose rows are bitwise alike on the op whoever shares a step
+    (serving/precision.py, EXACT_ON_OWN_ENGINE); never a device's default cache (u8 on some CPUs, its key and value
+    blocks shaped apart, its rollback inexact)."""
+    precision = "bf16" if spec.inference_precision == "bf16" else "f32"
+    return replace(spec, inference_precision=precision, kv_cache_precision=precision, dynamic_quantization=True)
+
+
 class OwnEngine:
     """Same interface as the library engine: submit() returns an ActiveRequest fed one StepTokens per
     speculative step, then Finished."""
@@ -104,9 +113,7 @@ class OwnEngine:
         self.spec = spec
         started = time.perf_counter()
         core = ov.Core()
-        # f32 blocks of the layout the engine's pools assume (a device's default cache may be u8, its key and value
-        # blocks shaped apart), and dynamic quantization: the exact arrangement on the op (EXACT_ON_OWN_ENGINE)
-        compiled = replace(spec, inference_precision="f32", kv_cache_precision="f32", dynamic_quantization=True)
+        compiled = own_engine_precision(spec)
         main = core.compile_model(read_paged(core, spec.main_dir), spec.device,
                                   compiled.device_properties(device=spec.device))
         draft, draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,

@@ -39,8 +39,8 @@ class ModelRunner:
                               block_bytes=self.layout.block_bytes)
         self.request = compiled.create_infer_request()
         self.cache = self.layout.tensors(blocks)
-        for name, data in self.cache.items():
-            self.request.set_tensor(name, ov.Tensor(data, shared_memory=True))
+        for name, tensor in self.cache.items():
+            self.request.set_tensor(name, tensor)
 
     @property
     def block_tokens(self) -> int:

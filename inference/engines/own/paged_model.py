@@ -59,7 +59,7 @@ class CacheLayout:
 
     names: tuple[str, ...]  # key_cache.0, value_cache.0, key_cache.1, ...
     block_shapes: tuple[tuple[int, ...], ...]  # each tensor's block: (kv heads, block tokens, head size) on the CPU
-    dtype: np.dtype
+    element_type: ov.Type  # f32, or bf16 where the model infers in bf16
 
     @property
     def block_tokens(self) -> int:
@@ -68,24 +68,25 @@ class CacheLayout:
     @property
     def block_bytes(self) -> int:
         """One block of every layer's keys and values."""
-        return sum(int(np.prod(shape)) for shape in self.block_shapes) * self.dtype.itemsize
+        return sum(int(np.prod(shape)) for shape in self.block_shapes) * self.element_type.size
 
-    def tensors(self, blocks: int) -> dict[str, np.ndarray]:
-        """The cache for `blocks` blocks, zeroed lazily by the OS (np.zeros): pages count once a block is written."""
-        return {name: np.zeros((blocks, *shape), dtype=self.dtype)
+    def tensors(self, blocks: int) -> dict[str, ov.Tensor]:
+        """The cache for `blocks` blocks, allocated by OpenVINO (aligned as its kernels want); the OS gives a page
+        only once a block on it is written, so a pool costs what its answers have used."""
+        return {name: ov.Tensor(self.element_type, ov.Shape([blocks, *shape]))
                 for name, shape in zip(self.names, self.block_shapes, strict=True)}
 
 
 def cache_layout(compiled: ov.CompiledModel) -> CacheLayout:
-    names, shapes, dtype = [], [], None
+    names, shapes, element_type = [], [], None
     for port in compiled.inputs:
         name = port.get_any_name()
         if name.startswith(("key_cache.", "value_cache.")):
             names.append(name)
             shapes.append(tuple(dim.get_length() for dim in list(port.get_partial_shape())[1:]))
-            dtype = port.get_element_type().to_dtype()
-    if not names or dtype is None:
+            element_type = port.get_element_type()
+    if not names or element_type is None:
         raise ValueError("the model has no PagedAttention cache inputs")
     if any(shape[1] != shapes[0][1] for shape in shapes):
         raise ValueError(f"the layers' blocks differ in tokens: {shapes}")
-    return CacheLayout(tuple(names), tuple(shapes), np.dtype(dtype))
+    return CacheLayout(tuple(names), tuple(shapes), element_type)
