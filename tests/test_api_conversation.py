@@ -5,17 +5,15 @@ prompt's stream says how far its reading got before the first token."""
 
 import json
 import time
-from pathlib import Path
 
-import openvino as ov
 import pytest
 import requests
 from django.conf import settings
 
 from inference import transport
-from inference.engines.own.paged_model import cache_layout, read_paged
 from inference.models import Generation
 from tests.api_client import client
+from tests.test_engines_prefix_cache import BLOCK_TOKENS  # the own engine's blocks, checked there
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]
 
@@ -23,22 +21,15 @@ PASTED = "\n".join(f"def step_{n}(state, value):\n    state[{n}] = value * {n} +
                    for n in range(24))
 
 
-def block_tokens(main_dir: str) -> int:
-    """The tokens of a block of the own engine's cache: the PagedAttention op's on the CPU (engines/own/paged_model.py)."""
-    core = ov.Core()
-    return cache_layout(core.compile_model(read_paged(core, main_dir), "CPU")).block_tokens
-
-
 @pytest.mark.usefixtures("celery_worker")
 def test_a_follow_up_reads_its_history_from_the_cache_and_says_so(live_server_url, demo_pair, api_key):
     demo_pair.own_engine_streams = 1  # lone answers on the own engine, as the real pair's catalogue sets
     demo_pair.save()
     api = client(live_server_url, api_key.secret)
-    block = block_tokens(str(Path(settings.MODELS_ROOT) / demo_pair.main_dir))
     messages = [{"role": "system", "content": "You review Python."},
                 {"role": "user", "content": f"Here is my file:\n{PASTED}\nWhat does step_3 return?"}]
     first = api.chat.completions.create(model="demo-code", messages=messages, max_tokens=24, temperature=0)
-    assert first.usage.prompt_tokens > 4 * block
+    assert first.usage.prompt_tokens > 4 * BLOCK_TOKENS
     assert first.usage.prompt_tokens_details.cached_tokens == 0
 
     events = [json.loads(data["data"]) for _, data in transport.sync_client().xrange(
@@ -54,8 +45,8 @@ def test_a_follow_up_reads_its_history_from_the_cache_and_says_so(live_server_ur
                                             stream=True, stream_options={"include_usage": True})
     usage = [chunk.usage for chunk in follow_up if chunk.usage][-1]
     cached = usage.prompt_tokens_details.cached_tokens
-    assert cached >= (first.usage.prompt_tokens - 1) // block * block, usage
-    assert cached < usage.prompt_tokens and cached % block == 0
+    assert cached >= (first.usage.prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS, usage
+    assert cached < usage.prompt_tokens and cached % BLOCK_TOKENS == 0
 
     samples = metric_samples(live_server_url)
     pair = '{model_name="demo-code"}'

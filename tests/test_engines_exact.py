@@ -130,11 +130,11 @@ def test_rows_feeding_several_tokens_compute_what_each_would_alone(engine):
     """Sequences speculating side by side: each step one feeds one to four tokens, the main rejects some (taken back),
     one leaves early: every sequence's logits for its live tokens are bitwise those of a sequence holding those tokens
     alone, fed them at once."""
-    rng = np.random.default_rng(2)
     got: dict[int, list[tuple[list[int], np.ndarray]]] = {}  # each step's live tokens after it, and its logits
     done: list[int] = []
 
     def run(index: int, steps: int) -> None:
+        rng = np.random.default_rng([2, index])  # its own: the same draws however the threads interleave
         sequence, live = engine.main.sequence(exact=True), list(prompt_ids[index])
         got[index] = [(list(live), sequence.feed(live)[-1:].copy())]
         for _ in range(steps):
@@ -360,8 +360,9 @@ def flat(steps: list[list[int]]) -> list[int]:
 @pytest.mark.no_database
 def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
     """Beyond the pair's speculating streams, the answer speculating goes on at the K for the batch (0 here: the
-    host is not calibrated), its main's steps shared with the other answer's, its sequences where they were: from
-    then on one token a step, and the same greedy answer; the engine says when it joined and that its K fell to 0."""
+    host is not calibrated) with its cache as it is (nothing moves: every answer's steps share the main's inference
+    anyway): from then on one token a step, and the same greedy answer; the engine says when it joined the batch and
+    that its K fell to 0 there."""
     busy = OwnEngine(replace(SPEC, slug="busy", speculating_streams=1))
     params = DecodingParams(max_new_tokens=160, ignore_eos=True, num_assistant_tokens=3)
     speculating = busy.submit(prompt=PROMPTS[0], params=params)

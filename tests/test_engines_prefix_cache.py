@@ -12,10 +12,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from inference.engines.own.block_pool import PoolFull
-
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Finished, PromptRead, StepTokens
+from inference.engines.own.block_pool import PoolFull
 from inference.engines.own.engine import DRAFT_CATCH_UP_TOKENS, OwnEngine
 from inference.engines.own.kv_cache import PagedModel
 from inference.engines.own.model_runner import ModelRunner
@@ -212,7 +211,7 @@ def test_a_long_prompt_says_how_far_it_got_and_the_draft_reads_it_after_the_answ
     assert len(first) - engine.draft.cached_tokens(first, "") > DRAFT_CATCH_UP_TOKENS
     answer, request, events = run(engine, first, 3)
     progress = [event for event in events if isinstance(event, PromptRead)]
-    chunk = engine.main.scheduler.step_tokens  # a prompt is read in chunks of a step's budget
+    chunk = engine.main.scheduler.chunk_tokens  # a prompt is read in chunks of this many
     assert len(progress) > 1 and progress[-1] == PromptRead(len(first), len(first))
     assert [event.read for event in progress] == [min(request.cached_tokens + chunk * n, len(first))
                                                   for n in range(1, len(progress) + 1)]

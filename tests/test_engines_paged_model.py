@@ -1,0 +1,88 @@
+"""The IR as the own engine runs it (engines/own/paged_model.py: OpenVINO's PagedAttention op, its head computing the
+rows the engine reads), on the demo pair's models: a prefill returns the last prompt token's logits alone, a verify
+every fed token's, a draft's sequence the last one's, each what the exported IR computes for that token; and the
+cache is the runner's tensors, written in place in the blocks a table names. That the op's rows are bitwise the same
+however they were fed and whoever shares their step, with dynamic quantization as the engine runs: see
+tests/test_engines_own_rows.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from inference.engines.own.kv_cache import PagedModel
+from inference.engines.own.model_runner import ModelRunner, Work
+from inference.engines.own.paged_model import cache_layout, read_paged
+from tests.test_engines_exact import PAIR, SPEC
+
+pytestmark = pytest.mark.no_database
+
+PROMPT = list(range(300, 420))  # 120 tokens
+PROPOSALS = [17, 40, 2048, 5]
+POOL_BLOCKS = 16
+
+
+def paged(role: str, *, dynamic_quantization: bool) -> PagedModel:
+    core = ov.Core()
+    props = replace(SPEC, dynamic_quantization=dynamic_quantization).device_properties(device="CPU")
+    compiled = core.compile_model(read_paged(core, str(PAIR / role)), "CPU", props)
+    return PagedModel(ModelRunner(compiled, pool_bytes=POOL_BLOCKS * cache_layout(compiled).block_bytes))
+
+
+def whole_ir_logits(role: str, ids: list[int]) -> np.ndarray:
+    """The exported (stateful) IR's logits for every token of `ids`, in one inference, f32."""
+    core = ov.Core()
+    props = replace(SPEC, dynamic_quantization=False).device_properties(device="CPU")
+    request = core.compile_model(str(PAIR / role / "openvino_model.xml"), "CPU", props).create_infer_request()
+    request.infer({"input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), np.int64),
+                   "position_ids": np.arange(len(ids))[None], "beam_idx": np.zeros(1, np.int32)})
+    return request.get_output_tensor(0).data[0].copy()
+
+
+@pytest.mark.parametrize("role", ["main", "draft"])
+def test_a_prefill_a_verify_and_a_drafts_step_read_the_rows_the_ir_computes(role):
+    """In f32 (the op's attention against the IR's: to 1e-5): a prefill gets the last prompt token's row alone, a
+    verify (the main's exact sequence) a row per fed token, a draft's sequence the last fed token's alone."""
+    model = paged(role, dynamic_quantization=False)
+    expected = whole_ir_logits(role, PROMPT + PROPOSALS)
+    main, draft = model.sequence(exact=True), model.sequence()
+    prefilled = [sequence.prefill(PROMPT) for sequence in (main, draft)]
+    verified, drafted = main.feed(PROPOSALS), draft.feed(PROPOSALS)
+    for got in prefilled:
+        assert got.shape == (1, expected.shape[1])
+        assert np.allclose(got[0], expected[len(PROMPT) - 1], rtol=0, atol=1e-5), float(
+            np.abs(got[0] - expected[len(PROMPT) - 1]).max())
+    assert verified.shape == (len(PROPOSALS), expected.shape[1]) and drafted.shape == (1, expected.shape[1])
+    assert np.allclose(verified, expected[len(PROMPT):], rtol=0, atol=1e-5)
+    assert np.allclose(drafted[0], expected[-1], rtol=0, atol=1e-5)
+    assert (verified.argmax(-1) == expected[len(PROMPT):].argmax(-1)).all()
+    for sequence in (main, draft):
+        sequence.close()
+    assert model.pool.free_count == model.pool.blocks
+
+
+def test_the_cache_is_the_runners_tensors_written_in_the_blocks_a_table_names():
+    """One key and one value tensor a layer of [blocks, kv heads, 32 tokens, head size] on the CPU, sized by the pool
+    the runner was given; an inference writes its tokens' keys and values in the blocks of its table, no other.
+    The main as the engine compiles it: dynamic quantization on (precision.EXACT_ON_OWN_ENGINE)."""
+    model = paged("main", dynamic_quantization=True)
+    runner = model.runner
+    layout = runner.layout
+    assert layout.block_tokens == model.pool.block_tokens == 32 and runner.pool.blocks == POOL_BLOCKS
+    assert layout.names[:2] == ("key_cache.0", "value_cache.0") and len(layout.names) % 2 == 0
+    assert layout.block_bytes == sum(int(np.prod(shape)) for shape in layout.block_shapes) * 4  # f32 blocks
+    views = {name: np.asarray(tensor.data) for name, tensor in runner.cache.items()}  # the tensors' own memory
+    for view in views.values():
+        view[...] = 0  # whatever the memory held before (an allocation need not be zeroed)
+    taken = runner.pool.allocate(4)
+    table = taken[2:]  # blocks 2 and 3
+    rows = runner.run([Work(table, 0, PROMPT[:40], rows=3)])
+    assert [row.shape for row in rows] == [(3, runner.compiled.output(0).get_partial_shape()[-1].get_length())]
+    for name, view in views.items():
+        written = {int(block) for block in np.flatnonzero(np.abs(view).reshape(POOL_BLOCKS, -1).max(1))}
+        assert written == set(table) == {2, 3}, name
+    runner.pool.release(taken)
+    assert runner.pool.free_count == POOL_BLOCKS
