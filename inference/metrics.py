@@ -56,6 +56,8 @@ FAMILIES = (
     Family("specchat_prefix_cache_bytes", "gauge",
            "Bytes a worker's KV pools hold cached for prompts to come, for a pair (the own engine's main and draft; "
            "within SPECCHAT_KV_POOL_MB)."),
+    Family("specchat_kv_blocks_held", "gauge",
+           "KV blocks a worker's running answers hold for a pair (the own engine's pools; 0 when none runs)."),
     Family("vllm:time_to_first_token_seconds", "histogram",
            "Time from the request entering the batch to its first token."),
     Family("vllm:time_per_output_token_seconds", "histogram",
@@ -172,7 +174,9 @@ def _live_gauges(client: redis.Redis) -> dict[str, float]:
                for slug, by_streams in beat.get("figures", {}).items()
                for streams, by_k in by_streams.items() for k, rate in by_k.items()},
             **{_sample("specchat_prefix_cache_bytes", {"model_name": slug, "worker": beat["name"]}): held
-               for beat in beats for slug, held in beat.get("prefix_cache_bytes", {}).items()}}
+               for beat in beats for slug, held in beat.get("prefix_cache_bytes", {}).items()},
+            **{_sample("specchat_kv_blocks_held", {"model_name": slug, "worker": beat["name"]}): held
+               for beat in beats for slug, held in beat.get("kv_blocks_held", {}).items()}}
 
 
 def _order(sample: str, names: tuple[str, ...]) -> tuple:

@@ -313,6 +313,8 @@ def private_stack(*, pair: ModelPair, base_env: dict[str, str], workers: int = 2
                "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3",
                "SPECCHAT_REQUEUE_AFTER_S": "3", "SPECCHAT_STREAM_TTL_S": str(stream_ttl_s),
                "SPECCHAT_CHAT_MAX_CONCURRENT": str(chat_max_concurrent), "SPECCHAT_CHAT_ABANDON_GRACE_S": "5",
+               # a small KV pool: the blocks a soak's answers leave cached count in the worker's memory, up to this
+               "SPECCHAT_KV_POOL_MB": "64",
                "PGAPPNAME": STACK_APPLICATION_NAME,  # a database outage ends these connections, not the soak's own
                "PYTHONPATH": os.pathsep.join(filter(None, [str(settings.BASE_DIR), base_env.get("PYTHONPATH")]))}
         port = free_port()

@@ -37,6 +37,7 @@ from inference.benchmark.servers import (
 from inference.benchmark.soak_client import BEHAVIOURS, KIND_WEIGHTS, Outcome, SoakClient
 from inference.engines.library.pipeline import HUNG_ENGINE
 from inference.models import Generation, ModelPair
+from inference.selectors import live_workers
 from inference.serving import web
 
 
@@ -135,6 +136,7 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
     figures = check(outcomes=outcomes, stack=stack, since_wall=started_wall, credentials=credentials)
     end_pid, worker_mb = stack.pss_mb(1)
     end = {"worker_pss_mb": worker_mb, "redis_used_mb": _redis_mb(stack)}
+    figures["kv_blocks_held"] = _kv_blocks_held(stack)
     memory = {**{f"baseline_{k}": v for k, v in baseline.items()}, **{f"end_{k}": v for k, v in end.items()},
               "worker_pss_mb_after_each_phase": pss_by_phase, "same_worker": end_pid == measured_pid,
               "worker_growth_mb": end["worker_pss_mb"] - baseline["worker_pss_mb"],
@@ -160,6 +162,13 @@ def _inject(stack: PrivateStack, fault: str, options: SoakOptions) -> None:
         stack.restart_killed_worker(0)
     else:
         stack.redis.restart()
+
+
+def _kv_blocks_held(stack: PrivateStack) -> int:
+    """The KV blocks the live workers' running answers hold, by their last heartbeats (after two beats)."""
+    time.sleep(2.5)
+    return sum(sum(beat.get("kv_blocks_held", {}).values())
+               for beat in live_workers(client=stack.redis.client()))
 
 
 def _redis_mb(stack: PrivateStack) -> float:
@@ -259,6 +268,8 @@ def verdicts(figures: dict) -> list[tuple[str, bool, str]]:
         ("worker memory back to baseline (+10% or +64 MB)", memory["same_worker"] and
          memory["worker_growth_mb"] <= max(64, 0.1 * memory["baseline_worker_pss_mb"]),
          f"{memory['baseline_worker_pss_mb']:.0f} -> {memory['end_worker_pss_mb']:.0f} MB"),
+        ("0 KV blocks held once every answer ended", figures["kv_blocks_held"] == 0,
+         f"{figures['kv_blocks_held']} blocks"),
         ("Redis memory back to baseline (+2 MB)", memory["redis_growth_mb"] <= 2,
          f"{memory['baseline_redis_used_mb']:.1f} -> {memory['end_redis_used_mb']:.1f} MB"),
     ]

@@ -69,6 +69,7 @@ def heartbeat_payload() -> dict:
         # {slug: {streams: {K: tok/s}}}: what the plans follow (serving/rates.py), for /metrics
         "figures": {slug: rates.figures() for slug, rates in STATE.engines.rates.items()},
         "prefix_cache_bytes": STATE.engines.prefix_cache_bytes(),  # {slug: bytes}, for /metrics
+        "kv_blocks_held": STATE.engines.kv_blocks_held(),  # {slug: blocks}, for /metrics and the soak's leak check
         "lone_k": lone_answers_k(),
     }
 

@@ -180,6 +180,14 @@ class EngineRegistry:
                 held[spec.slug] = held.get(spec.slug, 0) + engine.cached_bytes
         return held
 
+    def kv_blocks_held(self) -> dict[str, int]:
+        """Slug -> the KV blocks its running answers hold (the own engine's pools): 0 once they have all ended."""
+        held: dict[str, int] = {}
+        for spec, engine in list(self._engines.items()):
+            if isinstance(engine, OwnEngine):
+                held[spec.slug] = held.get(spec.slug, 0) + engine.held_blocks
+        return held
+
     def unload(self, slug: str) -> None:
         for spec in [s for s in self._engines if s.slug == slug]:
             self._engines.pop(spec).close()  # requests in flight finish first

@@ -69,6 +69,12 @@ class BlockPool:
             return len(self._free)
 
     @property
+    def held_count(self) -> int:
+        """Blocks running answers hold: none once every answer has ended (a block leaked would stay counted)."""
+        with self._lock:
+            return self.blocks - len(self._free)
+
+    @property
     def cached_blocks(self) -> int:
         with self._lock:
             return len(self._block_of)

@@ -160,6 +160,11 @@ class OwnEngine:
         return True  # it runs in this process
 
     @property
+    def held_blocks(self) -> int:
+        """Blocks the running answers hold in the two pools."""
+        return self.main.pool.held_count + self.draft.pool.held_count
+
+    @property
     def cached_bytes(self) -> int:
         """What the two pools hold cached for prompts to come."""
         return self.main.pool.cached_bytes + self.draft.pool.cached_bytes

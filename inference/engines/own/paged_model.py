@@ -72,7 +72,7 @@ class CacheLayout:
 
     def tensors(self, blocks: int) -> dict[str, ov.Tensor]:
         """The cache for `blocks` blocks, allocated by OpenVINO (aligned as its kernels want) and not cleared: the op
-        reads a slot only once a step has written it. A large pool's pages count only once a block on them is written."""
+        reads a slot only once a step has written it. A large pool's pages count once a block on them is written."""
         return {name: ov.Tensor(self.element_type, ov.Shape([blocks, *shape]))
                 for name, shape in zip(self.names, self.block_shapes, strict=True)}
 
