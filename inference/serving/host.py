@@ -1,6 +1,7 @@
 """The host a worker runs on, as a calibration names it: the facts that change which precision and K are
 fastest (CPU model, the ISA flags that pick the kernels, cores, the runtime's version, the device), and a
-signature made of them. A worker on a host with another signature calibrates the pair anew."""
+signature made of them, and the own engine's kind (a calibration measures it: figures of another engine do not
+hold). A worker on a host with another signature calibrates the pair anew."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from functools import cache
 from pathlib import Path
 
 # The flags that decide which kernels OpenVINO's CPU plugin runs (and so which configuration is fastest).
+# The own engine a calibration measured: "paged", on the PagedAttention op (engines/own/paged_model.py). Changed, every
+# host calibrates again (the stateful engine's figures said its rollbacks made long answers lose).
+OWN_ENGINE_KIND = "paged"
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16",
                 "amx_int8")
 
@@ -48,6 +52,7 @@ def this_host(device: str = "CPU") -> Host:
         "cores": len(os.sched_getaffinity(0)),
         "openvino": ov.get_version().split("-")[0],
         "device": device,
+        "own_engine": OWN_ENGINE_KIND,
     })
 
 
