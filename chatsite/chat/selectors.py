@@ -2,7 +2,6 @@ import re
 import statistics
 
 import redis
-from django.contrib.auth import get_user_model
 from django.db.models import Exists, OuterRef, Q
 
 from chatsite.chat.models import Conversation, Message
@@ -12,11 +11,6 @@ from inference.engines.speculation_stats import FIGURES
 from inference.limits import Route
 from inference.models import Generation, JobStatus, ModelPair
 from inference.serving import calibrated
-
-
-def user_is_active(*, user) -> bool:
-    """Asked again every few seconds by open chat connections, which close once it is not."""
-    return get_user_model().objects.filter(pk=user.pk, is_active=True).exists()
 
 
 def conversations_for(*, user):
