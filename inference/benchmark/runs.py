@@ -162,8 +162,9 @@ def benchmark_engines(*, pair: ModelPair, get=None) -> tuple[Engines, str]:
         note = (f"{figures.host} has no calibration of the pair: the main alone runs in the pair's own precision, "
                 f"maybe not the fastest here (manage.py calibrate {pair.slug} first).")
     own = pair_spec(pair=pair, route=Route.OWN_SPECULATIVE, calibration=figures) if pair.draft_dir else None
-    if own and get is None:  # its own engine keeps no prompt cache: every answer prefills, as the main alone's
-        own = replace(own, prefix_caching=False)
+    if get is None:  # in-process no line keeps a prompt cache: every answer reads its prompt, as a new one would
+        alone = replace(alone, prefix_caching=False)
+        own = replace(own, prefix_caching=False) if own else None
     elif own and own.prefix_caching:  # a worker's: the one it serves with, not a second copy of the weights
         note += " The own engine keeps its prompt cache here: a repeated prompt's first token comes sooner."
     lone_on_own = bool(own and pair.own_engine_streams)
