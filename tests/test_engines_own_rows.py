@@ -201,7 +201,11 @@ CASES: list[tuple[Callable[[OwnEngine, list[int]], Rows], bool]] = [
 
 @pytest.mark.parametrize(("case", "equal"), CASES, ids=[case.__name__ for case, _ in CASES])
 def test_rows_computed_two_ways_are_bitwise_equal(engine: OwnEngine, prompt: list[int], case, equal: bool):
-    got, expected = case(engine, prompt)
+    check_rows(engine, *case(engine, prompt), equal=equal)
+
+
+def check_rows(engine: OwnEngine, got: list[np.ndarray], expected: list[np.ndarray], *, equal: bool) -> None:
+    """Each row of `got` bitwise its twin in `expected` (none of them, for the control)."""
     assert len(got) == len(expected) > 1
     vocabulary = engine.main.runner.compiled.output(0).get_partial_shape()[-1].get_length()
     assert all(row.shape == (vocabulary,) and np.isfinite(row).all() for row in got + expected)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import openai
+import openvino as ov
 import pytest
 from django.conf import settings
 from django.core.management import call_command
@@ -27,8 +28,10 @@ from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import Route
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
 from inference.pairs import catalog
+from inference.serving.precision import CONFIGS, EXACT_ON_OWN_ENGINE
 from inference.serving.reasons import Reason
 from inference.serving.records import pair_spec
+from tests import test_engines_own_rows as rows
 from tests.conftest import Worker, in_thread, log_in
 from tests.distribution import compare, differs, samples
 from tests.test_chat_ui import SHOTS
@@ -180,7 +183,8 @@ def test_the_own_engines_draft_with_its_head_cut_speculates_and_changes_no_greed
     spec = pair_spec(pair=real_pair, route=Route.OWN_SPECULATIVE)
     assert spec.draft_head_ids == str(FOLDER / "draft" / HEAD_IDS_FILE), spec
     engine = OwnEngine(replace(spec, drafters_judged=False))  # what the draft proposes, however busy the host
-    assert engine.draft_head is not None and len(engine.draft_head.ids) < engine.draft_head.width / 2
+    head = engine.draft.head
+    assert head is not None and len(head.ids) < head.width / 2
     tokens = steps = 0
     for request in REQUESTS:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": request}], add_generation_prompt=True)
@@ -510,3 +514,21 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
     # the engine answers from its own repacked weights: the IR file's pages it read are given back (engines/pages.py)
     assert file_pages < 0.02 * ir, f"{file_pages / 2**20:.0f} MiB of the IR weight files still held"
     # The 1.5x bar is a target, printed and reported (docs/benchmark.md), not asserted: targets live in benchmarks.
+
+
+# ------------------------------------------------------------------ the own engine's rows, bitwise
+@pytest.mark.parametrize("config", EXACT_ON_OWN_ENGINE)
+def test_the_real_mains_rows_computed_two_ways_are_bitwise_equal(real_folder, config):
+    """The table of tests/test_engines_own_rows.py on the real main, in each arrangement the own engine compiles
+    (f32 with dynamic quantization; bf16 with bf16 blocks where the CPU has bf16): a verify's rows are the main alone's
+    tokens', chunks the whole prompt's, a step shared the step alone's, rejected tokens leave no trace, cached blocks
+    and a fork compute the cold prompt (docs/exactness.md#one-kernel-path)."""
+    needs = CONFIGS[config].needs
+    if needs and needs not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        pytest.skip(f"this CPU has no {needs}")
+    engine = OwnEngine(PairSpec(slug=f"rows-{config}", main_dir=str(real_folder / "main"),
+                                draft_dir=str(real_folder / "draft"), route=Route.OWN_SPECULATIVE,
+                                pair_default=Route.OWN_SPECULATIVE, kv_pool_mb=256, **CONFIGS[config].fields))
+    prompt = engine.tokenizer.encode(rows.CODE * 3).input_ids.data[0].tolist()[: 2 * engine.main.pool.block_tokens - 4]
+    for case, equal in rows.CASES:
+        rows.check_rows(engine, *case(engine, prompt), equal=equal)
