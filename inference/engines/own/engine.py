@@ -98,11 +98,13 @@ def eos_token_ids(model_dir: str) -> set[int]:
 
 def own_engine_precision(spec: PairSpec) -> PairSpec:
     """The spec as the own engine compiles it: bf16 with bf16 blocks where its calibration chose bf16, else f32 with f32
-    blocks and dynamic quantization, the two arrangements whose rows are bitwise alike on the op whoever shares a step
-    (serving/precision.py, EXACT_ON_OWN_ENGINE); never a device's default cache (u8 on some CPUs, its key and value
-    blocks shaped apart, its rollback inexact)."""
+    blocks; never a device's default cache (u8 on some CPUs, its key and value blocks shaped apart, its rollback
+    inexact). Dynamic quantization as the spec says: on for a pair whose own engine serves its answers (pair_spec),
+    where rows are then bitwise alike whoever shares a step (serving/precision.py, EXACT_ON_OWN_ENGINE); off where the
+    library's f32 main alone serves a pair's greedy answers, so that the own engine's sampled ones follow that
+    computation of the main (to 1e-5: docs/exactness.md#one-kernel-path)."""
     precision = "bf16" if spec.inference_precision == "bf16" else "f32"
-    return replace(spec, inference_precision=precision, kv_cache_precision=precision, dynamic_quantization=True)
+    return replace(spec, inference_precision=precision, kv_cache_precision=precision)
 
 
 class OwnEngine:
