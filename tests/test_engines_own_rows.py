@@ -20,6 +20,7 @@ from inference.engines.own.kv_cache import PagedModel, PagedSequence
 from inference.engines.own.model_runner import ModelRunner
 from inference.engines.spec import PairSpec
 from inference.limits import Route
+from tests.test_engines_prefix_cache import FILE
 
 pytestmark = pytest.mark.no_database
 
@@ -27,18 +28,7 @@ PAIR = Path(settings.MODELS_ROOT) / settings.DEMO_PAIR_DIR
 SPEC = PairSpec(slug="own-rows", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"),
                 route=Route.OWN_SPECULATIVE, pair_default=Route.OWN_SPECULATIVE, dynamic_quantization=True,
                 kv_pool_mb=64)
-CODE = '''import os
-import json
-
-
-def load(path):
-    with open(path) as handle:
-        return json.load(handle)
-
-
-def save(path, data):
-    tmp = path + ".tmp"
-'''
+CODE = FILE[: FILE.index('    with open(tmp, "w")')]  # the pasted module's first lines: under two blocks
 # Tokens to feed after a prompt (the answer's, or proposals), and proposals the main rejects
 ANSWER = [1012, 2203, 318, 64, 1500, 2857, 911, 4001]
 REJECTED = [[7, 8, 9], [3001, 3002], [17]]
