@@ -23,7 +23,7 @@ from inference.benchmark.prompts import repeated_ngram_share
 from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.grammar import Grammar
 from inference.engines.interface import Engine, Finished
-from inference.engines.own.draft_head import compile_draft
+from inference.engines.own.draft_head import DraftHead, compile_draft
 from inference.engines.own.engine import own_engine_precision
 from inference.engines.own.kv_cache import PagedModel, PagedSequence
 from inference.engines.own.model_runner import ModelRunner, Work
@@ -221,9 +221,10 @@ def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
     return {n: statistics.median(values) * 1000 for n, values in costs.items()}
 
 
-def measuring_model(compiled: ov.CompiledModel) -> PagedModel:
-    """A compiled model with a small pool of its own, nothing cached: what a cost is measured on."""
-    return PagedModel(ModelRunner(compiled, pool_bytes=MEASURING_POOL_BYTES), caching=False)
+def measuring_model(compiled: ov.CompiledModel, *, head: DraftHead | None = None) -> PagedModel:
+    """A compiled model (a draft with its cut `head`) with a small pool of its own, nothing cached: what a cost is
+    measured on."""
+    return PagedModel(ModelRunner(compiled, pool_bytes=MEASURING_POOL_BYTES), head=head, caching=False)
 
 
 def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 64) -> dict[str, float]:
@@ -239,8 +240,7 @@ def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 6
     for name, ids in heads.items():
         compiled, head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=ids, device=spec.draft_runs_on,
                                        properties=spec.device_properties(device=spec.draft_runs_on))
-        sequences[name] = PagedModel(ModelRunner(compiled, pool_bytes=MEASURING_POOL_BYTES), head=head,
-                                     caching=False).sequence()
+        sequences[name] = measuring_model(compiled, head=head).sequence()
     seconds: dict[str, list[float]] = {name: [] for name in sequences}
     prompt = rng.integers(100, 20_000, size=context).tolist()
     for sequence in sequences.values():

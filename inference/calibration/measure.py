@@ -34,14 +34,12 @@ from statistics import median
 
 import openvino as ov
 
-from inference.benchmark.modes import LOOPING, MEASURING_POOL_BYTES, answer, infer_cost
+from inference.benchmark.modes import LOOPING, answer, infer_cost, measuring_model
 from inference.benchmark.prompts import heldout_prompts, prompts_from_file, repeated_ngram_share
 from inference.calibration.verdicts import LIBRARY_MARGIN, best_batch_k, best_k, library_alone, long_context_from
 from inference.engines.interface import Engine
 from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.engine import OwnEngine, own_engine_precision
-from inference.engines.own.kv_cache import PagedModel
-from inference.engines.own.model_runner import ModelRunner
 from inference.engines.spec import PairSpec, context_length
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.tokenizer import load_tokenizer
@@ -302,8 +300,7 @@ def draft_token_ms(spec: PairSpec, *, context: int = 64, repeats: int = 12) -> d
     for name, folder in ((name, folder) for name, folder in folders.items() if folder):
         compiled, head = compile_draft(core, draft_dir=folder, head_ids=spec.draft_head_ids,
                                        device=spec.draft_runs_on, properties=properties)
-        sequences[name] = PagedModel(ModelRunner(compiled, pool_bytes=MEASURING_POOL_BYTES), head=head,
-                                     caching=False).sequence()
+        sequences[name] = measuring_model(compiled, head=head).sequence()
         sequences[name].prefill(list(range(1000, 1000 + context)))
         sequences[name].feed([7])  # untimed: the first inference of a shape compiles kernels
         sequences[name].drop_last(1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from inference.engines.devices import DeviceUnavailable, on_this_worker
@@ -174,19 +175,19 @@ class EngineRegistry:
 
     def prefix_cache_bytes(self) -> dict[str, int]:
         """Slug -> the bytes its engines hold cached for prompts to come (the own engine's pools, main and draft)."""
-        held: dict[str, int] = {}
-        for spec, engine in list(self._engines.items()):
-            if isinstance(engine, OwnEngine):
-                held[spec.slug] = held.get(spec.slug, 0) + engine.cached_bytes
-        return held
+        return self._own_pools(lambda engine: engine.cached_bytes)
 
     def kv_blocks_held(self) -> dict[str, int]:
         """Slug -> the KV blocks its running answers hold (the own engine's pools): 0 once they have all ended."""
-        held: dict[str, int] = {}
+        return self._own_pools(lambda engine: engine.held_blocks)
+
+    def _own_pools(self, read: Callable[[OwnEngine], int]) -> dict[str, int]:
+        """Slug -> `read` summed over the pair's own engines."""
+        summed: dict[str, int] = {}
         for spec, engine in list(self._engines.items()):
             if isinstance(engine, OwnEngine):
-                held[spec.slug] = held.get(spec.slug, 0) + engine.held_blocks
-        return held
+                summed[spec.slug] = summed.get(spec.slug, 0) + read(engine)
+        return summed
 
     def unload(self, slug: str) -> None:
         for spec in [s for s in self._engines if s.slug == slug]:

@@ -93,7 +93,7 @@ class PagedSequence:
         past, fed = self.position, token_ids
         if self.exact and len(token_ids) == 1 and past:
             past, fed = past - 1, [self.tokens[-1], *token_ids]  # re-fed: the multi-token kernel, as a verify's
-        self._hold(self.position + len(token_ids))
+        self.reserve(self.position + len(token_ids))
         scheduler = self.model.scheduler
         logits = scheduler.infer(Work(self.block_table, past, fed, rows), member=self, drafting=self.drafting)
         self.tokens += token_ids
@@ -120,10 +120,8 @@ class PagedSequence:
         self.model.scheduler.leave(self)
 
     def reserve(self, tokens: int) -> None:
-        """Blocks for `tokens` tokens in all (a measurement steps on its own, past the scheduler)."""
-        self._hold(tokens)
-
-    def _hold(self, tokens: int) -> None:
+        """Blocks for `tokens` tokens in all (taken before a feed; a measurement takes them to step past the
+        scheduler)."""
         needed = -(-tokens // self.model.pool.block_tokens) - len(self.block_table)
         if needed > 0:
             self.block_table += self.model.pool.allocate(needed)

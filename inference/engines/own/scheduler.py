@@ -21,7 +21,6 @@ from inference.engines.own.model_runner import ModelRunner, Work
 
 log = logging.getLogger(__name__)
 CHUNK_TOKENS = 256  # a long prompt is read in chunks of this many, other answers stepping between two
-STEP_TOKENS = 2 * CHUNK_TOKENS  # a step's budget: a chunk and every other answer's tokens, or two chunks
 GATHER_S = 0.02  # how long a step waits for the sequences of the last one to ask again
 DRAFTING_GATHER_S = 0.5  # ... for a sequence that speculates (it drafts K tokens on the draft between two verifies)
 
@@ -41,7 +40,7 @@ class Scheduler:
     def __init__(self, runner: ModelRunner, *, chunk_tokens: int = CHUNK_TOKENS):
         self.runner = runner
         self.chunk_tokens = chunk_tokens  # what a sequence asks at most at once (PagedSequence.prefill)
-        self.step_tokens = 2 * chunk_tokens
+        self.step_tokens = 2 * chunk_tokens  # a step's budget: a chunk and every other answer's tokens, or two chunks
         self._waiting: list[Ask] = []
         self._last: dict[object, bool] = {}  # the members of the last step: whether each drafts between its steps
         self._changed = threading.Condition()
