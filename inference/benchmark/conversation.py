@@ -8,8 +8,8 @@ another's prefix from a cache, nor the same line's from an earlier run (a peer k
 for its own first turn, and its follow-ups read what it kept itself.
 Reported per line: the first turn's time to first token, the follow-ups' (median and longest), and tokens a second
 after the first token over the whole conversation, and which turns looped. Whether the texts are the main alone's is
-not compared here: each line's own system prompt is another prompt (tests/test_engines_prefix_cache.py holds a warm
-follow-up to the main alone's, docs/benchmark/real-pair/warm_vs_cold.py how often warm parts from cold).
+not compared here: each line's own system prompt is another prompt (tests/test_engines_own_rows.py holds cached rows
+bitwise equal to cold ones).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ FAR_BEHIND = 0.8
 # The larger Ks run with the draft holding back a token it gives a probability below this
 # (engines/own/proposers/draft_model.py): where verifying many tokens costs little more than one, a long step pays when
 # the draft is sure and stops where it is not.
-# 0.5 was the best stop on chat-a by docs/benchmark/real-pair/draft_stop.py's replay and held on chat-b.
+# 0.5 was the best stop on chat-a by draft_stop.py's replay (git 43561ef) and held on chat-b.
 DRAFT_STOP_BELOW = 0.5
 # A pair's own calibration prompts, beside its main and draft folders (a prompts file as `benchmark --prompts-file`
 # takes): requests like its traffic. `make real-pair` places the real pair's.
