@@ -239,6 +239,19 @@ def test_greedy_answers_chained_with_the_prompt_lookup_are_the_main_alones(engin
 
 
 @pytest.mark.no_database
+def test_an_answer_proposing_from_its_conversation_alone_runs_no_draft_and_is_the_main_alones(engine):
+    """After a long prompt where the draft did not pay (`lookup_only`, the plan's calibrated-long-context-lookup):
+    the lookup proposes where the answer copies, the draft never runs, and the answer is the main alone's."""
+    for prompt in COPYING:
+        alone, _ = drafted(engine, prompt, 0)
+        draft_steps = engine.draft.scheduler.steps
+        looked_up, proposed = drafted(engine, prompt, 3, lookup_only=True)
+        assert looked_up == alone, prompt
+        assert proposed.get(Drafter.NGRAM, 0) > 8 and Drafter.DRAFT not in proposed, proposed
+        assert engine.draft.scheduler.steps == draft_steps
+
+
+@pytest.mark.no_database
 def test_a_draft_that_stops_where_it_is_unsure_leaves_the_answer_the_main_alones(engine):
     """With a stop (`draft_stop_below`) the draft proposes up to K but holds back a token it is unsure of: some
     steps propose all K, some fewer, and the answer is the main alone's token for token, under a grammar too (the

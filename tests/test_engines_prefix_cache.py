@@ -155,7 +155,8 @@ def test_a_miss_a_partial_hit_and_an_eviction_that_spares_running_answers(engine
     least recently freed out, a conversation's end before its start. An answer running holds its blocks: a prompt
     wanting more than the others fails alone, one wanting what is free evicts only those, and the running answer's
     next logits are bitwise those of a sequence that never met a small pool. Every block is back in the pool after."""
-    small = PagedModel(ModelRunner(engine.main.runner.compiled, pool_bytes=6 * engine.main.pool.block_bytes))
+    small = PagedModel(ModelRunner(engine.main.runner.compiled, pool_bytes=6 * engine.main.pool.block_bytes,
+                                   steady=engine.main.runner.steady))
     pool = small.pool
     assert pool.blocks == 6 and pool.cached_blocks == 0
     rng = np.random.default_rng(5)
@@ -194,7 +195,7 @@ def test_a_miss_a_partial_hit_and_an_eviction_that_spares_running_answers(engine
     assert running.block_table == held and small.cached_tokens(first, "") == 3 * BLOCK_TOKENS
     token = int(rng.integers(10, 4000))
     afresh = engine.main.sequence(exact=True)
-    assert np.array_equal(running.feed([token])[-1], afresh.feed([*first, token])[-1])
+    assert np.array_equal(running.feed([token])[-1], afresh.prefill([*first, token])[-1])
     for sequence in (running, fitting, afresh):
         sequence.close()
     assert pool.free_count == pool.blocks
@@ -204,8 +205,8 @@ def test_a_miss_a_partial_hit_and_an_eviction_that_spares_running_answers(engine
 
 def test_a_long_prompt_says_how_far_it_got_and_the_draft_reads_it_after_the_answer(engine):
     """A prompt the draft lacks more than DRAFT_CATCH_UP_TOKENS of: the main reads it chunk by chunk, saying how far
-    it got, the answer runs on the main alone (no draft's prefill in the stream), and once it is out the draft reads
-    the conversation, so the next turn speculates from the start."""
+    it got, the answer speculates from the conversation alone (no draft's prefill in the stream, no draft token), and
+    once it is out the draft reads the conversation, so the next turn speculates with it from the start."""
     long_file = SYSTEM + FILE * 4 + "\nWhich functions write to disk?\n"
     first = ids_of(engine, long_file)
     assert len(first) - engine.draft.cached_tokens(first, "") > DRAFT_CATCH_UP_TOKENS
@@ -215,7 +216,8 @@ def test_a_long_prompt_says_how_far_it_got_and_the_draft_reads_it_after_the_answ
     assert len(progress) > 1 and progress[-1] == PromptRead(len(first), len(first))
     assert [event.read for event in progress] == [min(request.cached_tokens + chunk * n, len(first))
                                                   for n in range(1, len(progress) + 1)]
-    assert not [e for e in events if isinstance(e, StepTokens) and e.drafter == Drafter.DRAFT and e.proposed]
+    assert not [e for e in events if isinstance(e, StepTokens) and e.drafter == Drafter.DRAFT]
+    assert answer == run(engine, first, 0)[0]
     settled(engine)
     follow_up = first + answer + ids_of(engine, "\nAnd which read from it?\n")
     assert engine.draft.cached_tokens(follow_up, "") == full_blocks(len(first) + len(answer) - 1)

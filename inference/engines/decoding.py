@@ -51,6 +51,9 @@ class DecodingParams(Sampling):
     # at this K (0: as the main alone; engines/own/engine.py, the planner sets it where the host's calibration measured
     # speculating in the batch faster than the main alone's batch).
     batch_k: int = 0
+    # The own engine proposes from the conversation alone, no draft inference (engines/own/proposers/chain.py): after
+    # a long prompt where the host's calibration measured the draft not paying (the planner sets it).
+    lookup_only: bool = False
     max_ngram_size: int = 3
     # Whose cached blocks the own engine may give this answer (engines/own/block_pool.py): "" shares with every request
     # that says "" (SPECCHAT_PREFIX_CACHE_SCOPE=server). The web side sets it: serving/web.py, cache_scope.

@@ -47,7 +47,7 @@ class Reason(StrEnum):
     CALIBRATED_BEST_K = "calibrated-best-k"
     CALIBRATED_BEST_K_STOPPED = "calibrated-best-k-draft-stops"
     CALIBRATED_MAIN_ALONE_FASTER = "calibrated-main-alone-faster"
-    CALIBRATED_LONG_CONTEXT_ALONE = "calibrated-long-context-main-alone"
+    CALIBRATED_LONG_CONTEXT_LOOKUP = "calibrated-long-context-lookup"
     FASTEST_CONFIG = "fastest-config"
     NOT_CALIBRATED = "not-calibrated"
     K_PER_ANSWER = "k-per-answer"
@@ -103,8 +103,8 @@ SENTENCES: dict[Reason, str] = {
     Reason.CALIBRATED_BEST_K_STOPPED: "K={k} is fastest for a lone answer on this host, the draft stopping at a token "
                                       "it gives below {stop} (calibrated)",
     Reason.CALIBRATED_MAIN_ALONE_FASTER: "on this host no K beat the main alone for a lone answer (calibrated)",
-    Reason.CALIBRATED_LONG_CONTEXT_ALONE: "after a prompt of {tokens} tokens or more the main alone was faster on this "
-                                          "host (calibrated)",
+    Reason.CALIBRATED_LONG_CONTEXT_LOOKUP: "after a prompt of {tokens} tokens or more the draft did not pay on this "
+                                           "host (calibrated): guesses come from the conversation alone",
     Reason.FASTEST_CONFIG: "the main alone in its fastest configuration on this host ({config})",
     Reason.NOT_CALIBRATED: "the pair is not calibrated on this host yet: safe defaults meanwhile",
     Reason.K_PER_ANSWER: "the draft proposes fewer tokens a step where this answer's acceptance pays for fewer, at "

@@ -82,7 +82,8 @@ def planned_decoding(params: DecodingParams, planned: Plan) -> DecodingParams:
     """A request's decoding settings with the K or threshold its plan chose (K=0: the own engine's main alone)."""
     k = 0 if planned.route == Route.OWN_MAIN_ALONE else planned.k
     return replace(params, num_assistant_tokens=k, assistant_confidence_threshold=planned.threshold,
-                   draft_stop_below=planned.draft_stop_below, step_costs=planned.step_costs, batch_k=planned.batch_k)
+                   draft_stop_below=planned.draft_stop_below, step_costs=planned.step_costs, batch_k=planned.batch_k,
+                   lookup_only=planned.lookup_only)
 
 
 def with_fresh_connections(write: Callable[[], T], *, what: str) -> T:

@@ -38,6 +38,7 @@ from inference.engines.own.kv_cache import PagedModel, PagedSequence
 from inference.engines.own.model_runner import ModelRunner
 from inference.engines.own.paged_model import cache_layout, read_paged
 from inference.engines.own.proposers.chain import Drafting
+from inference.engines.own.proposers.draft_model import DraftModel
 from inference.engines.own.proposers.interface import Proposal
 from inference.engines.own.proposers.prompt_lookup import PromptLookup
 from inference.engines.pages import release_freed_heap, release_weight_pages
@@ -47,8 +48,9 @@ from inference.limits import DEFAULT_K, Drafter, FinishReason
 
 log = logging.getLogger(__name__)
 # Beyond this many prompt tokens missing from the draft's prefix cache, the answer does not wait for the draft to read
-# them (its prefill would land in the stream, after the first token): it runs on the main alone, and the draft reads
-# the conversation once the answer is out, ready for the next turn (docs/speculation.md#long-conversations).
+# them (its prefill would land in the stream, after the first token): it speculates from its conversation alone (the
+# main alone where the pair chains no lookup), and the draft reads the conversation once the answer is out, ready for
+# the next turn (docs/speculation.md#long-conversations).
 DRAFT_CATCH_UP_TOKENS = 256
 PROGRESS_MIN_TOKENS = 256  # prompts this long to read say how far they got
 CATCH_UP_WAIT_S = 30.0  # an answer whose draft lacks its history waits this long at most for a catch-up under way
@@ -124,8 +126,9 @@ class OwnEngine:
         main_bytes, draft_bytes = cache_layout(main).block_bytes, cache_layout(draft).block_bytes
         pool = spec.kv_pool_bytes()  # shared so that both models hold as many tokens
         caching = spec.prefix_caching
-        self.main = PagedModel(ModelRunner(main, pool_bytes=pool * main_bytes // (main_bytes + draft_bytes)),
-                               caching=caching)
+        main_runner = ModelRunner(main, pool_bytes=pool * main_bytes // (main_bytes + draft_bytes))
+        main_runner.steady = main_runner.steady_rows()  # every step of the main computes its rows alike
+        self.main = PagedModel(main_runner, caching=caching)
         self.draft = PagedModel(ModelRunner(draft, pool_bytes=pool * draft_bytes // (main_bytes + draft_bytes)),
                                 head=draft_head, caching=caching)
         self.tokenizer = load_tokenizer(spec.main_dir)
@@ -138,7 +141,8 @@ class OwnEngine:
         self._draft_reading = threading.Lock()  # held while the draft reads a conversation after its answer
         self._warm()
         self.load_seconds = time.perf_counter() - started
-        log.info("loaded %s (exact sampling) in %.1f s", spec.slug, self.load_seconds)
+        log.info("loaded %s (exact sampling) in %.1f s; the main's rows alike at any step size: %s", spec.slug,
+                 self.load_seconds, main_runner.steady)
 
     def _warm(self) -> None:
         """Two short answers, speculating and batched, on load: the first inferences of a shape compile kernels and
@@ -230,16 +234,21 @@ class Decoding:
         self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
         self.scope = params.cache_scope
         self.main: PagedSequence = engine.main.sequence(scope=self.scope, exact=True)
-        self.main.drafting = self.k > 0
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
         grammar = params.grammar
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
-        self.drafting = Drafting(engine.draft.sequence(scope=self.scope), lookup=self._lookup(), params=params,
-                                 rng=self.rng, constraint=self.constraint,
-                                 judged=engine.spec.drafters_judged) if self.k else None
-        self.behind: Drafting | None = None  # a draft left out of this answer, to read the conversation after it
+        self.drafting = self._drafting() if self.k else None
+        self.main.drafting = bool(self.drafting and self.drafting.draft)  # its steps come between the draft's
+        self.behind: DraftModel | None = None  # a draft left out of this answer, to read the conversation after it
         self.joined = False  # it went on at its K for the batch
+
+    def _drafting(self) -> Drafting:
+        """The answer's proposers: the lookup where the pair chains it, and the draft unless the lookup goes alone."""
+        lookup = self._lookup()
+        draft = None if self.params.lookup_only and lookup else self.engine.draft.sequence(scope=self.scope)
+        return Drafting(draft, lookup=lookup, params=self.params, rng=self.rng, constraint=self.constraint,
+                        judged=self.engine.spec.drafters_judged)
 
     def _lookup(self) -> PromptLookup | None:
         """The prompt lookup, tried before the draft where the pair chains it."""
@@ -256,14 +265,14 @@ class Decoding:
             return finished
         finally:
             self.main.close(keep_ids=kept)
-            if self.drafting:
+            if self.drafting and self.drafting.draft:
                 self.drafting.draft.cache.close(keep_ids=kept)
 
     def catch_up_draft(self) -> None:
         """After the answer is out: the draft left out of it reads the conversation so far, for the next turn."""
         if self.behind is not None and self.emitted:
             self.behind.prefill(self.prompt_ids + self.emitted[:-1])
-            self.behind.draft.cache.close()
+            self.behind.cache.close()
 
     def _draft_missing(self) -> int:
         return len(self.prompt_ids) - self.engine.draft.cached_tokens(self.prompt_ids, self.scope)
@@ -279,15 +288,18 @@ class Decoding:
         if self.constraint:
             self.constraint.take(first)
         finished = self._emit([first], token_scores([logits], [first], self.params))
-        if self.drafting and finished is None:  # after the first token is out: not part of its wait
+        if self.drafting and self.drafting.draft and finished is None:  # after the first token: not in its wait
             if self._draft_missing() > DRAFT_CATCH_UP_TOKENS:
                 self.engine.draft_caught_up()  # the turn before's catch-up, if one is under way, holds most of it
             if self._draft_missing() > DRAFT_CATCH_UP_TOKENS:
-                self.behind, self.drafting = self.drafting, None
+                self.behind = self.drafting.leave_draft_behind()
+                self.main.drafting = False
             else:
                 self.drafting.prefill(self.prompt_ids)
-                if self.drafting.lookup:
-                    self.drafting.lookup.extend([first])
+        if self.drafting and not (self.drafting.draft or self.drafting.lookup):
+            self.drafting = None  # no proposer left: the main alone
+        if self.drafting and self.drafting.lookup:
+            self.drafting.lookup.extend([first])
         while finished is None:
             if self.request.stop_requested:
                 return Finished(FinishReason.STOPPED)

@@ -77,6 +77,7 @@ class PagedSequence:
         self.tokens = prompt_ids[: len(found) * pool.block_tokens]
         self.cached = len(self.tokens)
         pool.count_lookup(queried=n, hit=self.cached)
+        self.reserve(n)  # the whole prompt's blocks at once: one that cannot fit fails before it evicts anything
         budget = self.model.scheduler.chunk_tokens
         logits = None
         while self.position < n:

@@ -3,14 +3,38 @@ the op's inputs filled as openvino-genai's `model_runner.hpp` fills them, and th
 
 The cache tensors are made once, sized by the model's block pool (engines/own/block_pool.py), and set on the one
 infer request; the op writes each new token's keys and values into the block its sequence's table names.
+
+On some hosts a row's bits depend on how many rows the inference holds: on AVX2 (AMD Zen 3, where the CPU plugin has
+no dynamic quantization) the main's matrix products round one way for 2-4 tokens and another for 5-80, and its head
+one way for one row and another for several, so a verify of K+1 would part from the main alone's 2-token query.
+`steady_rows` finds, at load, the fewest tokens and rows from which a row's bits stop changing, and `run` pads a
+smaller step up to them with a filler nobody reads (docs/exactness.md#avx2-hosts).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import openvino as ov
+
+# The step sizes `steady_rows` compares a row at; the largest is the reference (well below a verify beside a few
+# others): tokens fed, and rows of logits read (through the head)
+PROBED_TOKENS = (*range(2, 13), 16, 24, 32)
+PROBED_ROWS = (*range(1, 9), 12, 16)
+# ... and from there up, the steps a prompt's chunk makes (where the fewest are not 1: the kernels depend on the size)
+PROBED_MOST = (48, 64, 72, 80, 96, 128, 192, 256, 384, 512)
+
+
+class Steady(NamedTuple):
+    """The fewest tokens a step feeds and rows it reads for a row's bits not to depend on the step's size, and the
+    most tokens it may feed for that (0: any)."""
+
+    tokens: int = 1
+    rows: int = 1
+    most_tokens: int = 0
 
 from inference.engines.own.block_pool import BlockPool
 from inference.engines.own.paged_model import LOGITS_INDICES, cache_layout
@@ -31,23 +55,68 @@ class ModelRunner:
     """One compiled model, its cache tensors and its block pool; `run` is called by one thread at a time (the
     model's scheduler, engines/own/scheduler.py)."""
 
-    def __init__(self, compiled: ov.CompiledModel, *, pool_bytes: int):
+    def __init__(self, compiled: ov.CompiledModel, *, pool_bytes: int, steady: Steady = Steady()):
         self.compiled = compiled
         self.layout = cache_layout(compiled)
         blocks = max(pool_bytes // self.layout.block_bytes, 1)
         self.pool = BlockPool(blocks=blocks, block_tokens=self.layout.block_tokens,
                               block_bytes=self.layout.block_bytes)
         self.request = compiled.create_infer_request()
-        self.cache = self.layout.tensors(blocks)
+        self.cache = self.layout.tensors(blocks + 1)
+        self.scratch = blocks  # a block past the pool's, which a step's filler writes (see run)
         for name, tensor in self.cache.items():
             self.request.set_tensor(name, tensor)
+        self.steady = steady  # a step feeds and reads at least so many (padded): see steady_rows
+
+    def steady_rows(self) -> Steady:
+        """The fewest tokens and rows an inference must hold for a sequence's row to come out bitwise alike at any
+        size up to the largest probed, and where the steps holding more than that change it: a 2-token query, the
+        rest a filler, in blocks of the pool (asked at load, before any answer)."""
+        blocks = self.pool.allocate(min(1 + -(-PROBED_MOST[-1] // self.block_tokens), self.pool.blocks))
+        try:
+            return self._steady(blocks[0], blocks[1:])
+        finally:
+            self.pool.release(blocks)
+
+    def _steady(self, probe: int, filler: list[int]) -> Steady:
+        def row(tokens: int, rows: int) -> bytes:
+            works = [Work([probe], 0, [11, 13], 1)]
+            if tokens > 2:
+                works.append(Work(filler, 0, [17] * (tokens - 2), min(rows - 1, tokens - 2)))
+            return self._infer(works)[0].tobytes()
+
+        def fewest(sizes: tuple[int, ...], at: Callable[[int], bytes]) -> int:
+            reference, steady = at(sizes[-1]), sizes[-1]
+            for size in reversed(sizes[:-1]):
+                if at(size) != reference:
+                    break
+                steady = size
+            return 1 if steady == sizes[0] else steady
+
+        rows = fewest(PROBED_ROWS, lambda rows: row(PROBED_TOKENS[-1], rows))
+        tokens = fewest(PROBED_TOKENS, lambda tokens: row(tokens, rows))
+        if (tokens, rows) == (1, 1):
+            return Steady()  # one computation at every size probed (AVX-512 hosts): prompts are read in full chunks
+        reference, most = row(PROBED_TOKENS[-1], rows), PROBED_TOKENS[-1]
+        for size in PROBED_MOST:
+            if size - 2 > self.block_tokens * len(filler) or row(size, rows) != reference:
+                break
+            most = size
+        return Steady(tokens=tokens, rows=rows, most_tokens=most)
 
     @property
     def block_tokens(self) -> int:
         return self.layout.block_tokens
 
     def run(self, works: list[Work]) -> list[np.ndarray]:
-        """Each work's rows of logits [rows, vocabulary], from one inference."""
+        """Each work's rows of logits [rows, vocabulary], from one inference holding the steady tokens and rows."""
+        rows = self.steady.rows - sum(work.rows for work in works)
+        tokens = max(self.steady.tokens - sum(len(work.tokens) for work in works), rows, 0)
+        if tokens:
+            return self._infer([*works, Work([self.scratch], 0, [0] * tokens, max(rows, 0))])[:-1]
+        return self._infer(works)
+
+    def _infer(self, works: list[Work]) -> list[np.ndarray]:
         size = self.block_tokens
         lengths = [len(work.tokens) for work in works]
         begins = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)

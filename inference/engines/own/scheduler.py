@@ -41,6 +41,8 @@ class Scheduler:
         self.runner = runner
         self.chunk_tokens = chunk_tokens  # what a sequence asks at most at once (PagedSequence.prefill)
         self.step_tokens = 2 * chunk_tokens  # a step's budget: a chunk and every other answer's tokens, or two chunks
+        if most := runner.steady.most_tokens:  # beyond it this host's kernels round a row otherwise (model_runner.py)
+            self.chunk_tokens, self.step_tokens = min(chunk_tokens, most // 2), min(self.step_tokens, most)
         self._waiting: list[Ask] = []
         self._last: dict[object, bool] = {}  # the members of the last step: whether each drafts between its steps
         self._changed = threading.Condition()

@@ -161,8 +161,13 @@ def _calibrated_k(s: Situation) -> int | None:
 
 
 def calibrated_long_context(s: Situation) -> Choice | None:
-    if _calibrated_k(s) and s.long_prompt and s.host is not None and s.host.long_context_k == 0:
-        return _alone(Reason.CALIBRATED_LONG_CONTEXT_ALONE, {"tokens": s.host.long_context_from})
+    """After a long prompt where the host's calibration found the draft not paying, the answer speculates from its
+    conversation alone: a lookup that misses costs nothing (its step is the main alone's), one that hits copies a run
+    of the pasted file in one step (engines/own/proposers/chain.py)."""
+    k = _calibrated_k(s)
+    if k and s.long_prompt and s.host is not None and s.host.long_context_k == 0:
+        return _drafting(k, Reason.CALIBRATED_LONG_CONTEXT_LOOKUP, {"tokens": s.host.long_context_from},
+                         lookup_only=True)
     return None
 
 

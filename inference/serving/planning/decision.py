@@ -18,6 +18,7 @@ class Choice:
     k: int | None = None
     threshold: float | None = None
     draft_stop_below: float | None = None  # the own engine's draft holds back a token it is this unsure of
+    lookup_only: bool = False  # the own engine's proposals come from the conversation alone, no draft inference
     why: tuple[Why, ...] = ()
     measured_here: bool = False  # this worker's recent figures show this path clearly faster at the load
     under_grammar: bool = False  # the main alone because a grammar holds the answer and no K was named
@@ -34,6 +35,7 @@ class Plan:
     draft_stop_below: float | None = None
     step_costs: tuple[float, ...] = ()  # the own engine's draft proposes up to K, what the answer's acceptance pays for
     batch_k: int = 0  # the K it speculates at once it runs in the own engine's batch (0: the main alone there)
+    lookup_only: bool = False  # the own engine's proposals come from the conversation alone, no draft inference
     why: tuple[Why, ...] = ()
     measured_here: bool = False
     handed_over: bool = False  # the answer already moved once: it stays (each move costs a prefill)
@@ -43,7 +45,7 @@ class Plan:
         """How the answer is served, as the API and the chat state it."""
         if self.route.is_main_alone():
             return SpeculativeMode.OFF
-        if self.route == Route.PROMPT_LOOKUP:
+        if self.route == Route.PROMPT_LOOKUP or self.lookup_only:
             return SpeculativeMode.PROMPT_LOOKUP
         if not self.sampled:
             return SpeculativeMode.DRAFT

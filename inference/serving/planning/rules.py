@@ -25,7 +25,7 @@ def _fast_mode(s: Situation) -> tuple[Why, ...]:
 
 def _served(s: Situation, route: Route, *, why: tuple[Why, ...], k: int | None = None,
             threshold: float | None = None, draft_stop_below: float | None = None, batch_k: int | None = None,
-            measured_here: bool = False) -> Plan:
+            lookup_only: bool = False, measured_here: bool = False) -> Plan:
     """The plan of a route, with its K in the own engine's batch (the K named, else the host's for the batch), and
     what the host's calibration adds to it: a K per answer (a lone answer at a K it did not name, where the host's
     step costs were timed), the configuration a main alone is fastest in; or that the host is not calibrated yet."""
@@ -37,13 +37,14 @@ def _served(s: Situation, route: Route, *, why: tuple[Why, ...], k: int | None =
     if host is not None and not host.calibrated:
         adds = (Why(Reason.NOT_CALIBRATED),)
     elif host is not None and route == Route.OWN_SPECULATIVE:
-        if s.lone and s.asked.k is None and draft_stop_below is None and host.step_costs:
+        if s.lone and s.asked.k is None and draft_stop_below is None and not lookup_only and host.step_costs:
             step_costs, adds = host.step_costs, (Why(Reason.K_PER_ANSWER),)
     elif host is not None and route.is_main_alone():
         config = host.own_config if route.is_own_engine() else host.main_alone_config
         adds = (Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[config].label}),)
     return Plan(route=route, sampled=s.asked.sampled, k=k, threshold=threshold, draft_stop_below=draft_stop_below,
-                step_costs=step_costs, batch_k=batch_k or 0, why=(*why, *adds), measured_here=measured_here)
+                step_costs=step_costs, batch_k=batch_k or 0, lookup_only=lookup_only, why=(*why, *adds),
+                measured_here=measured_here)
 
 
 def top_logprobs(s: Situation, choice: Choice) -> Plan | None:
@@ -112,7 +113,8 @@ def own_engine(s: Situation, choice: Choice) -> Plan | None:
         return None
     if not choice.alone:
         return _served(s, Route.OWN_SPECULATIVE, k=choice.k, draft_stop_below=choice.draft_stop_below,
-                       measured_here=choice.measured_here, why=(*choice.why, *_fast_mode(s), Why(Reason.OWN_ENGINE)))
+                       lookup_only=choice.lookup_only, measured_here=choice.measured_here,
+                       why=(*choice.why, *_fast_mode(s), Why(Reason.OWN_ENGINE)))
     return _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.OWN_ENGINE)),
                    measured_here=choice.measured_here)
 

@@ -1,5 +1,6 @@
 """The prompt lookup (engines/own/proposers/prompt_lookup.py) proposes what followed the history's last tokens where they occur in the
-prompt, from an index built once; and the rule for its proposals (accept_fixed) keeps the main's law."""
+prompt, from an index built once, further the longer they matched; and the rule for its proposals (accept_fixed) keeps
+the main's law."""
 
 from collections import Counter
 
@@ -8,7 +9,7 @@ import pytest
 
 from inference.engines.decoding import Sampling
 from inference.engines.own.acceptance import accept, accept_fixed, greedy_accept
-from inference.engines.own.proposers.prompt_lookup import MIN_NGRAM, PromptLookup
+from inference.engines.own.proposers.prompt_lookup import LONGEST_LOOKUP, MIN_NGRAM, PromptLookup
 
 
 def scanned(prompt: list[int], history: list[int], *, max_ngram: int, length: int, limit: int) -> list[int]:
@@ -19,7 +20,10 @@ def scanned(prompt: list[int], history: list[int], *, max_ngram: int, length: in
         suffix = history[-n:]
         for start in range(len(prompt) - n - 1, -1, -1):  # an occurrence followed by a token of the prompt
             if prompt[start:start + n] == suffix:
-                return history[start + n:start + n + min(limit, length)]
+                end = start + n
+                matched = next((i for i in range(min(end, LONGEST_LOOKUP)) if prompt[end - 1 - i] != history[-1 - i]),
+                               min(end, LONGEST_LOOKUP))
+                return history[end:end + min(limit, max(length, matched))]
     return []
 
 
@@ -44,6 +48,20 @@ def test_the_longest_match_wins_over_a_later_shorter_one_and_the_latest_among_eq
     assert PromptLookup(history, max_ngram=3).propose(8) == [40, 9, 2, 3, 50, 1, 2, 3]  # [1, 2, 3] before 40
     assert PromptLookup(history, max_ngram=2).propose(8) == [50, 1, 2, 3]  # [2, 3]'s latest, before 50
     assert PromptLookup([1, 2, 3, 40, 1, 2, 3, 60, 1, 2, 3], max_ngram=3).propose(8) == [60, 1, 2, 3]
+
+
+def test_a_longer_match_proposes_further_up_to_the_longest_lookup():
+    pasted = list(range(100, 200))
+    lookup = PromptLookup([*pasted, 7], max_ngram=3)
+    lookup.extend(pasted[:3])  # the answer starts copying the paste: a short match, the lookup's length
+    assert lookup.propose(64) == pasted[3:11]
+    lookup.extend(pasted[3:20])  # 20 tokens copied: 20 proposed
+    assert lookup.propose(64) == pasted[20:40]
+    lookup.extend(pasted[20:60])
+    assert lookup.propose(64) == pasted[60:60 + LONGEST_LOOKUP]
+    assert lookup.propose(5) == pasted[60:65]  # never past the room left
+    lookup.extend([1, *pasted[61:64]])  # a change, then copying again: trusted as far as the new match
+    assert lookup.propose(64) == pasted[64:72]
 
 
 def test_nothing_is_proposed_without_an_earlier_occurrence():

@@ -170,6 +170,7 @@ def test_a_calibration_that_found_the_librarys_main_alone_faster_moves_no_answer
     assert planned(Asked(speculative=False), 1).reasons == (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)
     assert planned(Asked(), 4).reasons == (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)
     long_prompt = planned(Asked(prompt_tokens=1500), 1)
-    assert (long_prompt.route, long_prompt.reasons) == (
-        OWN_ALONE, (R.CALIBRATED_LONG_CONTEXT_ALONE, R.OWN_ENGINE, R.FASTEST_CONFIG))
-    assert "(f32 with dynamic int8 activations)" in long_prompt.reason  # the own engine's configuration
+    assert (long_prompt.route, long_prompt.k, long_prompt.lookup_only, long_prompt.reasons) == (
+        OWN_K, 3, True, (R.CALIBRATED_LONG_CONTEXT_LOOKUP, R.OWN_ENGINE))
+    alone = planned(Asked(prompt_tokens=1500, speculative=False), 1)
+    assert "(f32 with dynamic int8 activations)" in alone.reason  # the own engine's configuration

@@ -144,9 +144,10 @@ TABLE = [
      OWN_ALONE, None, 0, (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(), Load(streams=1), LONG_STEPS, None, OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(k=3), Load(streams=1), LONG_STEPS, None, OWN_K, 3, 3, (R.K_ASKED, R.OWN_ENGINE)),  # a K named: no stop
-    # a long conversation plans by the long-context line: the main alone where it beat the K there, else the K
+    # a long conversation plans by the long-context line: the conversation's lookup alone where the draft did not pay
+    # there (changed 2026-11-29: the main alone), else the K
     (OWN, Asked(prompt_tokens=1500), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
-     OWN_ALONE, None, 0, (R.CALIBRATED_LONG_CONTEXT_ALONE, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+     OWN_K, 8, 0, (R.CALIBRATED_LONG_CONTEXT_LOOKUP, R.OWN_ENGINE)),
     (OWN, Asked(prompt_tokens=1500), Load(streams=1), replace(LONG_STEPS, long_context_k=8), None,
      OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(prompt_tokens=200), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
@@ -155,7 +156,7 @@ TABLE = [
     (OWN, Asked(prompt_tokens=1200), Load(streams=1), replace(LONG_STEPS, long_context_k=0, long_context_from=1400),
      None, OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(prompt_tokens=800), Load(streams=1), replace(LONG_STEPS, long_context_k=0, long_context_from=700),
-     None, OWN_ALONE, None, 0, (R.CALIBRATED_LONG_CONTEXT_ALONE, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+     None, OWN_K, 8, 0, (R.CALIBRATED_LONG_CONTEXT_LOOKUP, R.OWN_ENGINE)),
     # ... on the own engine, speculation off too and beyond its streams: the same computation as its speculation
     # (changed 2026-11-29: where the library's main alone was faster after the long prompt, these ran there)
     (OWN, Asked(prompt_tokens=1500, speculative=False), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
@@ -246,6 +247,8 @@ def test_the_planner_table(fields, asked, load, calibration, figures, route, k, 
     decoding = planned_decoding(DecodingParams(max_new_tokens=8), planned)
     assert decoding.draft_stop_below == planned.draft_stop_below and decoding.batch_k == batch_k
     assert decoding.step_costs == (calibration.step_costs if R.K_PER_ANSWER in codes else ())
+    # the conversation's lookup alone proposes exactly where the long-context line says the draft did not pay
+    assert decoding.lookup_only == planned.lookup_only == (R.CALIBRATED_LONG_CONTEXT_LOOKUP in codes)
 
 
 def test_the_docs_show_every_rule_and_every_reason_code():
@@ -269,6 +272,9 @@ def test_the_mode_an_answer_states_follows_its_route_and_whether_it_samples():
     assert mode(PROFILED, Asked(sampled=True)) == SpeculativeMode.EXACT_SAMPLING
     assert mode({"allow_inexact_sampling": True}, Asked(sampled=True)) == SpeculativeMode.INEXACT_SAMPLING
     assert mode(LOOKUP, Asked()) == SpeculativeMode.PROMPT_LOOKUP
+    long_prompt = plan(pair=pair(**OWN), asked=Asked(prompt_tokens=1500), load=Load(streams=1),
+                       calibration=replace(LONG_STEPS, long_context_k=0))
+    assert long_prompt.mode == SpeculativeMode.PROMPT_LOOKUP  # the own engine's lookup, no draft
     assert mode(OWN, Asked(speculative=False)) == mode(PROFILED, Asked(speculative=False)) == SpeculativeMode.OFF
 
 

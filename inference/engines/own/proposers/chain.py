@@ -5,6 +5,10 @@ history has a match, at no inference, else the draft model (proposers/draft_mode
 
 Each drafter proposes only while it pays for itself in this answer (engines/own/payoff.py), and the draft, given the
 host's costs, no more tokens a step than this answer's acceptance pays for (engines/own/step_length.py).
+
+An answer may speculate from its conversation alone, with no draft: after a long prompt where the host's calibration
+found the draft not paying (`DecodingParams.lookup_only`), or while the draft has yet to read a pasted file (it reads
+it once the answer is out: engines/own/engine.py). A lookup that misses costs nothing, so the step is the main alone's.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from inference.limits import Drafter
 
 
 class Drafting:
-    """One answer's proposers: the draft model on its own cache, and the prompt lookup when it is on."""
+    """One answer's proposers: the prompt lookup when it is on, and the draft model on its own cache unless the answer
+    speculates from its conversation alone."""
 
-    def __init__(self, draft: PagedSequence, *, lookup: PromptLookup | None, params: DecodingParams,
+    def __init__(self, draft: PagedSequence | None, *, lookup: PromptLookup | None, params: DecodingParams,
                  rng: np.random.Generator, constraint: TokenConstraint | None, judged: bool = True):
-        self.draft = DraftModel(draft, params=params, rng=rng, constraint=constraint)
+        self.draft = DraftModel(draft, params=params, rng=rng, constraint=constraint) if draft is not None else None
         self.lookup = LookupProposer(lookup, constraint) if lookup is not None else None
         self.payoff = Payoff(judging=judged)  # judged: drafters sit out where they do not pay
         # A K per answer where the plan gave the host's costs; a draft that stops where unsure shortens its own steps
@@ -36,10 +41,17 @@ class Drafting:
 
     def proposers(self) -> list[Proposer]:
         """Those that follow the answer, the lookup first."""
-        return [self.lookup, self.draft] if self.lookup is not None else [self.draft]
+        return [proposer for proposer in (self.lookup, self.draft) if proposer is not None]
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        self.draft.prefill(prompt_ids)
+        if self.draft is not None:
+            self.draft.prefill(prompt_ids)
+
+    def leave_draft_behind(self) -> DraftModel | None:
+        """The draft, no longer asked in this answer (the conversation's lookup goes on alone): it reads the
+        conversation after the answer instead."""
+        draft, self.draft = self.draft, None
+        return draft
 
     def propose(self, *, k: int, room: int, last: int) -> Proposal:
         """The lookup's proposals (up to `room`) where it has a match the grammar allows, else up to k of the
@@ -48,6 +60,8 @@ class Drafting:
         if (self.lookup is not None and self.payoff.proposes(Drafter.NGRAM)
                 and (looked_up := self.lookup.propose(room, last=last)).tokens):
             return looked_up
+        if self.draft is None:
+            return Proposal([], Drafter.NGRAM, [], [])  # the lookup had nothing: the main alone's step
         if not self.payoff.proposes(Drafter.DRAFT):
             return Proposal([], Drafter.DRAFT, [], [])
         if self.step_length is not None:
@@ -70,4 +84,5 @@ class Drafting:
 
     def stop(self) -> None:
         """The answer goes on without speculating (the main alone's batch): the draft is not fed again."""
-        self.draft.stop()
+        if self.draft is not None:
+            self.draft.stop()

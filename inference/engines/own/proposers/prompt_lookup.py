@@ -27,10 +27,12 @@ MIN_NGRAM = 2  # a single token recurs too often to say anything about what foll
 # needs three. After a 2,000-token file, two-token matches made the lookup a third of an answer's proposals, mostly
 # refused (docs/speculation.md#long-conversations).
 LONG_PROMPT = 1024
-# Tokens proposed at most: on the real pair 8 beat 4 and 16 (verifying many more tokens costs the main more than a
-# copied run usually gives back), and a copied run often outlasts 8
-# (docs/benchmark.md#prompt-lookup-chained-before-the-draft).
+# Tokens proposed after a short match: on the real pair a fixed 8 beat 4 and 16 (verifying many more tokens costs the
+# main more than a copied run usually gives back; docs/benchmark.md#prompt-lookup-chained-before-the-draft).
 LOOKUP_TOKENS = 8
+# A longer match is trusted further, as SuffixDecoding does (arXiv 2411.04975): as many tokens as the answer's tail
+# matched the conversation, up to this. An answer copying a pasted file grows its steps 8, 17, 32 while it copies.
+LONGEST_LOOKUP = 32
 
 
 class PromptLookup:
@@ -54,12 +56,21 @@ class PromptLookup:
 
     def propose(self, limit: int) -> list[int]:
         """What followed the latest occurrence in the prompt of the history's last n tokens (the longest n that
-        occurred), up to `limit` and the lookup's length; [] where none did."""
+        occurred), as many tokens as the match ran (at least the lookup's length, at most LONGEST_LOOKUP) and up to
+        `limit`; [] where none did."""
         history = self.history
         for n in self.sizes:
             if len(history) > n and (start := self.follows.get(tuple(history[-n:]))) is not None:
-                return history[start:start + min(limit, self.length)]
+                length = max(self.length, min(self._matched(start, n), LONGEST_LOOKUP))
+                return history[start:start + min(limit, length)]
         return []
+
+    def _matched(self, start: int, n: int) -> int:
+        """How many of the history's last tokens equal those before `start` (n of them are known to)."""
+        history, matched = self.history, n
+        while matched < min(start, LONGEST_LOOKUP) and history[start - 1 - matched] == history[-1 - matched]:
+            matched += 1
+        return matched
 
 
 class LookupProposer:
