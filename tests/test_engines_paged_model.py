@@ -14,7 +14,7 @@ import openvino as ov
 import pytest
 
 from inference.engines.own.kv_cache import PagedModel
-from inference.engines.own.model_runner import ModelRunner, Work
+from inference.engines.own.model_runner import ModelRunner, Steady, Work
 from inference.engines.own.paged_model import cache_layout, read_paged
 from tests.test_engines_exact import PAIR, SPEC
 
@@ -85,7 +85,33 @@ def test_the_cache_is_the_runners_tensors_written_in_the_blocks_a_table_names():
     rows = runner.run([Work(table, 0, PROMPT[:40], rows=3)])
     assert [row.shape for row in rows] == [(3, runner.compiled.output(0).get_partial_shape()[-1].get_length())]
     for name, view in views.items():
-        written = {int(block) for block in np.flatnonzero(np.abs(view).reshape(POOL_BLOCKS, -1).max(1))}
-        assert written == set(table) == {2, 3}, name
+        written = {int(block) for block in np.flatnonzero(np.abs(view).reshape(POOL_BLOCKS + 1, -1).max(1))}
+        assert written == set(table) == {2, 3}, name  # the block past the pool's is a padded step's (below)
     runner.pool.release(taken)
     assert runner.pool.free_count == POOL_BLOCKS
+
+
+def test_a_step_padded_to_the_hosts_steady_sizes_returns_its_own_rows_and_writes_only_its_blocks():
+    """Where the host's kernels round a row by the step's size (AVX2: ModelRunner.steady_rows), a smaller step is
+    padded with a filler in the block past the pool's: each work gets its own rows, as unpadded, and no block of the
+    pool is written but its table's; the scheduler then reads prompts in chunks within the steady sizes."""
+    model = paged("main", dynamic_quantization=True)
+    runner = model.runner
+    views = {name: np.asarray(tensor.data) for name, tensor in runner.cache.items()}
+    table = runner.pool.allocate(2)
+    unpadded = runner.run([Work(table, 0, PROMPT[:40], rows=1)])[0]
+    for view in views.values():
+        view[runner.scratch] = 0
+    steady = Steady(tokens=6, rows=3, most_tokens=80)
+    padded = ModelRunner(runner.compiled, pool_bytes=POOL_BLOCKS * runner.layout.block_bytes, steady=steady)
+    for name, tensor in padded.cache.items():
+        np.asarray(tensor.data)[...] = 0
+    rows = padded.run([Work(table, 0, PROMPT[:2], rows=1), Work([table[1]], 0, PROMPT[:1], rows=1)])
+    assert [row.shape for row in rows] == [(1, unpadded.shape[1])] * 2
+    for name, tensor in padded.cache.items():
+        view = np.asarray(tensor.data).reshape(POOL_BLOCKS + 1, -1)
+        written = set(np.flatnonzero(np.abs(view).max(1)).tolist())
+        assert written == {*table, padded.scratch}, name  # the filler wrote its own block, past the pool's
+    scheduler = PagedModel(padded).scheduler
+    assert (scheduler.chunk_tokens, scheduler.step_tokens) == (40, 80)
+    runner.pool.release(table)

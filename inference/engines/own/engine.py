@@ -16,9 +16,11 @@ loop with no proposer, on the same kernel path, so switching speculation off nev
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import replace
@@ -35,7 +37,7 @@ from inference.engines.interface import ActiveRequest, Finished, JoinedBatch, Pr
 from inference.engines.own.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
 from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.kv_cache import PagedModel, PagedSequence
-from inference.engines.own.model_runner import ModelRunner
+from inference.engines.own.model_runner import ModelRunner, Steady
 from inference.engines.own.paged_model import cache_layout, read_paged
 from inference.engines.own.proposers.chain import Drafting
 from inference.engines.own.proposers.draft_model import DraftModel
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 # main alone where the pair chains no lookup), and the draft reads the conversation once the answer is out, ready for
 # the next turn (docs/speculation.md#long-conversations).
 DRAFT_CATCH_UP_TOKENS = 256
+STEADY_ROWS_FILE = ".steady-rows.json"  # beside the main's IR: each host's probed step sizes (steady_rows)
 PROGRESS_MIN_TOKENS = 256  # prompts this long to read say how far they got
 CATCH_UP_WAIT_S = 30.0  # an answer whose draft lacks its history waits this long at most for a catch-up under way
 
@@ -109,6 +112,28 @@ def own_engine_precision(spec: PairSpec) -> PairSpec:
     return replace(spec, inference_precision=precision, kv_cache_precision=precision)
 
 
+def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str]) -> Steady:
+    """The sizes a step of the main needs for its rows to come out alike (ModelRunner.steady_rows), probed once per
+    host and configuration (seconds on the real main) and kept beside the main's files where they are writable."""
+    cpu = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0] if Path("/proc/cpuinfo").exists() else ""
+    weights = Path(main_dir) / "openvino_model.bin"
+    key = hashlib.sha256(json.dumps([cpu, ov.get_version(), properties, os.cpu_count(), weights.stat().st_size,
+                                     weights.stat().st_mtime_ns]).encode()).hexdigest()
+    kept = Path(main_dir) / STEADY_ROWS_FILE
+    try:
+        known = json.loads(kept.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known.get(key), list):
+        return Steady(*known[key])
+    steady = runner.steady_rows()
+    try:
+        kept.write_text(json.dumps({**known, key: list(steady)}))
+    except OSError:
+        log.info("could not keep the main's steady step sizes in %s: probed again at the next load", kept)
+    return steady
+
+
 class OwnEngine:
     """Same interface as the library engine: submit() returns an ActiveRequest fed one StepTokens per
     speculative step, then Finished."""
@@ -118,8 +143,8 @@ class OwnEngine:
         started = time.perf_counter()
         core = ov.Core()
         compiled = own_engine_precision(spec)
-        main = core.compile_model(read_paged(core, spec.main_dir), spec.device,
-                                  compiled.device_properties(device=spec.device))
+        main_properties = compiled.device_properties(device=spec.device)
+        main = core.compile_model(read_paged(core, spec.main_dir), spec.device, main_properties)
         draft, draft_head = compile_draft(core, draft_dir=spec.draft_dir, head_ids=spec.draft_head_ids,
                                           device=spec.draft_runs_on,
                                           properties=compiled.device_properties(device=spec.draft_runs_on))
@@ -127,7 +152,7 @@ class OwnEngine:
         pool = spec.kv_pool_bytes()  # shared so that both models hold as many tokens
         caching = spec.prefix_caching
         main_runner = ModelRunner(main, pool_bytes=pool * main_bytes // (main_bytes + draft_bytes))
-        main_runner.steady = main_runner.steady_rows()  # every step of the main computes its rows alike
+        main_runner.steady = steady_rows(main_runner, main_dir=spec.main_dir, properties=main_properties)
         self.main = PagedModel(main_runner, caching=caching)
         self.draft = PagedModel(ModelRunner(draft, pool_bytes=pool * draft_bytes // (main_bytes + draft_bytes)),
                                 head=draft_head, caching=caching)
