@@ -104,7 +104,7 @@ def test_a_step_padded_to_the_hosts_steady_sizes_returns_its_own_rows_and_writes
         view[runner.scratch] = 0
     steady = Steady(tokens=6, rows=3, most_tokens=80)
     padded = ModelRunner(runner.compiled, pool_bytes=POOL_BLOCKS * runner.layout.block_bytes, steady=steady)
-    for name, tensor in padded.cache.items():
+    for tensor in padded.cache.values():
         np.asarray(tensor.data)[...] = 0
     rows = padded.run([Work(table, 0, PROMPT[:2], rows=1), Work([table[1]], 0, PROMPT[:1], rows=1)])
     assert [row.shape for row in rows] == [(1, unpadded.shape[1])] * 2

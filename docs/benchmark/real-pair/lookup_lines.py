@@ -6,9 +6,10 @@ host serves); the conversation's lookup alone (`lookup_only`, as `calibrated-lon
 longer match proposing further (up to LONGEST_LOOKUP) and with a fixed 8 (LOOKUP_TOKENS, as before). Greedy answers
 are the main alone's on every line, so each turn's history is the same for all; the cache scope is shared, so every
 line reads the paste from the cache but the first (its first token is left out of the figures: tokens a second
-count from the first token to the last). Each line's answers are checked against the main alone's.
+count from the first token to the last). Each line's answers are checked against the main alone's, and an answer
+that loops is named.
 
-    DJANGO_DEBUG=1 .venv/bin/python docs/benchmark/real-pair/lookup_lines.py [CONVERSATIONS_JSON [TOKENS [TURNS]]]
+    DJANGO_DEBUG=1 .venv/bin/python docs/benchmark/real-pair/lookup_lines.py [CONVERSATIONS [TOKENS [TURNS]]]
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 django.setup()
 
+from inference.benchmark.modes import LOOPING  # noqa: E402
+from inference.benchmark.prompts import repeated_ngram_share  # noqa: E402
 from inference.engines.decoding import DecodingParams  # noqa: E402
 from inference.engines.interface import Finished, StepTokens  # noqa: E402
 from inference.engines.own.engine import OwnEngine  # noqa: E402
@@ -71,14 +74,14 @@ def run(engine: OwnEngine, prompt: str, *, k: int, lookup_only: bool) -> tuple[l
 def main() -> None:
     pair = ModelPair.objects.get(slug="qwen2.5-coder-1.5b")
     engine = OwnEngine(replace(pair_spec(pair=pair, route=Route.OWN_SPECULATIVE), kv_pool_mb=1536))
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     print(next(line for line in cpu.splitlines() if line.startswith("Model name")), "|", FILE.name,
           f"| {TOKENS} tokens a turn, greedy, EOS ends a turn | main steps {engine.main.runner.steady}")
     totals = {line: [0, 0.0] for line in LINES}
     for conversation in json.loads(FILE.read_text()):
         messages = [{"role": "system", "content": conversation["system"]}]
-        for turn, text in enumerate(conversation["turns"][:TURNS]):
-            messages.append({"role": "user", "content": text})
+        for turn, asked in enumerate(conversation["turns"][:TURNS]):
+            messages.append({"role": "user", "content": asked})
             prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
             alone = None
             for line, (k, lookup_only, longest) in LINES.items():
@@ -92,7 +95,10 @@ def main() -> None:
                 print(f"{conversation['name']} turn {turn + 1}: {line:30s} first token {first:6.2f} s, "
                       f"{rate:5.2f} tok/s after it, {len(tokens)} tokens, {same}; proposed/kept {drafters}",
                       flush=True)
-            messages.append({"role": "assistant", "content": engine.tokenizer.decode(alone)})
+            text = engine.tokenizer.decode(alone)
+            if repeated_ngram_share(text) > LOOPING:
+                print(f"{conversation['name']} turn {turn + 1}: the answer loops (its 4-grams mostly repeats)")
+            messages.append({"role": "assistant", "content": text})
             prompt_lookup.LONGEST_LOOKUP = LINES["lookup alone"][2]
     base = totals["main alone"][0] / totals["main alone"][1]
     for line, (tokens, seconds) in totals.items():

@@ -20,6 +20,9 @@ from typing import NamedTuple
 import numpy as np
 import openvino as ov
 
+from inference.engines.own.block_pool import BlockPool
+from inference.engines.own.paged_model import LOGITS_INDICES, cache_layout
+
 # The step sizes `steady_rows` compares a row at; the largest is the reference (well below a verify beside a few
 # others): tokens fed, and rows of logits read (through the head)
 PROBED_TOKENS = (2, 3, 4, 5, 6, 8, 12, 16, 32)
@@ -36,8 +39,8 @@ class Steady(NamedTuple):
     rows: int = 1
     most_tokens: int = 0
 
-from inference.engines.own.block_pool import BlockPool
-from inference.engines.own.paged_model import LOGITS_INDICES, cache_layout
+
+ANY_SIZE = Steady()  # one computation at every step size (AVX-512 hosts)
 
 
 @dataclass
@@ -55,7 +58,7 @@ class ModelRunner:
     """One compiled model, its cache tensors and its block pool; `run` is called by one thread at a time (the
     model's scheduler, engines/own/scheduler.py)."""
 
-    def __init__(self, compiled: ov.CompiledModel, *, pool_bytes: int, steady: Steady = Steady()):
+    def __init__(self, compiled: ov.CompiledModel, *, pool_bytes: int, steady: Steady = ANY_SIZE):
         self.compiled = compiled
         self.layout = cache_layout(compiled)
         blocks = max(pool_bytes // self.layout.block_bytes, 1)
@@ -96,7 +99,7 @@ class ModelRunner:
         rows = fewest(PROBED_ROWS, lambda rows: row(PROBED_TOKENS[-1], rows))
         tokens = fewest(PROBED_TOKENS, lambda tokens: row(tokens, rows))
         if (tokens, rows) == (1, 1):
-            return Steady()  # one computation at every size probed (AVX-512 hosts): prompts are read in full chunks
+            return ANY_SIZE  # prompts are read in full chunks
         reference, most = row(PROBED_TOKENS[-1], rows), PROBED_TOKENS[-1]
         for size in PROBED_MOST:
             if size - 2 > self.block_tokens * len(filler) or row(size, rows) != reference:
