@@ -104,3 +104,19 @@ def test_a_new_key_is_copied_and_tried_in_one_step(operator, demo_pair, live_ser
         page.screenshot(path=str(SHOTS / f"admin-key-{width}.png"))
         assert page.evaluate("document.documentElement.scrollWidth") <= width or width < 768
     assert in_thread(ApiKey.objects.count) == 2
+
+
+def test_the_answers_list_shows_its_speed_figures_rounded_and_on_screen(operator, demo_pair, live_server_url, page):
+    in_thread(lambda: Generation.objects.create(
+        pair=demo_pair, prompt="def g():", status=Generation.Status.FINISHED, tokens_per_s=9.747552543593327,
+        acceptance_rate=0.9134, mean_accepted_length=3.4567, speculative_mode="draft", finished_at=timezone.now()))
+    admin_login(page, live_server_url)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{live_server_url}/admin/inference/generation/?o=-4")  # by speed, slowest last
+    row = page.locator("#result_list tbody tr").last
+    shown = [row.locator(f"td.field-{name}").inner_text() for name in ("speed", "guesses_kept", "kept_per_step")]
+    assert shown == ["9.7", "91%", "3.46"], shown
+    for name in ("speed", "guesses_kept", "kept_per_step"):
+        box = row.locator(f"td.field-{name}").bounding_box()
+        assert box["x"] + box["width"] <= 1280, name  # on screen, not scrolled off
+    page.screenshot(path=str(SHOTS / "admin-generations-1280.png"), full_page=True)

@@ -24,7 +24,7 @@ from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.grammar import Grammar
 from inference.engines.interface import Engine, Finished
 from inference.engines.own.draft_head import DraftHead, compile_draft
-from inference.engines.own.engine import own_engine_precision
+from inference.engines.own.engine import own_engine_precision, steady_rows
 from inference.engines.own.kv_cache import PagedModel, PagedSequence
 from inference.engines.own.model_runner import ModelRunner, Work
 from inference.engines.own.paged_model import read_paged
@@ -204,7 +204,8 @@ def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
     runs it, compiled with `props`): the cost of verifying K = n - 1 draft tokens, for `rows` answers at once (one
     inference of that many sequences, n tokens each)."""
     core = ov.Core()
-    model = measuring_model(core.compile_model(read_paged(core, main_dir), device, props))
+    model = measuring_model(core.compile_model(read_paged(core, main_dir), device, props), main_dir=main_dir,
+                            properties=props)
     rng = np.random.default_rng(0)
     sequences = [model.sequence(exact=True) for _ in range(rows)]
     for sequence in sequences:
@@ -221,10 +222,14 @@ def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
     return {n: statistics.median(values) * 1000 for n, values in costs.items()}
 
 
-def measuring_model(compiled: ov.CompiledModel, *, head: DraftHead | None = None) -> PagedModel:
+def measuring_model(compiled: ov.CompiledModel, *, head: DraftHead | None = None, main_dir: str = "",
+                    properties: dict[str, str] | None = None) -> PagedModel:
     """A compiled model (a draft with its cut `head`) with a small pool of its own, nothing cached: what a cost is
-    measured on."""
-    return PagedModel(ModelRunner(compiled, pool_bytes=MEASURING_POOL_BYTES), head=head, caching=False)
+    measured on. A main's (`main_dir`, compiled with `properties`) pads its steps as the engine does (steady_rows)."""
+    runner = ModelRunner(compiled, pool_bytes=MEASURING_POOL_BYTES)
+    if main_dir:
+        runner.steady = steady_rows(runner, main_dir=main_dir, properties=properties or {})
+    return PagedModel(runner, head=head, caching=False)
 
 
 def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 64) -> dict[str, float]:
@@ -233,8 +238,9 @@ def draft_cost(*, spec: PairSpec, mode: str, context: int = 256, tokens: int = 6
     time) so a busy host's drift hits all alike: c, the draft's cost in main tokens, is their ratio."""
     spec = own_engine_precision(mode_spec(spec, mode, speculative=True))
     core, rng = ov.Core(), np.random.default_rng(0)
-    main = measuring_model(core.compile_model(read_paged(core, spec.main_dir), spec.device,
-                                              spec.device_properties(device=spec.device)))
+    properties = spec.device_properties(device=spec.device)
+    main = measuring_model(core.compile_model(read_paged(core, spec.main_dir), spec.device, properties),
+                           main_dir=spec.main_dir, properties=properties)
     sequences: dict[str, PagedSequence] = {"main": main.sequence(exact=True)}
     heads = {"whole head": "", "cut head": spec.draft_head_ids} if spec.draft_head_ids else {"whole head": ""}
     for name, ids in heads.items():

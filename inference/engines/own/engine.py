@@ -128,7 +128,9 @@ def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str
         return Steady(*known[key])
     steady = runner.steady_rows()
     try:
-        kept.write_text(json.dumps({**known, key: list(steady)}))
+        written = kept.with_name(f"{kept.name}.{os.getpid()}")
+        written.write_text(json.dumps({**known, key: list(steady)}))
+        os.replace(written, kept)  # whole, even with another worker writing it too
     except OSError:
         log.info("could not keep the main's steady step sizes in %s: probed again at the next load", kept)
     return steady
