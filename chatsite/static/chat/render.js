@@ -201,7 +201,7 @@ function speculationWords(m) {
     if (because("no-draft")) return "no draft model";
     return m.speculative_mode ? "the main model alone was chosen" : "";
   }
-  if (m.speculative_mode === "prompt-lookup") return "drafts from the prompt's own words";
+  if (m.speculative_mode === "prompt-lookup") return "guesses copied from the conversation, no draft model";
   if (m.speculative_k == null) return "draft while confident";
   if (because("moved-into-batch")) {
     // The own engine moved it into one batch with the pair's other answers: the K it ran at there, not the planned one.
@@ -228,12 +228,15 @@ export function formatMetrics(m, pair) {
   const lines = [figures.join(" · ")];
   const alone = pair?.main_alone_tokens_per_s;
   const guessed = m.speculative_mode && m.speculative_mode !== "off"; // the main alone is 1× itself, whatever noise says
-  if (writing && alone && guessed) lines.push(speedWords(writing / alone));
+  const copying = m.speculative_mode === "prompt-lookup";
+  if (writing && alone && guessed) lines.push(speedWords(writing / alone, copying));
   const speculation = speculationWords(m);
   if (m.acceptance_rate != null && m.main_steps && m.completion_tokens) {
-    lines.push(`Speculation (${speculation}): the draft's guesses were kept ${Math.round(m.acceptance_rate * 100)}% `
-      + `of the time, so the main model ran ${plural(m.main_steps, "step")} instead of ${m.completion_tokens}.`
-      + (m.ngram_draft_tokens ? ` ${m.ngram_accepted_tokens} of those kept were copied from the conversation.` : "")
+    lines.push(`Speculation (${speculation}): ${copying ? "the" : "the draft's"} guesses were kept `
+      + `${Math.round(m.acceptance_rate * 100)}% of the time, so the main model ran ${plural(m.main_steps, "step")} `
+      + `instead of ${m.completion_tokens}.`
+      + (m.ngram_accepted_tokens && !copying
+        ? ` ${m.ngram_accepted_tokens} of those kept were copied from the conversation.` : "")
       + (m.undrafted_steps ? ` For ${plural(m.undrafted_steps, "step")} nothing was guessed: where guesses did not pay, `
         + `the main model went on alone.` : ""));
   } else if (speculation) {
@@ -248,9 +251,11 @@ export function writingRate(m) {
   return m.completion_tokens > 1 && seconds > 0 ? (m.completion_tokens - 1) / seconds : null;
 }
 
-function speedWords(ratio) {
+function speedWords(ratio, copying) {
   const times = `${ratio.toFixed(1)}×`;
-  const how = "a small draft model guesses the next words and the main model checks several guesses at once";
+  const how = copying
+    ? "the next words are guessed from the conversation and the main model checks several at once"
+    : "a small draft model guesses the next words and the main model checks several guesses at once";
   return ratio >= 1.05
     ? `About ${times} as fast as the main model alone on this host: ${how}.`
     : `About ${times} the speed of the main model alone on this host: ${how}, which did not pay this time `
