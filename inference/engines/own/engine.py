@@ -47,6 +47,7 @@ from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.spec import PairSpec
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
 from inference.limits import DEFAULT_K, Drafter, FinishReason
+from inference.serving.host import this_host
 
 log = logging.getLogger(__name__)
 # Beyond this many prompt tokens missing from the draft's prefix cache, the answer does not wait for the draft to read
@@ -115,9 +116,8 @@ def own_engine_precision(spec: PairSpec) -> PairSpec:
 def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str]) -> Steady:
     """The sizes a step of the main needs for its rows to come out alike (ModelRunner.steady_rows), probed once per
     host and configuration (seconds on the real main) and kept beside the main's files where they are writable."""
-    cpu = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0] if Path("/proc/cpuinfo").exists() else ""
     weights = Path(main_dir) / "openvino_model.bin"
-    key = hashlib.sha256(json.dumps([cpu, ov.get_version(), properties, os.cpu_count(), weights.stat().st_size,
+    key = hashlib.sha256(json.dumps([this_host().signature, properties, weights.stat().st_size,
                                      weights.stat().st_mtime_ns]).encode()).hexdigest()
     kept = Path(main_dir) / STEADY_ROWS_FILE
     try:
