@@ -164,6 +164,9 @@ STREAM_TTL_S = env_int("SPECCHAT_STREAM_TTL_S", 3600)  # a finished answer can b
 WORKER_HEARTBEAT_S = env_int("SPECCHAT_WORKER_HEARTBEAT_S", 2)
 WORKER_HEARTBEAT_TTL_S = env_int("SPECCHAT_WORKER_HEARTBEAT_TTL_S", 10)
 WORKER_SLOTS = env_int("SPECCHAT_WORKER_SLOTS", 16)  # concurrent generations per worker process
+# A turn goes to the worker holding its conversation's cached blocks unless that worker has more than this many
+# answers in flight above the least busy worker of the pair; then to the least busy (inference/serving/routing.py).
+ROUTE_LOAD_MARGIN = env_int("SPECCHAT_ROUTE_LOAD_MARGIN", 2)
 CHAT_MAX_CONCURRENT = env_int("SPECCHAT_CHAT_MAX_CONCURRENT", 2)  # answers one user may have in flight in the chat
 CHAT_ABANDON_GRACE_S = env_int("SPECCHAT_CHAT_ABANDON_GRACE_S", 10)  # closed chat's answers await a reconnect
 ACCESS_RECHECK_S = env_int("SPECCHAT_ACCESS_RECHECK_S", 5)  # open streams re-check their key or user this often

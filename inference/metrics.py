@@ -83,6 +83,13 @@ FAMILIES = (
     Family("specchat_live_tokens_per_second", "gauge",
            "Tokens per second of step time a worker's engines delivered lately, by K (0: the main alone) and "
            "streams bucket: the figures its plans follow where both the main alone and a K are measured."),
+    Family("specchat_routed_requests", "counter",
+           "Generations the web side sent to a worker, by how it chose (by: cache, the worker holding most of the "
+           "prompt's blocks; load, the least busy; shared, the pair's queue, no worker known)."),
+    Family("specchat_worker_prompt_tokens", "counter", "vllm:prompt_tokens by the worker that served them."),
+    Family("specchat_worker_cached_prompt_tokens", "counter",
+           "vllm:prefix_cache_hits by the worker that served them: over specchat_worker_prompt_tokens, the cache "
+           "share of each worker's prompts."),
     Family("vllm:num_requests_running", "gauge", "Generations running on a worker."),
     Family("vllm:num_requests_waiting", "gauge", "Generations queued for a worker."),
 )
@@ -106,8 +113,17 @@ def _observe(pipe, name: str, labels: dict, buckets: tuple[float, ...], value: f
     pipe.hincrbyfloat(METRICS_KEY, _sample(f"{name}_count", labels), times)
 
 
+def count_route(*, client: redis.Redis, pair: str, by: str) -> None:
+    """Count one routed generation (web side). Never raises: metrics must not refuse a request."""
+    try:
+        client.hincrbyfloat(METRICS_KEY, _sample("specchat_routed_requests_total", {"model_name": pair, "by": by}), 1)
+    except redis.RedisError:
+        log.exception("could not count a routed generation of %s", pair)
+
+
 def record_generation(*, client: redis.Redis, pair: str, finish_reason: FinishReason, prompt_tokens: int,
-                      cached_tokens: int, figures: SpeculationFigures, mode: str, k: int | None) -> None:
+                      cached_tokens: int, figures: SpeculationFigures, mode: str, k: int | None,
+                      worker: str = "") -> None:
     """Count one ended generation (worker side). Never raises: metrics must not break a generation."""
     labels = {"model_name": pair}
     try:
@@ -125,6 +141,9 @@ def record_generation(*, client: redis.Redis, pair: str, finish_reason: FinishRe
         count("vllm:prompt_tokens", prompt_tokens)
         count("vllm:prefix_cache_queries", prompt_tokens)
         count("vllm:prefix_cache_hits", cached_tokens)
+        if worker:
+            count("specchat_worker_prompt_tokens", prompt_tokens, {"worker": worker})
+            count("specchat_worker_cached_prompt_tokens", cached_tokens, {"worker": worker})
         count("vllm:generation_tokens", tokens)
         if figures.ttft_ms is not None:
             ttft = figures.ttft_ms / 1000

@@ -214,6 +214,8 @@ class Generation(models.Model):
     params = models.JSONField(default=dict)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     worker = models.CharField(max_length=200, blank=True)
+    routed_to = models.CharField(max_length=200, blank=True, help_text="The worker whose own queue the web side sent "
+                                 "it to (serving/routing.py); empty: the pair's shared queue.")
     text = models.TextField(blank=True)
     steps = models.JSONField(default=list, blank=True,
                              help_text="Per main step: [accepted draft text, main's token text], and its tokens' "

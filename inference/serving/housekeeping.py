@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from inference import selectors, transport
 from inference.models import Generation, ModelPair
-from inference.serving import tasks
+from inference.serving import routing, tasks
 from inference.serving.records import NOT_SAVED, UNSERVED_AFTER_S, fail_generation, queued_problem, worker_died
 from inference.serving.worker import NEVER_STARTED, NOT_STOPPED, OVERRUN_GRACE_S, STATE
 
@@ -85,6 +85,24 @@ def fail_unservable_generations(*, client) -> None:
         problem = queued_problem(pair=pairs[pair_id], waited=(now - created_at).total_seconds(), workers=workers)
         if problem:
             fail_generation(generation_id=generation_id, message=problem)
+
+
+def reroute_from_gone_workers(*, client) -> None:
+    """Send to their pair's shared queue the queued generations routed to a worker whose heartbeat expired or that
+    is stopping: its own queue would hold them until they timed out. A second delivery is harmless (the claim)."""
+    if not selectors.heartbeats_settled(client=client):
+        return
+    routed = list(Generation.objects.filter(status=Generation.Status.QUEUED).exclude(routed_to="")
+                  .values_list("id", "routed_to", "pair__slug"))
+    if not routed:
+        return
+    serving = {beat["name"] for beat in selectors.live_workers(client=client) if not beat.get("stopping")}
+    for generation_id, worker, slug in routed:
+        if worker not in serving and client.set(transport.resent_key(generation_id), "1", nx=True,
+                                                ex=settings.REQUEUE_AFTER_S):
+            log.warning("generation %s was routed to %s, which is gone: sent to any worker of %s", generation_id,
+                        worker, slug)
+            routing.send_to_shared_queue(generation_id=generation_id, pair_queue=f"pair.{slug}")
 
 
 def fail_orphaned_generations(*, client) -> None:

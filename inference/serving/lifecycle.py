@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from celery.worker.consumer import Consumer
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
@@ -23,16 +23,24 @@ from inference import jobs, transport
 from inference.engines.devices import runtime_devices
 from inference.models import BenchmarkRun, HostCalibration, ModelPair
 from inference.pairs.importer import fail_abandoned_imports
-from inference.serving import calibrated, planning
+from inference.serving import calibrated, planning, routing
 from inference.serving.host import this_host
 from inference.serving.housekeeping import (
     fail_orphaned_generations,
     fail_unservable_generations,
     reconcile_claimed_generations,
+    reroute_from_gone_workers,
     resend_lost_generations,
 )
 from inference.serving.planning import pair_default_route
-from inference.serving.worker import STATE, WORKER_NAME, host_figures, load_engine, stop_running
+from inference.serving.worker import (
+    STATE,
+    WORKER_NAME,
+    host_figures,
+    load_engine,
+    publish_held_blocks,
+    stop_running,
+)
 
 log = logging.getLogger(__name__)
 _queues: list[str] = []
@@ -71,6 +79,9 @@ def heartbeat_payload() -> dict:
         "prefix_cache_bytes": STATE.engines.prefix_cache_bytes(),  # {slug: bytes}, for /metrics
         "kv_blocks_held": STATE.engines.kv_blocks_held(),  # {slug: blocks}, for /metrics and the soak's leak check
         "lone_k": lone_answers_k(),
+        # {slug: tokens per block of the main's pool}: how the web side hashes a prompt to find it here (routing.py)
+        "kv_block_tokens": {slug: block_tokens for slug, (block_tokens, _) in STATE.engines.main_blocks().items()},
+        "stopping": STATE.stopping,  # the web side routes nothing new here
     }
 
 
@@ -93,7 +104,9 @@ def _beat_forever() -> None:
         try:
             announce_worker(client=client, name=WORKER_NAME, payload=heartbeat_payload(),
                             ttl_s=settings.WORKER_HEARTBEAT_TTL_S)
+            publish_held_blocks(client=client)
             fail_orphaned_generations(client=client)
+            reroute_from_gone_workers(client=client)
             fail_unservable_generations(client=client)
             reconcile_claimed_generations(worker_name=WORKER_NAME)
             fail_abandoned_imports()
@@ -131,16 +144,24 @@ def _listen() -> None:
 def _control(message: dict) -> None:
     slug, queue = message["slug"], f"pair.{message['slug']}"
     if message["command"] == "load":  # consume the pair's queue from now on and load it, no restart
-        _consumer[0].call_soon(_consumer[0].add_task_queue, queue)
+        _consume(queue)
         if queue not in _queues:
             _queues.append(queue)
         _loading.add(slug)
         threading.Thread(target=_load, args=(slug,), name=f"load-{slug}", daemon=True).start()
     elif message["command"] == "unload":  # stop taking the pair's requests and free it once idle
-        _consumer[0].call_soon(_consumer[0].cancel_task_queue, queue)
+        for consumed in (queue, routing.worker_queue(pair_queue=queue, worker=WORKER_NAME)):
+            _consumer[0].call_soon(_consumer[0].cancel_task_queue, consumed)
         if queue in _queues:
             _queues.remove(queue)
         STATE.engines.unload(slug)
+
+
+def _consume(queue: str) -> None:
+    """Take the pair's tasks from its shared queue and from this worker's own, where the router sends the turns whose
+    blocks it holds (serving/routing.py)."""
+    for consumed in (queue, routing.worker_queue(pair_queue=queue, worker=WORKER_NAME)):
+        _consumer[0].call_soon(_consumer[0].add_task_queue, consumed)
 
 
 def _load(slug: str) -> None:
@@ -170,15 +191,31 @@ def _load_unloaded_pairs() -> None:
 def start_worker_services(sender, **_) -> None:
     _consumer[:] = [sender]
     _queues[:] = sorted(q.name for q in sender.task_consumer.queues)
+    for queue in _queues:
+        if queue.startswith("pair."):
+            _consume(queue)
     _stop.clear()
     threading.Thread(target=_beat_forever, name="heartbeat", daemon=True).start()
     threading.Thread(target=_listen, name="listener", daemon=True).start()
 
 
+def hand_back_on_stop(**_) -> None:
+    """SIGTERM (a service stopped, a container scaled down): the answers running here finish, nothing new is routed
+    here, and a task taken from now on goes back to the shared queue (worker.run_generation)."""
+    STATE.stopping = True
+    try:
+        announce_worker(client=transport.sync_client(), name=WORKER_NAME, payload=heartbeat_payload(),
+                        ttl_s=settings.WORKER_HEARTBEAT_TTL_S)
+    except Exception:
+        log.exception("could not say this worker is stopping")
+
+
 def stop_worker_services(**_) -> None:
     _stop.set()
     try:
-        retire_worker(client=transport.sync_client(), name=WORKER_NAME)
+        client = transport.sync_client()
+        retire_worker(client=client, name=WORKER_NAME)
+        client.delete(*[routing.held_key(worker=WORKER_NAME, slug=queue.removeprefix("pair.")) for queue in _queues])
     except Exception:
         log.exception("could not remove the heartbeat")
 
@@ -186,4 +223,5 @@ def stop_worker_services(**_) -> None:
 def register() -> None:
     """Called as a worker starts (chatsite/celery.py): its start and stop hooks."""
     worker_ready.connect(start_worker_services)
+    worker_shutting_down.connect(hand_back_on_stop)
     worker_shutdown.connect(stop_worker_services)

@@ -181,6 +181,16 @@ class EngineRegistry:
         """Slug -> the KV blocks its running answers hold (the own engine's pools): 0 once they have all ended."""
         return self._own_pools(lambda engine: engine.held_blocks)
 
+    def main_blocks(self) -> dict[str, tuple[int, list[bytes]]]:
+        """Slug -> the block size of its own engine's main and the hashes of the blocks that main's pool holds: what
+        the worker publishes so that a conversation's turns come back to it (serving/routing.py)."""
+        held: dict[str, tuple[int, list[bytes]]] = {}
+        for spec, engine in list(self._engines.items()):
+            if isinstance(engine, OwnEngine):
+                pool = engine.main.pool
+                held[spec.slug] = (pool.block_tokens, [*held.get(spec.slug, (0, []))[1], *pool.cached_hashes()])
+        return held
+
     def _own_pools(self, read: Callable[[OwnEngine], int]) -> dict[str, int]:
         """Slug -> `read` summed over the pair's own engines."""
         summed: dict[str, int] = {}

@@ -1,10 +1,10 @@
 """The web side of starting a generation, shared by the chat and the REST API (runs in the Django process).
 
 `start_generation` validates a request completely before it writes anything (options, ranges, the
-prompt against the model's context), records a queued Generation and sends `tasks.generate` to the pair's
-queue once the record is committed (serving/tasks.py imports the worker side, inference.serving.worker, only in
-the task's body: never here); `in_flight_slot` bounds what one key or chat user has running (`start_for_key`, an
-API key's). Readers follow the generation with inference.serving.readers.
+prompt against the model's context), records a queued Generation and, once the record is committed, sends
+`tasks.generate` to the worker of the pair that holds the prompt's cached blocks (serving/routing.py; tasks.py imports
+the worker side, inference.serving.worker, only in the task's body: never here); `in_flight_slot` bounds what one key
+or chat user has running (`start_for_key`, an API key's). Readers follow the generation with inference.serving.readers.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from inference.celery_worker import worker_command_line
 from inference.engines.decoding import DecodingParams, Sampling
 from inference.engines.spec import context_length
 from inference.models import ApiKey, Generation, ModelPair
-from inference.serving import tasks
+from inference.serving import routing, tasks
 from inference.serving.planning.inputs import Asked
 from inference.serving.records import fail_if_stalled
 
@@ -254,7 +254,8 @@ def start_generation(
     params = replace(decoding_params(pair=pair, options=options, prompt_tokens=len(prompt_ids)),
                      cache_scope=cache_scope(user=user, api_key=api_key))
     client = transport.sync_client()
-    state = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=client))
+    workers = selectors.live_workers(client=client)
+    state = selectors.pair_state(pair=pair, workers=workers)
     # Just after a Redis restart the heartbeats are not back yet: queue it; the stall checks judge it later.
     if not state.served and selectors.heartbeats_settled(client=client):
         raise errors.ModelUnavailable(
@@ -263,6 +264,7 @@ def start_generation(
             f"enabled pair; or start a worker for it: `{worker_command_line(queues=[pair.queue])}`.",
             param="model",
         )
+    routed = routing.route(client, pair=pair, workers=workers, prompt_ids=prompt_ids, scope=params.cache_scope)
     generation = Generation.objects.create(
         pair=pair,
         user=user,
@@ -270,10 +272,12 @@ def start_generation(
         api_key=api_key,
         prompt=prompt,
         prompt_tokens=len(prompt_ids),
+        routed_to=routed.worker,
         params={"decoding": asdict(params), "asked": asdict(asked(options)), "prompt_ids": prompt_ids,
-                "add_special_tokens": add_special_tokens, "reply": reply or {}},
+                "add_special_tokens": add_special_tokens, "reply": reply or {},
+                "routed": {"by": routed.by, "cached_tokens": routed.cached_tokens}},
     )
-    transaction.on_commit(lambda: _enqueue(generation_id=generation.id, queue=pair.queue))
+    transaction.on_commit(lambda: _enqueue(generation_id=generation.id, queue=routed.queue))
     return generation
 
 

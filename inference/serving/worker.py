@@ -23,7 +23,7 @@ from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason, Route, SpeculativeMode
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
-from inference.serving import calibrated, planning
+from inference.serving import calibrated, planning, routing
 from inference.serving.host import this_host
 from inference.serving.planning import handover
 from inference.serving.reasons import Reason, Why
@@ -50,6 +50,7 @@ class WorkerState:
     running: dict[str, ActiveRequest] = field(default_factory=dict)  # generation id -> its request
     submitting: dict[str, float] = field(default_factory=dict)  # generation id -> when it was handed to its engine
     claimed: set[str] = field(default_factory=set)  # held by a thread of this worker, from claim to end
+    stopping: bool = False  # asked to stop (SIGTERM): what it has not started goes back to the shared queue
 
 
 STATE = WorkerState(engines=EngineRegistry(
@@ -88,6 +89,10 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
     generation = Generation.objects.select_related("pair").filter(id=generation_id).first()
     if generation is None or generation.status != Generation.Status.QUEUED:
         return  # a replayed delivery of a generation that already ran
+    if STATE.stopping:  # its engine may be gone with this process's group: another worker serves it
+        log.info("stopping: generation %s goes back to the queue of %s", generation_id, generation.pair.slug)
+        routing.send_to_shared_queue(generation_id=generation.id, pair_queue=generation.pair.queue)
+        return
     asked = replace(planning.Asked(**generation.params.get("asked", {})), prompt_tokens=generation.prompt_tokens)
     load, slug = current_load(pair=generation.pair), generation.pair.slug
     figures = host_figures(pair=generation.pair)
@@ -175,6 +180,18 @@ def current_load(*, pair: ModelPair) -> int:
     rates = STATE.engines.rates_of(pair.slug)
     rates.note_load(load)
     return max(load, rates.recent_peak())
+
+
+def publish_held_blocks(*, client, slug: str | None = None) -> None:
+    """Say which of the mains' blocks this worker holds (one pair's, or all), for the web side's routing. Never
+    raises: an answer must not fail for it (the heartbeat says it again)."""
+    try:
+        for held_slug, (_, hashes) in STATE.engines.main_blocks().items():
+            if slug in (None, held_slug):
+                routing.publish_held(client, worker=WORKER_NAME, slug=held_slug, hashes=hashes,
+                                     ttl_s=settings.WORKER_HEARTBEAT_TTL_S)
+    except Exception:
+        log.exception("could not publish the blocks this worker holds")
 
 
 def stop_running(*, generation_id: str) -> None:
@@ -373,7 +390,8 @@ class Answer:
             return
         record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
                           prompt_tokens=prompt_tokens, cached_tokens=self.cached_tokens, figures=figures,
-                          mode=generation.speculative_mode, k=generation.speculative_k)
+                          mode=generation.speculative_mode, k=generation.speculative_k, worker=WORKER_NAME)
+        publish_held_blocks(client=writer.client, slug=generation.pair.slug)  # before `done`: the next turn finds it
         if finished.finish_reason == FinishReason.ERROR:
             writer.send({"type": "error", "message": finished.error})
         else:

@@ -79,6 +79,11 @@ class BlockPool:
         with self._lock:
             return len(self._block_of)
 
+    def cached_hashes(self) -> list[bytes]:
+        """The hashes of every block findable now: what a worker publishes for routing (serving/routing.py)."""
+        with self._lock:
+            return list(self._block_of)
+
     @property
     def cached_bytes(self) -> int:
         return self.cached_blocks * self.block_bytes

@@ -1,0 +1,72 @@
+"""Two real Celery workers of one pair: a conversation's turns go to the worker that holds its blocks, and a worker
+stopped between two turns (SIGTERM, as systemd stops a service) hands the next one to the other, lost nowhere."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from inference import transport
+from inference.models import Generation, ModelPair
+from inference.serving import web
+from inference.serving.routing import RoutedBy
+from tests.conftest import Worker, wait_until_done
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
+
+PASTE = "\n".join(f"def step_{i}(values, limit={i}):\n    return [v * {i} for v in values if v < limit]\n"
+                  for i in range(24))
+
+
+@pytest.fixture
+def two_workers(demo_pair, stack_env, redis_client, tmp_path):
+    """A pair on the own engine (which keeps blocks across turns) that only these two workers serve."""
+    pair = ModelPair.objects.create(name="Routed", slug="routed", main_dir=demo_pair.main_dir,
+                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=3, own_engine_streams=4)
+    env = {**stack_env, "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3"}
+    workers = [Worker(env, pair.queue, tmp_path / f"routed-{n}.log") for n in range(2)]
+    try:
+        names = [worker.wait_ready(redis_client) for worker in workers]
+        deadline = time.time() + 120
+        while time.time() < deadline and not all(_block_tokens(redis_client, name) for name in names):
+            time.sleep(0.5)  # each has loaded the pair's own engine and says how it hashes a prompt
+        yield pair, dict(zip(names, workers, strict=True))
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def _block_tokens(client, name: str) -> int:
+    beat = next((b for b in transport.live_workers(client=client) if b["name"] == name), {})
+    return beat.get("kv_block_tokens", {}).get("routed", 0)
+
+
+def _turn(pair, user, prompt: str) -> Generation:
+    generation = web.start_generation(pair=pair, prompt=prompt, user=user,
+                                      options=web.GenerationOptions(max_new_tokens=24))
+    return wait_until_done(generation.id)
+
+
+def test_follow_ups_go_to_the_worker_holding_the_conversation_and_survive_its_stop(two_workers, user):
+    pair, workers = two_workers
+    prompt = PASTE + "\n# Question 1: which step keeps the most values?\n"
+    first = _turn(pair, user, prompt)
+    assert first.status == Generation.Status.FINISHED and first.routed_to == first.worker
+
+    holder = first.worker
+    for question in range(2, 5):
+        prompt += first.text + f"\n# Question {question}: and the fewest?\n"
+        follow_up = _turn(pair, user, prompt)
+        assert follow_up.status == Generation.Status.FINISHED, follow_up.error
+        assert follow_up.worker == holder and follow_up.params["routed"]["by"] == RoutedBy.CACHE
+        assert follow_up.cached_tokens >= 0.9 * follow_up.prompt_tokens  # read from the cache, not again
+        first = follow_up
+
+    # The holder is asked to stop, as systemd stops a service; the next turn is sent at once.
+    os.kill(workers[holder].proc.pid, signal.SIGTERM)
+    prompt += first.text + "\n# Question 5: rename step_3.\n"
+    after = _turn(pair, user, prompt)
+    assert after.status == Generation.Status.FINISHED, after.error
+    assert after.worker != holder and after.completion_tokens == 24
+    workers[holder].proc.wait(30)
