@@ -8,10 +8,11 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from django.db.models import Count, Sum
 
 from inference.limits import LoadState, ServingState
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
-from inference.transport import WORKER_KEY_PREFIX, live_workers
+from inference.transport import WORKER_KEY_PREFIX, held_blocks_key, live_workers
 
 __all__ = ["live_workers"]  # read from the heartbeats in transport.py; queried with the rest from here
 
@@ -80,6 +81,43 @@ def answers_served_lately(*, pair: ModelPair, last: int = 50) -> list[dict]:
         by_way.setdefault((route or "unknown", k), []).append(rate or 0.0)  # none null: filtered above
     return [{"route": route, "k": k, "answers": len(rates), "median_tokens_per_s": statistics.median(rates)}
             for (route, k), rates in sorted(by_way.items(), key=lambda item: -len(item[1]))]
+
+
+@dataclass(frozen=True)
+class PairWorker:
+    """A live worker of a pair as the admin shows it: what it runs and what its cache holds for the pair."""
+
+    name: str
+    state: str
+    running: int  # the pair's answers running there
+    routed: int  # the pair's answers routed to it and not ended (queued or running)
+    cached_tokens: int  # the tokens of the blocks its main holds for the pair, findable by the next turns
+    cache_share: float | None  # of the prompt tokens of the answers it served in the last day, those read from cache
+
+
+def pair_workers(*, pair: ModelPair, client: redis.Redis, since) -> list[PairWorker]:
+    serving = [beat for beat in live_workers(client=client) if pair.queue in beat.get("queues", ())]
+    pipe = client.pipeline(transaction=False)
+    for beat in serving:
+        pipe.scard(held_blocks_key(worker=beat["name"], slug=pair.slug))
+    held = pipe.execute()
+    in_flight = dict(Generation.objects.filter(pair=pair, status__in=[Generation.Status.QUEUED,
+                                                                      Generation.Status.RUNNING])
+                     .values("routed_to").annotate(n=Count("id")).values_list("routed_to", "n"))
+    served = {worker: (prompt, cached) for worker, prompt, cached in
+              Generation.objects.filter(pair=pair, finished_at__gte=since).values("worker")
+              .annotate(prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens"))
+              .values_list("worker", "prompt", "cached")}
+    rows = []
+    for beat, blocks in zip(serving, held, strict=True):
+        name = beat["name"]
+        prompt, cached = served.get(name, (0, 0))
+        state = "stopping" if beat.get("stopping") else beat.get("pairs", {}).get(pair.slug, {}).get("state", "-")
+        rows.append(PairWorker(
+            name=name, state=state, running=beat.get("active", 0), routed=in_flight.get(name, 0),
+            cached_tokens=blocks * (beat.get("kv_block_tokens", {}).get(pair.slug) or 0),
+            cache_share=cached / prompt if prompt else None))
+    return rows
 
 
 def finished_calibration(*, pair: ModelPair, host: str) -> HostCalibration | None:

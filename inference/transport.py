@@ -61,6 +61,11 @@ def resent_key(generation_id) -> str:
     return f"{PREFIX}resent:{generation_id}"
 
 
+def held_blocks_key(*, worker: str, slug: str) -> str:
+    """Set: the hashes of the blocks a worker's main holds for a pair, expiring with the worker (serving/routing.py)."""
+    return f"{PREFIX}held:{slug}:{worker}"
+
+
 def slot_lock(kind: str, owner_id) -> str:
     """The lock around counting and taking the in-flight slots of an API key ("apikey") or a chat user
     ("chat")."""

@@ -2,12 +2,13 @@
 stopped between two turns (SIGTERM, as systemd stops a service) hands the next one to the other, lost nowhere."""
 
 import os
+import re
 import signal
 import time
 
 import pytest
 
-from inference import transport
+from inference import metrics, transport
 from inference.models import Generation, ModelPair
 from inference.serving import web
 from inference.serving.routing import RoutedBy
@@ -48,7 +49,8 @@ def _turn(pair, user, prompt: str) -> Generation:
     return wait_until_done(generation.id)
 
 
-def test_follow_ups_go_to_the_worker_holding_the_conversation_and_survive_its_stop(two_workers, user):
+def test_follow_ups_go_to_the_worker_holding_the_conversation_and_survive_its_stop(two_workers, user, admin_client,
+                                                                                   redis_client):
     pair, workers = two_workers
     prompt = PASTE + "\n# Question 1: which step keeps the most values?\n"
     first = _turn(pair, user, prompt)
@@ -62,6 +64,16 @@ def test_follow_ups_go_to_the_worker_holding_the_conversation_and_survive_its_st
         assert follow_up.worker == holder and follow_up.params["routed"]["by"] == RoutedBy.CACHE
         assert follow_up.cached_tokens >= 0.9 * follow_up.prompt_tokens  # read from the cache, not again
         first = follow_up
+
+    # Said where an operator looks: the pair's page lists both workers and what the holder keeps; /metrics counts.
+    page = admin_client.get(f"/admin/inference/modelpair/{pair.pk}/change/").content.decode()
+    other = next(name for name in workers if name != holder)
+    cells = {row[0]: row for row in re.findall(r"<tr><td>([^<]+)</td>" + r"<td>([^<]*)</td>" * 5, page)}
+    kept, other_kept = (int(cells[name][4].replace(",", "")) for name in (holder, other))
+    assert kept >= follow_up.prompt_tokens - 64 and other_kept < kept  # the whole conversation, but its last blocks
+    exposition = metrics.exposition(client=redis_client)
+    assert 'specchat_routed_requests_total{model_name="routed",by="cache"} 3' in exposition
+    assert f'specchat_worker_cached_prompt_tokens_total{{model_name="routed",worker="{holder}"}}' in exposition
 
     # The holder is asked to stop, as systemd stops a service; the next turn is sent at once.
     os.kill(workers[holder].proc.pid, signal.SIGTERM)

@@ -1,11 +1,14 @@
 """The pair list an operator scans and each pair's page: its state on the workers, its speed on its hosts, its
 settings; the actions on the selected pairs are in pair_actions."""
 
+from datetime import timedelta
+
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from inference import selectors, transport
@@ -24,7 +27,7 @@ class ModelPairAdmin(admin.ModelAdmin):
     list_display = ("name", "serving_state", "speedup_here", "is_default", "enabled", "next_step")
     list_filter = ("enabled", "device")
     prepopulated_fields = {"slug": ("name",)}
-    readonly_fields = ("serving_state", "load_error", "load_reported_at", "created_at", "latest_benchmark",
+    readonly_fields = ("serving_state", "workers", "load_error", "load_reported_at", "created_at", "latest_benchmark",
                        "profile_run", "live_figures", "precision_mode", "calibrations")
     actions = (pair_actions.load_on_worker, pair_actions.unload_from_worker, pair_actions.run_benchmark,
                pair_actions.calibrate)
@@ -32,7 +35,7 @@ class ModelPairAdmin(admin.ModelAdmin):
     Media = ExtraStyle
     # The first screen is what an operator needs (state, the host's verdict and its table); the settings are folded.
     fieldsets = (
-        (None, {"fields": ("name", "serving_state", "load_error", "enabled", "is_default")}),
+        (None, {"fields": ("name", "serving_state", "workers", "load_error", "enabled", "is_default")}),
         ("Speed on its hosts", {"fields": ("calibrations", "live_figures")}),
         ("What it is", {"classes": ["collapse"], "fields": ("slug", "description", "completes_text")}),
         ("Models", {"classes": ["collapse"], "fields": ("main_dir", "draft_dir", "draft_alternative_dir",
@@ -68,6 +71,25 @@ class ModelPairAdmin(admin.ModelAdmin):
         count = len(state.workers)
         return format_html('<span title="{}">{} on {} worker{}</span>', ", ".join(state.workers), state.state.lower(),
                            count, "" if count == 1 else "s")
+
+    @admin.display(description="workers")
+    def workers(self, pair: ModelPair) -> str:
+        """Each live worker of the pair and what its cache holds: a conversation's turns go back to the worker that
+        holds it (serving/routing.py)."""
+        if not pair.pk:
+            return "-"
+        rows = [(worker.name, worker.state, worker.running, worker.routed, f"{worker.cached_tokens:,}",
+                 "-" if worker.cache_share is None else f"{worker.cache_share:.0%}")
+                for worker in selectors.pair_workers(pair=pair, client=transport.sync_client(),
+                                                     since=timezone.now() - timedelta(days=1))]
+        if not rows:
+            return "No live worker serves it."
+        return format_html(
+            "<table><tr><th>worker</th><th>state</th><th>answers running there (all pairs)</th>"
+            "<th>this pair's answers sent there, not ended</th><th>prompt tokens it keeps for next turns</th>"
+            "<th>of the prompts it served today, read from its cache</th></tr>{}</table>",
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                             rows))
 
     @admin.display(description="speed-up on its host")
     def speedup_here(self, pair: ModelPair) -> str:

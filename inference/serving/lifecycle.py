@@ -215,7 +215,8 @@ def stop_worker_services(**_) -> None:
     try:
         client = transport.sync_client()
         retire_worker(client=client, name=WORKER_NAME)
-        client.delete(*[routing.held_key(worker=WORKER_NAME, slug=queue.removeprefix("pair.")) for queue in _queues])
+        client.delete(*[transport.held_blocks_key(worker=WORKER_NAME, slug=queue.removeprefix("pair."))
+                        for queue in _queues])
     except Exception:
         log.exception("could not remove the heartbeat")
 

@@ -63,10 +63,6 @@ def worker_queue(*, pair_queue: str, worker: str) -> str:
     return f"{pair_queue}.{worker}"
 
 
-def held_key(*, worker: str, slug: str) -> str:
-    return f"{transport.PREFIX}held:{slug}:{worker}"
-
-
 def published(hashes: Sequence[bytes]) -> list[bytes]:
     return [digest[:HASH_BYTES] for digest in hashes]
 
@@ -74,7 +70,7 @@ def published(hashes: Sequence[bytes]) -> list[bytes]:
 def publish_held(client: redis.Redis, *, worker: str, slug: str, hashes: Sequence[bytes], ttl_s: int) -> None:
     """Replace the set of blocks this worker's pool holds for the pair, in one transaction (a reader never sees it
     half written); it expires with the worker's heartbeat."""
-    key = held_key(worker=worker, slug=slug)
+    key = transport.held_blocks_key(worker=worker, slug=slug)
     pipe = client.pipeline(transaction=True)
     pipe.delete(key)
     if hashes:
@@ -120,7 +116,7 @@ def _held_blocks(client: redis.Redis, *, slug: str, workers: list[dict], prompt_
     pipe = client.pipeline(transaction=False)
     asked = [name for name in names if hashes.get(block_tokens[name])]
     for name in asked:
-        pipe.smismember(held_key(worker=name, slug=slug), hashes[block_tokens[name]])
+        pipe.smismember(transport.held_blocks_key(worker=name, slug=slug), hashes[block_tokens[name]])
     held = dict.fromkeys(names, 0)
     for name, members in zip(asked, pipe.execute(), strict=True):
         held[name] = next((i for i, member in enumerate(members) if not member), len(members))
