@@ -19,8 +19,9 @@ import json
 import secrets
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -67,6 +68,8 @@ class Turn:
     tokens: int
     decode_s: float  # from the first token to the last
     text: str
+    answer_id: str = ""  # as the API returned it: the record names the worker that served it (`served_by`)
+    worker: str = ""
 
     @property
     def looped(self) -> bool:
@@ -89,14 +92,15 @@ class Endpoint:
 
 
 async def _ask(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[dict], max_tokens: int
-               ) -> tuple[str, float, float, int, int, int | None]:
-    """(text, ttft, decode seconds, completion tokens, prompt tokens, cached tokens) of one streamed answer."""
+               ) -> tuple[str, float, float, int, int, int | None, str]:
+    """(text, ttft, decode seconds, completion tokens, prompt tokens, cached tokens, id) of one streamed answer."""
     body = {"model": endpoint.model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **endpoint.extra}
     started = time.perf_counter()
     first = last = None
     pieces: list[str] = []
     usage: dict | None = None
+    answer_id = ""
     headers = {"Authorization": f"Bearer {endpoint.api_key or 'none'}"}
     async with http.post(endpoint.base_url + "/v1/chat/completions", json=body, headers=headers) as response:
         if response.status != 200:
@@ -114,11 +118,12 @@ async def _ask(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[d
                     last = time.perf_counter()
                     pieces.append(text)
             usage = chunk.get("usage") or usage
+            answer_id = chunk.get("id") or answer_id
     if usage is None or first is None or last is None:
         raise StreamError("the stream ended without text or usage", lost=True)
     details = usage.get("prompt_tokens_details") or {}
     return ("".join(pieces), first - started, last - first, int(usage["completion_tokens"]),
-            int(usage["prompt_tokens"]), details.get("cached_tokens"))
+            int(usage["prompt_tokens"]), details.get("cached_tokens"), answer_id)
 
 
 async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation, repeat: int, max_tokens: int,
@@ -130,29 +135,43 @@ async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation,
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as http:
         for index, text in enumerate(conversation.turns):
             messages.append({"role": "user", "content": text})
-            answer, ttft, decode, tokens, prompt_tokens, cached = await _ask(http, endpoint, messages, max_tokens)
+            answer, ttft, decode, tokens, prompt_tokens, cached, answer_id = await _ask(http, endpoint, messages,
+                                                                                       max_tokens)
             messages.append({"role": "assistant", "content": answer})
             turns.append(Turn(line=line, conversation=conversation.name, repeat=repeat, turn=index,
                               prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=ttft, tokens=tokens,
-                              decode_s=decode, text=answer))
+                              decode_s=decode, text=answer, answer_id=answer_id))
             await asyncio.sleep(pause_s)  # the user reads the answer and types the next question
     return turns
 
 
 def run_conversations(*, endpoints: dict[str, Endpoint], conversations: list[Conversation], repeats: int,
-                      max_tokens: int, pause_s: float, progress: Callable[[str], object] = print) -> list[Turn]:
-    """Every line's conversations, a line after another within each conversation and repeat."""
+                      max_tokens: int, pause_s: float, at_once: int = 1,
+                      progress: Callable[[str], object] = print) -> list[Turn]:
+    """Every line's conversations, a line after another within each conversation and repeat; `at_once` copies of
+    each conversation run together (each its own user's, as a team's chats are), the next ones' repeats."""
     turns: list[Turn] = []
     run = secrets.token_hex(4)
+
+    async def together(line: str, endpoint: Endpoint, conversation: Conversation, repeat: int) -> list[Turn]:
+        chats = await asyncio.gather(*(converse(endpoint=endpoint, line=line, conversation=conversation,
+                                                repeat=repeat * at_once + copy, max_tokens=max_tokens,
+                                                pause_s=pause_s, run=run) for copy in range(at_once)))
+        return [turn for chat in chats for turn in chat]
+
     for repeat in range(repeats):
         for conversation in conversations:
             for line, endpoint in endpoints.items():
-                got = asyncio.run(converse(endpoint=endpoint, line=line, conversation=conversation, repeat=repeat,
-                                           max_tokens=max_tokens, pause_s=pause_s, run=run))
+                got = asyncio.run(together(line, endpoint, conversation, repeat))
                 turns += got
                 progress(f"{line}, {conversation.name}, repeat {repeat}: first token "
                          + ", ".join(f"{turn.ttft_s:.2f}" for turn in got) + " s")
     return turns
+
+
+def served_by(turns: list[Turn], workers: dict[str, str]) -> list[Turn]:
+    """The turns with the worker that served each (`workers`: answer id -> worker, read from the records)."""
+    return [replace(turn, worker=workers.get(turn.answer_id, "")) for turn in turns]
 
 
 @dataclass(frozen=True)
@@ -165,6 +184,8 @@ class LineSummary:
     cached_share: float | None  # of the follow-ups' prompt tokens, what the server said it read from its cache
     turns: int
     looped: int
+    mostly_cached: float | None = None  # of the follow-ups, those that read 90% of their prompt or more from cache
+    conversations_by_worker: dict[str, int] = field(default_factory=dict)  # by the worker of their first turn
 
 
 def summarize(turns: list[Turn]) -> list[LineSummary]:
@@ -181,22 +202,40 @@ def summarize(turns: list[Turn]) -> list[LineSummary]:
             tokens_per_s=sum(turn.tokens - 1 for turn in mine) / sum(turn.decode_s for turn in mine),
             cached_share=(sum(t.cached_tokens or 0 for t in cached) / sum(t.prompt_tokens for t in cached)
                           if cached else None),
-            turns=len(mine), looped=sum(turn.looped for turn in mine)))
+            turns=len(mine), looped=sum(turn.looped for turn in mine),
+            mostly_cached=(sum((t.cached_tokens or 0) >= 0.9 * t.prompt_tokens for t in cached) / len(cached)
+                           if cached else None),
+            conversations_by_worker=dict(Counter(turn.worker for turn in mine if turn.turn == 0 and turn.worker))))
     return summaries
+
+
+def turn_lines(turns: list[Turn]) -> list[str]:
+    """Each turn as its user met it: which worker served it, how much of its prompt came from that worker's cache
+    and how long its first token took."""
+    rows = ["| line | conversation | turn | worker | prompt tokens | from the cache | first token |",
+            "| --- | --- | ---: | --- | ---: | ---: | ---: |"]
+    for turn in turns:
+        share = "-" if turn.cached_tokens is None else f"{turn.cached_tokens / max(turn.prompt_tokens, 1):.0%}"
+        rows.append(f"| {turn.line} | {turn.conversation} #{turn.repeat} | {turn.turn} | {turn.worker or '-'} | "
+                    f"{turn.prompt_tokens} | {share} | {turn.ttft_s:.2f} s |")
+    return rows
 
 
 def report_lines(summaries: list[LineSummary]) -> list[str]:
     """A Markdown table, with each line's tokens a second against speculative: false's and the peer's."""
     rates = {summary.line: summary.tokens_per_s for summary in summaries}
     rows = [("| line | first turn: time to first token | follow-ups: median (max) | tokens/s after the first | "
-            "vs `speculative: false` | vs peer | follow-ups' prompt from the cache | looped |"),
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "vs `speculative: false` | vs peer | follow-ups' prompt from the cache | follow-ups ≥ 90% cached | "
+            "conversations by worker | looped |"),
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for s in summaries:
         versus = [f"{s.tokens_per_s / rates[other]:.2f}x" if other in rates and other != s.line else "-"
                   for other in (MAIN_ALONE, PEER_LINE)]
         rows.append(f"| {s.line} | {s.first_ttft_s:.2f} s | {s.follow_up_ttft_s:.2f} s ({s.follow_up_ttft_max_s:.2f} s)"
                     f" | {s.tokens_per_s:.1f} | {versus[0]} | {versus[1]} | "
                     f"{'-' if s.cached_share is None or not s.cached_share else f'{s.cached_share:.0%}'} | "
+                    f"{'-' if s.mostly_cached is None else f'{s.mostly_cached:.0%}'} | "
+                    f"{', '.join(f'{n}' for n in sorted(s.conversations_by_worker.values(), reverse=True)) or '-'} | "
                     f"{s.looped}/{s.turns} |")
     return rows
 
@@ -207,5 +246,6 @@ def write_conversation_report(turns: list[Turn], out: Path, *, header: list[str]
     data, table = out / "conversations.json", out / "conversations.md"
     data.write_text(json.dumps({"header": header, "summary": [asdict(s) for s in summaries],
                                 "turns": [asdict(t) for t in turns]}, indent=1))
-    table.write_text("\n".join(["# Multi-turn chat", "", *header, "", *report_lines(summaries), ""]))
+    table.write_text("\n".join(["# Multi-turn chat", "", *header, "", *report_lines(summaries), "",
+                                 "## Each turn", "", *turn_lines(turns), ""]))
     return [data, table]

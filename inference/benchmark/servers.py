@@ -126,8 +126,9 @@ def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180)
 
 
 @contextmanager
-def local_stack(*, pair: ModelPair, worker_threads: int, prefix_caching: bool = False) -> Iterator[str]:
-    """daphne and one Celery worker for the pair's queue (as `manage.py serve` runs them) on a free
+def local_stack(*, pair: ModelPair, worker_threads: int, prefix_caching: bool = False, workers: int = 1
+                ) -> Iterator[str]:
+    """daphne and `workers` Celery workers for the pair's queue (as `manage.py serve` runs one) on a free
     port, with this process's settings (engines not renewed); yields the base URL. Refuses to start
     while another worker takes the pair's queue, since it would take part of the load. The one-turn lines keep
     no prefix cache (every variant prefills every prompt, as a user's new one); the conversations keep one."""
@@ -145,22 +146,25 @@ def local_stack(*, pair: ModelPair, worker_threads: int, prefix_caching: bool = 
            "SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS": "0"}
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="specchat-bench-") as logs:
-        worker_log, web_log = Path(logs, "worker.log"), Path(logs, "daphne.log")
+        worker_logs, web_log = [Path(logs, f"worker{n}.log") for n in range(workers)], Path(logs, "daphne.log")
         procs = []
         try:
-            with open(worker_log, "w") as wl, open(web_log, "w") as dl:
-                procs.append(subprocess.Popen(
-                    worker_command(queues=[pair.queue], concurrency=worker_threads, name=f"benchmark-{os.getpid()}@%h",
-                                   loglevel="WARNING"),
-                    cwd=root, env=env, stdout=wl, stderr=subprocess.STDOUT))
+            for n, worker_log in enumerate(worker_logs):
+                with open(worker_log, "w") as wl:
+                    procs.append(subprocess.Popen(
+                        worker_command(queues=[pair.queue], concurrency=worker_threads,
+                                       name=f"benchmark{n}-{os.getpid()}@%h", loglevel="WARNING"),
+                        cwd=root, env=env, stdout=wl, stderr=subprocess.STDOUT))
+            with open(web_log, "w") as dl:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
                     cwd=root, env=env, stdout=dl, stderr=subprocess.STDOUT))
             try:
-                wait_for_port(port, procs[1])
-                wait_until_served(pair=pair, worker_pid=procs[0].pid)
+                wait_for_port(port, procs[-1])
+                for worker in procs[:-1]:
+                    wait_until_served(pair=pair, worker_pid=worker.pid)
             except StackError as exc:
-                logs_tail = f"--- worker log\n{_tail(worker_log)}\n--- daphne log\n{_tail(web_log)}"
+                logs_tail = "".join(f"--- {path.name}\n{_tail(path)}\n" for path in [*worker_logs, web_log])
                 raise StackError(f"{exc}\n{logs_tail}") from exc
             yield f"http://127.0.0.1:{port}"
         finally:

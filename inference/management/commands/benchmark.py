@@ -1,5 +1,5 @@
 import os
-from contextlib import closing, nullcontext
+from contextlib import closing, nullcontext, suppress
 from pathlib import Path
 
 from django.conf import settings
@@ -7,12 +7,13 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from inference import errors
+from inference.api.ids import AnswerIdConverter
 from inference.benchmark import conversation, records, report, runs
 from inference.benchmark.peer import PeerServer
 from inference.benchmark.prompts import Prompt, prompts_from_file
 from inference.benchmark.servers import StackError, check_served, local_stack, stack_credentials
 from inference.benchmark.stack import StackTarget, StreamError
-from inference.models import ModelPair
+from inference.models import Generation, ModelPair
 from inference.serving.host import this_host
 from inference.serving.web import chat_prompt
 
@@ -73,6 +74,11 @@ class Command(BaseCommand):
         parser.add_argument("--conversations-only", action="store_true", help="the conversations alone")
         parser.add_argument("--conversation-repeats", type=int, default=2)
         parser.add_argument("--conversation-tokens", type=int, default=64, help="new tokens a turn (EOS ignored)")
+        parser.add_argument("--workers", type=int, default=1,
+                            help="workers the conversations' stack starts for the pair (each turn is routed to the "
+                                 "one holding its conversation)")
+        parser.add_argument("--conversations-at-once", type=int, default=1,
+                            help="copies of each conversation run together, each its own user's")
         parser.add_argument("--out", type=Path, default=Path(settings.BASE_DIR) / "docs" / "benchmark",
                             help="folder for results.json, results.md and the plots")
 
@@ -91,9 +97,13 @@ class Command(BaseCommand):
         try:
             chats = conversation.conversations_from_file(o["conversations"])
             peer = self.peer(url=o["compare_url"], model=o["compare_model"], key=o["compare_key"], stack=True)
+            if o["workers"] < 1 or o["conversations_at_once"] < 1:
+                raise ValueError("--workers and --conversations-at-once take 1 or more")
+            at_once = o["conversations_at_once"]
             stack = (nullcontext(o["url"]) if o["url"]
-                     else local_stack(pair=pair, worker_threads=4, prefix_caching=True))
-            with stack_credentials(max_concurrent=4) as credentials, stack as base_url:
+                     else local_stack(pair=pair, worker_threads=max(4, at_once), prefix_caching=True,
+                                      workers=o["workers"]))
+            with stack_credentials(max_concurrent=max(4, at_once)) as credentials, stack as base_url:
                 endpoints = {line: conversation.Endpoint(base_url=base_url.rstrip("/"), model=pair.slug,
                                                          api_key=credentials.api_key, extra=extra)
                              for line, extra in conversation.LINE_SETTINGS.items()}
@@ -102,16 +112,28 @@ class Command(BaseCommand):
                         base_url=peer.base_url, model=peer.model, api_key=peer.api_key)
                 turns = conversation.run_conversations(
                     endpoints=endpoints, conversations=chats, repeats=o["conversation_repeats"],
-                    max_tokens=o["conversation_tokens"], pause_s=1.0, progress=self.stderr.write)
+                    max_tokens=o["conversation_tokens"], pause_s=1.0, at_once=at_once, progress=self.stderr.write)
         except (ValueError, OSError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
+        turns = conversation.served_by(turns, self.workers_of(turns))
         header = [(f"Pair `{pair.slug}`; host: {this_host().described}; conversations: {o['conversations'].name} "
                   f"({', '.join(chat.name for chat in chats)}); greedy, {o['conversation_tokens']} new tokens a turn "
-                  f"(EOS ignored), {o['conversation_repeats']} repeats, lines interleaved; peer: "
+                  f"(EOS ignored), {o['conversation_repeats']} repeats of {o['conversations_at_once']} at once, "
+                  f"lines interleaved; {o['workers']} worker(s); peer: "
                   f"{peer.base_url + ' (' + peer.model + ')' if peer else 'none'}.")]
         files = conversation.write_conversation_report(turns, o["out"], header=header)
         self.stdout.write("\n".join(["", *header, "", *conversation.report_lines(conversation.summarize(turns))]))
         self.stdout.write("\nWrote " + ", ".join(str(f) for f in files))
+
+    @staticmethod
+    def workers_of(turns: list[conversation.Turn]) -> dict[str, str]:
+        """Answer id -> the worker its record names (this server's answers; a peer's ids are not ours)."""
+        ids = {}
+        for turn in turns:
+            with suppress(ValueError):
+                ids[turn.answer_id] = AnswerIdConverter().to_python(turn.answer_id)
+        workers = dict(Generation.objects.filter(id__in=ids.values()).values_list("id", "worker"))
+        return {answer: workers.get(generation_id, "") for answer, generation_id in ids.items()}
 
     def one_turn(self, *, pair: ModelPair, o: dict) -> None:
         try:
