@@ -119,6 +119,10 @@ AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contri
 AXES_FAILURE_LIMIT = env_int("SPECCHAT_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("SPECCHAT_LOGIN_COOLOFF_MIN", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # one address cannot lock everyone else out
+# Reverse proxies in front of daphne that append to X-Forwarded-For (1 behind docs/deploy.md's TLS proxy): the login
+# throttling then counts the client's address, not the proxy's (chatsite/proxies.py). 0: REMOTE_ADDR.
+TRUSTED_PROXY_COUNT = env_int("SPECCHAT_TRUSTED_PROXY_COUNT", 0)
+AXES_CLIENT_IP_CALLABLE = "chatsite.proxies.client_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False  # its start-up banner would open every manage.py command's output
 AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]

@@ -291,6 +291,21 @@ def test_after_too_many_wrong_passwords_the_right_one_is_refused_for_a_while(dja
     assert log_in(Client(), "alice", "alice-password", path=path)
 
 
+def test_behind_a_proxy_wrong_passwords_lock_the_address_they_came_from_not_the_username(settings, user):
+    """Every login reaches daphne from the proxy's address; the proxy appends the client's to X-Forwarded-For."""
+    settings.TRUSTED_PROXY_COUNT = 1
+
+    def from_client(address: str, *, forged: str = "") -> Client:
+        return Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR=", ".join(filter(None, [forged, address])))
+
+    attacker = from_client("203.0.113.9")
+    for _ in range(django_settings.AXES_FAILURE_LIMIT):
+        assert not log_in(attacker, "alice", "wrong")
+    assert not log_in(attacker, "alice", "alice-password")  # locked where the wrong passwords came from...
+    assert not log_in(from_client("203.0.113.9", forged="198.51.100.7"), "alice", "alice-password")  # ...forged or not
+    assert log_in(from_client("198.51.100.7"), "alice", "alice-password")  # Alice, elsewhere, is not locked out
+
+
 def test_ensure_admin_has_no_default_password_outside_debug(monkeypatch, settings, django_user_model):
     monkeypatch.delenv("SPECCHAT_ADMIN_PASSWORD", raising=False)
     monkeypatch.delenv("SPECCHAT_ADMIN_USER", raising=False)
