@@ -6,6 +6,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 import requests
 
@@ -283,8 +284,11 @@ def metric_counts(base_url: str, name: str) -> dict[str, float]:
 
 # ----------------------------------------------------------------- discovery, health, metrics
 @pytest.mark.usefixtures("celery_worker")
-def test_models_config_health_and_unknown_routes(live_server_url, demo_pair):
-    models = client(live_server_url, "unused").models.list()
+def test_models_config_health_and_unknown_routes(live_server_url, demo_pair, api_key):
+    with pytest.raises(openai.AuthenticationError):  # as OpenAI's: the model list is for key holders
+        client(live_server_url, "not-a-key").models.list()
+    assert requests.get(f"{live_server_url}/v1/models", timeout=30).status_code == 401
+    models = client(live_server_url, api_key.secret).models.list()
     assert [m.id for m in models.data] == ["demo-code"]
     config = requests.get(f"{live_server_url}/v1/config", timeout=30).json()
     deadline = time.monotonic() + 60

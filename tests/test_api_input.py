@@ -41,11 +41,16 @@ def test_admin_shows_a_new_key_once_uncached_and_in_no_cookie(admin_client, live
     and back, where proxies and logs keep it. Every response of the flow is read, its cookies decoded."""
     responses = [admin_client.get("/admin/inference/apikey/add/")]
     responses.append(admin_client.post("/admin/inference/apikey/add/", {"name": "script", "max_concurrent": 3}))
-    created = responses[-1]
     key = ApiKey.objects.get(name="script")
+    assert responses[-1].status_code == 302  # to the key's "created" page: a reload there makes no second key
+    responses.append(admin_client.get(responses[-1]["Location"]))
+    created = responses[-1]
     secret = re.search(r'id="api-key-secret">([^<]+)<', created.content.decode()).group(1)
     assert key.key_hash == hashlib.sha256(secret.encode()).hexdigest() and secret.startswith(key.prefix)
     assert created.status_code == 200 and "no-store" in created["Cache-Control"]
+    responses.append(admin_client.get(responses[-2]["Location"]))  # reloaded: the secret is gone, no key is added
+    assert secret not in responses[-1].content.decode() and "was shown once" in responses[-1].content.decode()
+    assert ApiKey.objects.count() == 1
     responses += [admin_client.get("/admin/inference/apikey/"), admin_client.get(f"/admin/inference/apikey/{key.id}/change/")]
     assert secret not in responses[-1].content.decode() and key.key_hash not in responses[-1].content.decode()
     for response in responses:

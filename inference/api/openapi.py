@@ -286,7 +286,8 @@ def document(*, models: list[str], max_tokens: int) -> dict:
             "/v1/chat/completions/{generation_id}/events": _generation_route(True, "events"),
             "/v1/completions/{generation_id}/cancel": _generation_route(False, "cancel"),
             "/v1/chat/completions/{generation_id}/cancel": _generation_route(True, "cancel"),
-            "/v1/models": _open_get("listModels", "The enabled pairs, OpenAI's model list with their state."),
+            "/v1/models": {"get": {**_open_get("listModels", "The enabled pairs, OpenAI's model list with their "
+                                                             "state.")["get"], "security": [{"bearerAuth": []}]}},
             "/v1/config": _open_get("getConfig", "Each pair's state (AVAILABLE, LOADING, UNAVAILABLE), OVMS's "
                                                  "shape, and its main's and draft's devices; with an API key, its "
                                                  "calibration per host too."),

@@ -160,8 +160,8 @@ def _models() -> list[dict]:
             for pair in ModelPair.objects.filter(enabled=True)]
 
 
-@api_view("GET")
-async def models(request):
+@api_view("GET", authenticated=True)
+async def models(request, *, api_key):
     return JsonResponse({"object": "list", "data": await sync_to_async(_models)()})
 
 
