@@ -78,6 +78,11 @@ class ModelPair(models.Model):
     profile_run = models.ForeignKey("BenchmarkRun", null=True, blank=True, on_delete=models.SET_NULL,
                                     related_name="+", help_text="The benchmark run the profile comes from.")
     max_new_tokens_cap = models.PositiveIntegerField(default=512, help_text="No request may ask for more new tokens.")
+    chat_sampling = models.JSONField(
+        default=dict, blank=True,
+        help_text='How the chat samples when its options set none: the publisher\'s settings, e.g. {"temperature": '
+        '0.7, "top_p": 0.8, "top_k": 20} (an imported pair reads its generation_config.json; the catalogue pins a '
+        'GGUF\'s). Empty: greedy. The API keeps its own defaults: a script asks for what it wants.')
     cache_size_gb = models.PositiveSmallIntegerField(default=1, help_text="KV cache of the scheduler, in GB.")
     max_num_batched_tokens = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(32)],
@@ -164,6 +169,7 @@ class ModelPair(models.Model):
     def clean(self) -> None:
         from inference import transport
         from inference.pair_checks import (  # they load openvino: only when used
+            chat_sampling_errors,
             device_errors,
             profile_errors,
             registrable_devices,
@@ -181,6 +187,8 @@ class ModelPair(models.Model):
         )
         if problems := profile_errors(self.speculation_profile):
             errors["speculation_profile"] = "Invalid profile: " + "; ".join(problems) + "."
+        if problems := chat_sampling_errors(self.chat_sampling):
+            errors["chat_sampling"] = "Invalid sampling: " + "; ".join(problems) + "."
         if self.own_engine_streams and not (self.draft_dir and self.precision_mode == self.EXACT):
             errors["own_engine_streams"] = "The own engine needs a draft model and the exact mode (f32)."
         stored = ModelPair.objects.filter(pk=self.pk).values_list("device", "draft_device").first()

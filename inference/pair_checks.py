@@ -150,6 +150,24 @@ def device_errors(*, device: str, draft_device: str, has_draft: bool, available:
 PROFILE_MODES = ("greedy", "sampled")
 
 
+CHAT_SAMPLING = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "top_k": (0, 1000)}  # name: its range
+
+
+def chat_sampling_errors(sampling) -> list[str]:
+    """What is wrong with a pair's chat sampling defaults ({"temperature": 0.7, "top_p": 0.8, "top_k": 20}); empty
+    if nothing."""
+    if not isinstance(sampling, dict):
+        return ['it must be an object such as {"temperature": 0.7, "top_p": 0.8, "top_k": 20}']
+    problems = [f"unknown setting {json.dumps(name)[:40]} (use {', '.join(CHAT_SAMPLING)})"
+                for name in sampling if name not in CHAT_SAMPLING]
+    for name, (low, high) in CHAT_SAMPLING.items():
+        value = sampling.get(name)
+        kind = int if isinstance(low, int) else (int, float)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high):
+            problems.append(f"{name} must be a number in [{low}, {high}], not {json.dumps(value)[:40]}")
+    return problems
+
+
 def profile_errors(profile) -> list[str]:
     """What is wrong with a speculation profile ({"greedy": {"<streams>": K, ...}, "sampled": {...}},
     K 0 for the main alone or K_MIN..K_MAX); empty if nothing. The pair's validation refuses one with

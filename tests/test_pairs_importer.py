@@ -5,6 +5,7 @@ here (random weights, a tokenizer trained on a few KB of text), exported offline
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import time
 from pathlib import Path
@@ -49,6 +50,16 @@ def _llama(folder: Path, tok, *, layers: int) -> Path:
     return folder
 
 
+SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+
+
+def _published_sampling(folder: Path) -> Path:
+    """As Qwen publishes its instruct models: sampled, with its own settings."""
+    config = folder / "generation_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "do_sample": True, **SAMPLING}))
+    return folder
+
+
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory) -> dict[str, Path]:
     """Hugging Face folders: a main and its draft (one tokenizer), a draft with another tokenizer,
@@ -58,7 +69,7 @@ def hf(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
     tok = _tokenizer(400)
     folders = {
-        "main": _llama(root / "main", tok, layers=2),
+        "main": _published_sampling(_llama(root / "main", tok, layers=2)),
         "draft": _llama(root / "draft", tok, layers=1),
         "other_draft": _llama(root / "other_draft", _tokenizer(300), layers=1),
         "masked_lm": root / "masked_lm",
@@ -113,6 +124,7 @@ def test_import_registers_a_pair_that_generates(db, hf, models_root):
     assert pair.num_assistant_tokens and pair.device == "CPU"
     assert pair.kv_cache_precision == ModelPair._meta.get_field("kv_cache_precision").default
     assert pair.draft_alternative_dir == "tiny/draft-alternative"  # the draft in fp16 too: calibrations keep the cheaper
+    assert pair.chat_sampling == SAMPLING  # the chat samples as the publisher advises
     for role in ("main", "draft", "draft-alternative"):
         assert all((models_root / "tiny" / role / name).is_file() for name in REQUIRED_FILES)
     assert [p.name for p in models_root.iterdir()] == ["tiny"]  # no staging folder left

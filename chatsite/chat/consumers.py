@@ -243,10 +243,7 @@ def _resume_point(content) -> tuple[str, int | None]:
 
 
 def _options(content) -> web.GenerationOptions:
-    value = content.get("settings")
-    if value is not None and not isinstance(value, dict):
-        raise errors.InvalidType("settings must be an object.", param="settings")
-    return web.parse_options(value or {})
+    return services.parse_chat_settings(content.get("settings"))
 
 
 def _ref(content) -> str | None:

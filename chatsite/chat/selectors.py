@@ -92,6 +92,7 @@ def chat_pairs() -> list[dict]:
     return [{
         "slug": p.slug, "name": p.name, "description": p.description, "completes_text": p.completes_text,
         "max_new_tokens_cap": p.max_new_tokens_cap, "num_assistant_tokens": p.num_assistant_tokens,
+        "chat_sampling": p.chat_sampling,
         "served": None if workers is None else inference_selectors.pair_state(pair=p, workers=workers).served,
         **host_figures(pair=p, workers=workers or []),
     } for p in pairs]

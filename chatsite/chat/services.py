@@ -144,9 +144,27 @@ def continue_answer(*, user, message_id: int, options: web.GenerationOptions) ->
 CONTINUABLE = (FinishReason.LENGTH, FinishReason.STOPPED)
 
 
+SAMPLING_SETTINGS = ("temperature", "top_p", "top_k")
+
+
+def parse_chat_settings(value) -> web.GenerationOptions:
+    """The chat's Options as its page sends them; where they set no sampling, the answer samples as the pair's
+    publisher advises (chat_options)."""
+    if value is not None and not isinstance(value, dict):  # [] too, as [1] is
+        raise errors.InvalidType("settings must be an object.", param="settings")
+    value = value or {}
+    return replace(web.parse_options(value), pair_sampling=not any(name in value for name in SAMPLING_SETTINGS))
+
+
 def chat_options(*, pair: ModelPair, options: web.GenerationOptions) -> web.GenerationOptions:
     """A chat answer that names no max tokens may run to the pair's cap (start_generation keeps it within what
-    the context leaves): the API's short default cut chat answers mid-sentence, where peers let them finish."""
+    the context leaves): the API's short default cut chat answers mid-sentence, where peers let them finish. One that
+    names no sampling samples as the pair's publisher advises (ModelPair.chat_sampling; greedy code models looped to
+    the cap on their first coding question), as LM Studio, Ollama and Open WebUI do."""
+    if options.pair_sampling and pair.chat_sampling:
+        sampling = pair.chat_sampling
+        options = replace(options, temperature=float(sampling.get("temperature", 1.0)),
+                          top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)))
     if options.max_new_tokens is not None:
         return options
     return replace(options, max_new_tokens=pair.max_new_tokens_cap)

@@ -71,10 +71,7 @@ def _text(body: dict, name: str) -> str:
 
 
 def _options(body: dict) -> web.GenerationOptions:
-    value = body.get("settings")
-    if value is not None and not isinstance(value, dict):  # [] too, as [1] is
-        raise errors.InvalidType("settings must be an object.", param="settings")
-    return web.parse_options(value or {})
+    return services.parse_chat_settings(body.get("settings"))
 
 
 @_json_action

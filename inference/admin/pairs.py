@@ -35,9 +35,10 @@ class ModelPairAdmin(admin.ModelAdmin):
     Media = ExtraStyle
     # The first screen is what an operator needs (state, the host's verdict and its table); the settings are folded.
     fieldsets = (
-        (None, {"fields": ("name", "serving_state", "workers", "load_error", "enabled", "is_default")}),
+        (None, {"fields": ("name", "serving_state", "load_error", "enabled", "is_default")}),
         ("Speed on its hosts", {"fields": ("calibrations", "live_figures")}),
-        ("What it is", {"classes": ["collapse"], "fields": ("slug", "description", "completes_text")}),
+        ("Its workers and their caches", {"fields": ("workers",)}),
+        ("What it is", {"classes": ["collapse"], "fields": ("slug", "description", "completes_text", "chat_sampling")}),
         ("Models", {"classes": ["collapse"], "fields": ("main_dir", "draft_dir", "draft_alternative_dir",
                                                         "prompt_lookup", "max_ngram_size", "device", "draft_device")}),
         ("Speculation defaults", {"classes": ["collapse"],

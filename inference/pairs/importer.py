@@ -237,6 +237,19 @@ def _hf_folder(source: Path, header: gguf.GgufHeader | None, *, staging: Path, r
     return folder
 
 
+def publisher_sampling(main: Path) -> dict:
+    """The chat's sampling defaults a Hugging Face model ships in its generation_config.json (LM Studio and Ollama
+    default to them): {} (greedy) where it does not sample or says nothing."""
+    try:
+        config = json.loads((main / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict) or not config.get("do_sample"):
+        return {}
+    sampling = {name: config[name] for name in pair_checks.CHAT_SAMPLING if name in config}
+    return sampling if not pair_checks.chat_sampling_errors(sampling) else {}
+
+
 def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
     if not can_export():
         raise ImportFailed("optimum-intel is not installed where this import runs: install the train extra "
@@ -298,7 +311,7 @@ def _import(job: ImportJob, progress: ImportProgress) -> ModelPair:
                          draft_alternative_dir=f"{job.slug}/{ALTERNATIVE_DRAFT}" if job.draft_alternative_format
                          else "",
                          draft_device=job.draft_device if draft else "",
-                         kv_cache_precision=job.kv_cache_precision,
+                         kv_cache_precision=job.kv_cache_precision, chat_sampling=publisher_sampling(final / "main"),
                          num_assistant_tokens=DEFAULT_NUM_ASSISTANT_TOKENS if draft else None)
         try:
             pair.full_clean()

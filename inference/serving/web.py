@@ -42,6 +42,7 @@ class GenerationOptions(Sampling):
     num_assistant_tokens: int | None = None
     assistant_confidence_threshold: float | None = None
     speculative: bool = True
+    pair_sampling: bool = False  # the chat's, asking for no sampling: the pair's chat_sampling (chat/services.py)
 
 
 def _typed(data: dict, name: str, kind: type, default=None):

@@ -186,7 +186,7 @@ function askAgain(action, answer) {
   }
   const ref = String(++refCounter);
   pendingRegenerate.set(ref, answer);
-  const settings = action === "regenerate" ? regenerateSettings() : currentSettings();
+  const settings = action === "regenerate" ? regenerateSettings(pairs.get($("pair").value)) : currentSettings();
   if (!send({ action, message: answer.messageId, settings, ref })) {
     pendingRegenerate.delete(ref);
     answer.addActions();

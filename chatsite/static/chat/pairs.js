@@ -32,6 +32,10 @@ export function initPairs(page, pairs, setStatus) {
     for (const type of ["input", "change"]) $(id).addEventListener(type, () => keepSettings(select.value));
   }
   initOptions();
+  $("greedy").addEventListener("click", () => {
+    $("temperature").value = "0";
+    keepSettings(select.value);
+  });
   $("show-steps").checked = localStorage.getItem("specchat:show-steps") === "1";
   $("show-steps").addEventListener("change", () => localStorage.setItem("specchat:show-steps", $("show-steps").checked ? "1" : "0"));
   if (!page.pairs.length) setStatus("No pair is registered yet: an admin adds one in Admin → Model pairs.", true);
@@ -65,6 +69,10 @@ function showPair(pair) {
     const k = pair.planned_k;
     $("k").placeholder = k === 0 ? "auto (off)" : k ? `auto (${k})` : "auto";
   }
+  // Left empty, the temperature is the publisher's for this pair (with its top-p and top-k), or 0.
+  const sampling = pair?.chat_sampling ?? {};
+  $("temperature").placeholder = sampling.temperature !== undefined ? `auto (${sampling.temperature})` : "auto (0)";
+  $("sampling-note").textContent = describeSampling(sampling);
   $("pair-description").textContent = pair ? pair.description : "";
   $("pair-description").title = $("pair-description").textContent; // in full, where one line cuts it
   showEmptyState();
@@ -86,10 +94,18 @@ export function showEmptyState() {
 // would give the same text word for word: a new message is answered at temperature 0, the likeliest words).
 export const REGENERATE_TEMPERATURE = 0.7;
 
-export function regenerateSettings() {
+export function regenerateSettings(pair) {
   const settings = currentSettings();
-  settings.temperature ??= REGENERATE_TEMPERATURE;
-  return settings;
+  if (pair?.chat_sampling?.temperature === undefined) settings.temperature ??= REGENERATE_TEMPERATURE;
+  return settings; // else the pair samples anyway, as its publisher advises
+}
+
+function describeSampling(sampling) {
+  if (sampling.temperature === undefined) return "Empty: the likeliest word each time (greedy).";
+  const parts = [`temperature ${sampling.temperature}`];
+  if (sampling.top_p !== undefined) parts.push(`top-p ${sampling.top_p}`);
+  if (sampling.top_k !== undefined) parts.push(`top-k ${sampling.top_k}`);
+  return `Empty: as the model's publisher advises (${parts.join(", ")}). 0: greedy, the likeliest word each time.`;
 }
 
 export function currentSettings() {
