@@ -52,6 +52,15 @@ def test_rename_refuses_bad_titles(alice, demo_pair, user, body, param, words):
     assert Conversation.objects.get().title == "def f():"
 
 
+def test_renaming_a_conversation_keeps_its_place_in_the_list(alice, demo_pair, user):
+    older = finished_generation(pair=demo_pair, user=user).message.conversation
+    newer = finished_generation(pair=demo_pair, user=user).message.conversation
+    assert [c.id for c in Conversation.objects.filter(user=user)] == [newer.id, older.id]
+    assert post(alice, f"/c/{older.id}/rename/", {"title": "Renamed"}).status_code == 200
+    assert [(c.id, c.title) for c in Conversation.objects.filter(user=user)] == [
+        (newer.id, newer.title), (older.id, "Renamed")]
+
+
 def test_a_get_or_a_body_that_is_not_json_is_refused(alice, demo_pair, user):
     conversation = finished_generation(pair=demo_pair, user=user).message.conversation
     assert alice.get(f"/c/{conversation.id}/rename/").status_code == 405

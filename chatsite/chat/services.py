@@ -249,7 +249,7 @@ def rename_conversation(*, user, conversation_id: int, title: str) -> Conversati
         raise errors.InvalidValue(f"A title has at most {TITLE_MAX_LENGTH} characters.", param="title")
     conversation = _owned(user=user, conversation_id=conversation_id)
     conversation.title = title
-    conversation.save(update_fields=["title", "updated_at"])
+    conversation.save(update_fields=["title"])  # not moved to the top of the list: nothing was said in it
     return conversation
 
 
