@@ -9,6 +9,7 @@ import time
 import pytest
 
 from inference import metrics, transport
+from inference.admin.pairs import worker_words
 from inference.models import Generation, ModelPair
 from inference.serving import web
 from inference.serving.routing import RoutedBy
@@ -69,7 +70,7 @@ def test_follow_ups_go_to_the_worker_holding_the_conversation_and_survive_its_st
     page = admin_client.get(f"/admin/inference/modelpair/{pair.pk}/change/").content.decode()
     other = next(name for name in workers if name != holder)
     cells = {row[0]: row for row in re.findall(r"<tr><td>([^<]+)</td>" + r"<td>([^<]*)</td>" * 5, page)}
-    kept, other_kept = (int(cells[name][4].replace(",", "")) for name in (holder, other))
+    kept, other_kept = (int(cells[worker_words(name)][4].replace(",", "")) for name in (holder, other))
     assert kept >= follow_up.prompt_tokens - 64 and other_kept < kept  # the whole conversation, but its last blocks
     exposition = metrics.exposition(client=redis_client)
     assert 'specchat_routed_requests_total{model_name="routed",by="cache"} 3' in exposition

@@ -20,6 +20,12 @@ from inference.models import BenchmarkRun, JobStatus, ModelPair
 from inference.serving import calibrated
 
 
+def worker_words(name: str) -> str:
+    """A worker as the admin names it: "host vm, process 14977", not "vm:14977" (serving/worker.py, WORKER_NAME)."""
+    host, _, pid = name.rpartition(":")
+    return f"host {host}, process {pid}" if host and pid.isdigit() else name
+
+
 @admin.register(ModelPair)
 class ModelPairAdmin(admin.ModelAdmin):
     # The list an operator scans: what each pair is, whether it serves, what speculation gains on its host, and
@@ -79,7 +85,7 @@ class ModelPairAdmin(admin.ModelAdmin):
         holds it (serving/routing.py)."""
         if not pair.pk:
             return "-"
-        rows = [(worker.name, worker.state, worker.running, worker.routed, f"{worker.cached_tokens:,}",
+        rows = [(worker_words(worker.name), worker.state, worker.running, worker.routed, f"{worker.cached_tokens:,}",
                  "-" if worker.cache_share is None else f"{worker.cache_share:.0%}")
                 for worker in selectors.pair_workers(pair=pair, client=transport.sync_client(),
                                                      since=timezone.now() - timedelta(days=1))]
@@ -139,8 +145,11 @@ class ModelPairAdmin(admin.ModelAdmin):
     @admin.display(description="measured lately on the workers")
     def live_figures(self, pair: ModelPair) -> str:
         """What each worker's plans follow where it measured the main alone and a K (serving/rates.py)."""
-        rows = [(beat["name"], streams, ", ".join(f"{'the main alone' if k == '0' else 'K=' + k} {rate:.0f} tok/s"
-                                                   for k, rate in sorted(by_k.items(), key=lambda item: int(item[0]))))
+        def rates(by_k: dict) -> str:
+            return ", ".join(f"{'the main alone' if k == '0' else 'K=' + k} {rate:.0f} tok/s"
+                             for k, rate in sorted(by_k.items(), key=lambda item: int(item[0])))
+
+        rows = [(worker_words(beat["name"]), streams, rates(by_k))
                 for beat in selectors.live_workers(client=transport.sync_client())
                 for streams, by_k in sorted(beat.get("figures", {}).get(pair.slug, {}).items(),
                                             key=lambda item: int(item[0]))]
