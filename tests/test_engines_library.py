@@ -55,6 +55,21 @@ def test_a_crashed_step_process_fails_its_requests_and_the_next_request_loads_it
     again.close()
 
 
+def test_a_stop_signalled_to_the_process_group_lets_the_running_answer_finish(main_alone_greedy):
+    """systemd and compose signal a worker's whole group: its warm shutdown waits for the answers, and the step
+    process must outlive the signal to finish them (issue 66 saw `the engine process exited (code -15)`)."""
+    engine = EngineRegistry().get(SPEC)
+    running = engine.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=48, num_assistant_tokens=3))
+    first = running.events.get(timeout=60)
+    assert isinstance(first, StepTokens)
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        os.kill(engine._process.pid, stop)
+    tokens, finished = drain(running)
+    assert finished.finish_reason in ("stop", "length"), finished
+    assert engine.tokenizer.decode(first.token_ids + tokens) == main_alone_greedy(PROMPT, 48)
+    engine.close()
+
+
 def test_the_step_process_does_not_outlive_a_killed_worker(tmp_path):
     script = (
         "import sys, time\n"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import signal
 import socket
 import subprocess
 import sys
@@ -330,4 +331,9 @@ class Stepper:
 
 
 if __name__ == "__main__":
+    # A service stopped (systemd, `docker compose stop`) or Ctrl+C signals the worker's whole process group. The
+    # worker shuts down warm, letting its answers finish, and this process must live as long: it ends when the
+    # worker closes its socket, or by the SIGKILL of a hung step's watchdog.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _step_process(Connection(int(sys.argv[1])))
