@@ -43,6 +43,8 @@ def test_another_users_conversation_is_not_found(demo_pair, user, other_user):
     ({"title": "   "}, "title", "needs a title"),
     ({"title": "x" * 201}, "title", "at most 200"),
     ({"title": 5}, "title", "must be a string"),
+    ({"title": "\u200b"}, "title", "invisible"),  # a zero-width space: a title nobody sees
+    ({"title": "\u202egnp.exe"}, "title", "invisible"),  # a right-to-left override: shown as "exe.png"
 ])
 def test_rename_refuses_bad_titles(alice, demo_pair, user, body, param, words):
     conversation = finished_generation(pair=demo_pair, user=user).message.conversation

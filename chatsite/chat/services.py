@@ -9,6 +9,7 @@ once (two tabs, a double click) cannot both pass. The prompt each answer is writ
 prompts.py; who watches an answer being written, and when nobody does, in watching.py.
 """
 
+import unicodedata
 from dataclasses import replace
 from datetime import timedelta
 
@@ -241,10 +242,17 @@ def new_conversation(*, user, system_prompt: str) -> Conversation:
     return Conversation.objects.create(user=user, title="New chat", system_prompt=system_prompt)
 
 
+INVISIBLE = {"Cf", "Cc", "Co", "Cs", "Cn"}  # format (zero-width, bidi controls), control, private, surrogate, none
+
+
 def rename_conversation(*, user, conversation_id: int, title: str) -> Conversation:
     title = " ".join(title.split())
     if not title:
         raise errors.InvalidValue("A conversation needs a title.", param="title")
+    if any(unicodedata.category(character) in INVISIBLE for character in title):
+        raise errors.InvalidValue("A title cannot hold invisible or direction-changing characters (zero-width "
+                                  "spaces, right-to-left overrides): what the list shows must be what it says.",
+                                  param="title")
     if len(title) > TITLE_MAX_LENGTH:
         raise errors.InvalidValue(f"A title has at most {TITLE_MAX_LENGTH} characters.", param="title")
     conversation = _owned(user=user, conversation_id=conversation_id)
@@ -300,9 +308,11 @@ TITLE_CHARS = 48  # what the sidebar shows of a title on one line
 
 
 def _title_from(text: str) -> str:
-    """A short title from the first message: its first line that is not a code fence's marker, cut at a word."""
-    lines = [line for line in text.splitlines() if line.strip() and not line.strip().startswith(("```", "~~~"))]
-    first = " ".join((lines or [text])[0].split())
+    """A short title from the first message: its first line that is not a code fence's marker, cut at a word, without
+    the invisible characters a rename refuses."""
+    visible = "".join(character for character in text if unicodedata.category(character) not in INVISIBLE - {"Cc"})
+    lines = [line for line in visible.splitlines() if line.strip() and not line.strip().startswith(("```", "~~~"))]
+    first = " ".join((lines or [visible])[0].split()) or "New chat"
     if len(first) <= TITLE_CHARS:
         return first
     cut = first[:TITLE_CHARS]
