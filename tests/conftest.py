@@ -268,11 +268,11 @@ def api_key(transactional_db):
     return key
 
 
-def wait_until_done(generation_id=None):
+def wait_until_done(generation_id=None, *, timeout: float = 60):
     """The generation (by default the only one) once it has ended, read from the database."""
     from inference.models import Generation
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         generation = Generation.objects.filter(**({"id": generation_id} if generation_id else {})).first()
         if generation and generation.is_done:

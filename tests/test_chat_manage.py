@@ -2,12 +2,15 @@
 for bad input, the system prompt in the model's prompt, exports that keep the text verbatim."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.test import Client
 
 from chatsite.chat import selectors
 from chatsite.chat.models import Conversation, Message
+from inference.models import Generation
+from tests.conftest import wait_until_done
 from tests.test_site_security import finished_generation, running_generation
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,3 +103,18 @@ def test_exports_keep_the_text_verbatim(alice, demo_pair, user):
     exported = json.loads(alice.get(f"/c/{conversation.id}/export.json").content)
     assert exported["messages"][1]["content"] == "    return 1\n```\nnot code"
     assert exported["messages"][1]["answer"]["status"] == "finished"
+
+
+@pytest.mark.usefixtures("celery_worker")
+def test_an_answer_started_over_http_with_no_page_watching_is_stopped_like_an_abandoned_one(alice, demo_pair, user,
+                                                                                              settings):
+    """An edit sent with no chat page open: nobody follows its answer, which is stopped after the grace period a
+    closed page's answers get, not left to run to its cap."""
+    demo_pair.max_new_tokens_cap = 4096  # as long as the context allows: well past the grace period here
+    demo_pair.save()
+    question = finished_generation(pair=demo_pair, user=user).message.conversation.messages.first()
+    started = post(alice, f"/m/{question.id}/edit/", {"text": "def g(x):", "settings": {"ignore_eos": True}})
+    assert started.status_code == 200, started.content
+    generation = wait_until_done(started.json()["generation"], timeout=settings.CHAT_ABANDON_GRACE_S + 60)
+    assert generation.status == Generation.Status.STOPPED and generation.finish_reason == "stopped", generation.error
+    assert generation.finished_at - generation.started_at < timedelta(seconds=settings.CHAT_ABANDON_GRACE_S + 15)

@@ -52,6 +52,25 @@ def reconcile_claimed_generations(*, worker_name: str) -> None:
             fail_generation(generation_id=generation_id, message=problem)
 
 
+def stop_unwatched_chat_answers(*, client) -> None:
+    """Stop this worker's chat answers that no chat page has watched for CHAT_ABANDON_GRACE_S: the chat's sockets
+    mark the answers they follow (chatsite/chat/watching.py) and stop them when they close, but an answer started by
+    an HTTP action (an edit) with no page open, or followed by a web process that died, was left running to its cap.
+    The API's answers run on: a script may read them later (events with Last-Event-ID)."""
+    running = list(STATE.running)
+    if not running:
+        return
+    started_before = timezone.now() - timedelta(seconds=settings.CHAT_ABANDON_GRACE_S)
+    chat = Generation.objects.filter(id__in=running, source=Generation.Source.CHAT, status=Generation.Status.RUNNING,
+                                     started_at__lt=started_before).values_list("id", flat=True)
+    fresh_since = time.time() - max(3 * settings.ACCESS_RECHECK_S, settings.CHAT_ABANDON_GRACE_S)
+    for generation_id in chat:
+        request = STATE.running.get(str(generation_id))
+        if request is not None and not client.zcount(transport.chat_watchers_key(generation_id), fresh_since, "+inf"):
+            log.info("chat answer %s is watched by no page: stopped", generation_id)
+            request.stop()
+
+
 def overdue_problem(*, generation_id: str, limit: int) -> str:
     """Why a claimed answer's thread, stuck, will not end it, or '': an engine that has not taken it `limit` s
     after it was handed over (a submit that hangs: the answer's own limit starts only once it runs), or one

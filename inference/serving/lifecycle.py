@@ -31,6 +31,7 @@ from inference.serving.housekeeping import (
     reconcile_claimed_generations,
     reroute_from_gone_workers,
     resend_lost_generations,
+    stop_unwatched_chat_answers,
 )
 from inference.serving.planning import pair_default_route
 from inference.serving.worker import (
@@ -109,6 +110,7 @@ def _beat_forever() -> None:
             reroute_from_gone_workers(client=client)
             fail_unservable_generations(client=client)
             reconcile_claimed_generations(worker_name=WORKER_NAME)
+            stop_unwatched_chat_answers(client=client)
             fail_abandoned_imports()
             jobs.fail_abandoned(model=BenchmarkRun)
             jobs.fail_abandoned(model=HostCalibration)

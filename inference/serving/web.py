@@ -238,7 +238,7 @@ def start_generation(
     options: GenerationOptions,
     prompt_ids: list[int] | None = None,
     user=None,
-    source: str = Generation.Source.CHAT,
+    source: str = Generation.Source.API,  # the chat says it is the chat: its answers are watched by its pages
     add_special_tokens: bool = True,
     api_key=None,
     reply: dict | None = None,
