@@ -15,7 +15,8 @@ from inference.engines.grammar.checks import MAX_GRAMMAR_CHARS
 from inference.models import ApiKey, Generation
 from tests.api_client import PROMPT, post
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker"),
+              pytest.mark.database_agnostic]
 HOSTILE = "((a{{1,300}}){{1,300}}){{1,{n}}}"  # one nesting past the audit's 1.6 s: it did not end in minutes
 
 

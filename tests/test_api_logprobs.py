@@ -9,7 +9,7 @@ from inference.models import Generation
 from inference.serving.reasons import ALTERNATIVES
 from tests.api_client import MESSAGES, PROMPT, client, post
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]  # generation, not its record
 
 
 def completion(api, **body):

@@ -5,7 +5,7 @@ import pytest
 
 from tests.test_api import MESSAGES, PROMPT, client
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]  # generation, not its record
 
 
 @pytest.mark.usefixtures("celery_worker")

@@ -11,7 +11,7 @@ from inference.models import ApiKey, Generation
 from tests.api_client import PROMPT, chunk_text, client, post, sse_events
 from tests.conftest import wait_until_done
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]  # generation, not its record
 
 
 @pytest.mark.usefixtures("celery_worker")

@@ -11,7 +11,7 @@ import pytest
 from inference.models import Generation
 from tests.test_api import PROMPT, client, post
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]  # generation, not its record
 
 CODE = r"[a-z]{2,10}-[0-9]{1,3}"
 PROMPTS = [PROMPT, "class Stack:", "import os\n", "# read a file\n"]

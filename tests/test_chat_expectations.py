@@ -18,7 +18,8 @@ from inference.serving.host import this_host
 from tests.conftest import in_thread, log_in
 from tests.test_chat import PROMPT, connect, events_until_end, send_message
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker"),
+              pytest.mark.database_agnostic]
 SHOTS = Path("/tmp/shots-57")
 SIZES = [(1280, 800), (390, 844)]
 

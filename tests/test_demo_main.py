@@ -14,7 +14,7 @@ from inference.engines.library.pipeline import LibraryEngine
 from inference.engines.spec import PairSpec
 from inference.limits import Route
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_agnostic]  # generation, not its record
 
 PROMPTS = ("def quicksort(numbers):", "class Stack:\n    def __init__(self):", "def parse_args(argv):")
 
