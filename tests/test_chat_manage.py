@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from chatsite.chat import selectors
+from chatsite.chat import selectors, services
 from chatsite.chat.models import Conversation, Message
 from inference.models import Generation
 from tests.conftest import wait_until_done
@@ -118,3 +118,15 @@ def test_an_answer_started_over_http_with_no_page_watching_is_stopped_like_an_ab
     generation = wait_until_done(started.json()["generation"], timeout=settings.CHAT_ABANDON_GRACE_S + 60)
     assert generation.status == Generation.Status.STOPPED and generation.finish_reason == "stopped", generation.error
     assert generation.finished_at - generation.started_at < timedelta(seconds=settings.CHAT_ABANDON_GRACE_S + 15)
+
+
+@pytest.mark.parametrize(("first_message", "title"), [
+    ("```python\ndef slow(values):\n    return sorted(values)[0]\n```\nWhy is this slow?", "Why is this slow?"),
+    ("```python\ndef slow(values):\n    return sorted(values)[0]\n```\nAdd type hints.", "Add type hints."),
+    ("```python\ndef slow(values):\n```", "def slow(values):"),  # code alone: its first line
+    ("\u202egnp.exe \u200bplease", "gnp.exe please"),  # what a rename would refuse is dropped
+])
+@pytest.mark.no_database
+def test_a_new_chat_is_titled_by_its_question_not_its_paste(first_message, title):
+    """Two chats on one pasted file differ by their questions, not share the paste's first line."""
+    assert services._title_from(first_message) == title

@@ -308,11 +308,17 @@ TITLE_CHARS = 48  # what the sidebar shows of a title on one line
 
 
 def _title_from(text: str) -> str:
-    """A short title from the first message: its first line that is not a code fence's marker, cut at a word, without
-    the invisible characters a rename refuses."""
+    """A short title from the first message: its first line outside code fences (a pasted block then its question is
+    titled by the question, so two chats on one paste differ), cut at a word, without the invisible characters a
+    rename refuses."""
     visible = "".join(character for character in text if unicodedata.category(character) not in INVISIBLE - {"Cc"})
-    lines = [line for line in visible.splitlines() if line.strip() and not line.strip().startswith(("```", "~~~"))]
-    first = " ".join((lines or [visible])[0].split()) or "New chat"
+    prose, code, fenced = [], [], False
+    for line in visible.splitlines():
+        if line.strip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif line.strip():
+            (code if fenced else prose).append(line)
+    first = " ".join((prose or code or [visible])[0].split()) or "New chat"
     if len(first) <= TITLE_CHARS:
         return first
     cut = first[:TITLE_CHARS]
