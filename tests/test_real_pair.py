@@ -429,7 +429,6 @@ def calibrated_here(real_pair, settings):
     """This host's calibration of the real pair, made in this process as `manage.py calibrate` makes it, on the K the
     pair ships with alone (the whole sweep took nine minutes of the tier; its own tests are tests/test_calibration.py)."""
     settings.CALIBRATION_KS, settings.CALIBRATION_STOPPED_KS = (real_pair.num_assistant_tokens,), ()
-    settings.CALIBRATION_TOKENS = 24  # half the default answer: still dozens of the main's steps a line
     call_command("calibrate", SLUG, stdout=io.StringIO(), stderr=io.StringIO())
     return real_pair
 
