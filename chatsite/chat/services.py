@@ -312,7 +312,9 @@ def _title_from(text: str) -> str:
     titled by the question, so two chats on one paste differ), cut at a word, without the invisible characters a
     rename refuses."""
     visible = "".join(character for character in text if unicodedata.category(character) not in INVISIBLE - {"Cc"})
-    prose, code, fenced = [], [], False
+    prose: list[str] = []
+    code: list[str] = []
+    fenced = False
     for line in visible.splitlines():
         if line.strip().startswith(("```", "~~~")):
             fenced = not fenced
