@@ -95,15 +95,23 @@ class PairWorker:
     cache_share: float | None  # of the prompt tokens of the answers it served in the last day, those read from cache
 
 
+IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
+
+
+def routed_in_flight(*, pair: ModelPair) -> dict[str, int]:
+    """Worker -> the pair's answers routed to it and not ended (serving/routing.py balances by it)."""
+    rows = (Generation.objects.filter(pair=pair, status__in=IN_FLIGHT).exclude(routed_to="")
+            .values("routed_to").annotate(n=Count("id")))
+    return {row["routed_to"]: row["n"] for row in rows}
+
+
 def pair_workers(*, pair: ModelPair, client: redis.Redis, since) -> list[PairWorker]:
     serving = [beat for beat in live_workers(client=client) if pair.queue in beat.get("queues", ())]
     pipe = client.pipeline(transaction=False)
     for beat in serving:
         pipe.scard(held_blocks_key(worker=beat["name"], slug=pair.slug))
     held = pipe.execute()
-    in_flight = dict(Generation.objects.filter(pair=pair, status__in=[Generation.Status.QUEUED,
-                                                                      Generation.Status.RUNNING])
-                     .values("routed_to").annotate(n=Count("id")).values_list("routed_to", "n"))
+    in_flight = routed_in_flight(pair=pair)
     served = {worker: (prompt, cached) for worker, prompt, cached in
               Generation.objects.filter(pair=pair, finished_at__gte=since).values("worker")
               .annotate(prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens"))

@@ -22,9 +22,8 @@ from enum import StrEnum
 
 import redis
 from django.conf import settings
-from django.db.models import Count
 
-from inference import transport
+from inference import selectors, transport
 from inference.engines.own.block_pool import block_hashes
 from inference.limits import LoadState
 from inference.metrics import count_route
@@ -32,7 +31,6 @@ from inference.models import Generation, ModelPair
 from inference.serving import tasks
 
 HASH_BYTES = 8  # of each block hash a worker publishes: a collision can only send a turn to the wrong worker
-IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
 
 
 class RoutedBy(StrEnum):
@@ -99,12 +97,6 @@ def choose(candidates: Sequence[Candidate], *, margin: int) -> tuple[Candidate |
     return random.choice([candidate for candidate in idle if candidate.held_blocks == most_held]), RoutedBy.LOAD
 
 
-def _in_flight(*, pair: ModelPair, workers: list[str]) -> dict[str, int]:
-    rows = (Generation.objects.filter(pair=pair, status__in=IN_FLIGHT, routed_to__in=workers)
-            .values("routed_to").annotate(n=Count("id")))
-    return {row["routed_to"]: row["n"] for row in rows}
-
-
 def _held_blocks(client: redis.Redis, *, slug: str, workers: list[dict], prompt_ids: list[int],
                  scope: str) -> dict[str, int]:
     """Worker name -> the prompt's leading blocks it holds (what the engine would find: the last token is always
@@ -129,7 +121,7 @@ def route(client: redis.Redis, *, pair: ModelPair, workers: list[dict], prompt_i
     serving = [beat for beat in workers if pair.queue in beat.get("queues", ()) and not beat.get("stopping")
                and beat.get("pairs", {}).get(pair.slug, {}).get("state") != LoadState.FAILED]
     held = _held_blocks(client, slug=pair.slug, workers=serving, prompt_ids=prompt_ids, scope=scope)
-    in_flight = _in_flight(pair=pair, workers=list(held))
+    in_flight = selectors.routed_in_flight(pair=pair)
     candidates = [Candidate(worker=name, held_blocks=held[name], in_flight=in_flight.get(name, 0)) for name in held]
     chosen, by = choose(candidates, margin=settings.ROUTE_LOAD_MARGIN)
     count_route(client=client, pair=pair.slug, by=by)

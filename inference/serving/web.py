@@ -298,7 +298,7 @@ def request_stop(*, generation: Generation) -> None:
     transport.request_cancel(transport.sync_client(), generation.id)
 
 
-IN_FLIGHT = (Generation.Status.QUEUED, Generation.Status.RUNNING)
+IN_FLIGHT = selectors.IN_FLIGHT
 LOCK_POLL_S = 0.005
 
 
