@@ -231,6 +231,36 @@ def test_the_conversation_keeps_the_room(formatted_chat, live_server_url, page, 
     assert "draft model" in page.inner_text("#empty")  # what speculative decoding is, in two sentences
 
 
+@pytest.mark.parametrize("width, height", [(1280, 800), (390, 844)])
+def test_a_reader_scrolled_up_mid_stream_stays_put_and_can_jump_to_the_latest(formatted_chat, celery_worker,
+                                                                               live_server_url, page, width, height):
+    """The list follows a streaming answer only while its reader is at the end: one who scrolled up to read keeps
+    their place as tokens arrive (it was pulled back within a second), and "Latest" takes them back."""
+    page.set_viewport_size({"width": width, "height": height})
+    log_in(page, live_server_url, "alice", "alice-password", next_path=f"/c/{formatted_chat.id}/")
+    page.wait_for_selector("body[data-connected='1']")
+    page.fill("#prompt", "And how do I sort it in reverse?")
+    page.fill("#max-tokens", "120")
+    with paused(celery_worker):  # no token before the reader has scrolled up
+        page.click("#send")
+        page.wait_for_selector("article.assistant.streaming")
+        assert page.locator("#jump-latest").is_hidden()  # at the end, following
+        end = page.evaluate("document.getElementById('messages').scrollTop")
+        page.mouse.move(width / 2, height / 3)
+        page.mouse.wheel(0, -400)  # as a reader scrolls, not a script (smoothly, over a few frames)
+        page.wait_for_function(f"() => document.getElementById('messages').scrollTop <= {end - 400}")
+        kept = page.evaluate("document.getElementById('messages').scrollTop")
+    wait_for_answer(page, 2)
+    assert page.locator("article.assistant").last.inner_text().strip()  # the answer came while they read
+    assert page.evaluate("document.getElementById('messages').scrollTop") == kept
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"jump-latest-{width}.png"))
+    page.click("#jump-latest")
+    page.wait_for_function("""() => { const m = document.getElementById('messages');
+        return m.scrollHeight - m.scrollTop - m.clientHeight < 40; }""")
+    assert page.locator("#jump-latest").is_hidden()
+
+
 STEP_COVERAGE = """() => {
     const body = document.querySelector('article.assistant .body');
     const shown = [...body.querySelectorAll('*')].filter((e) => !e.closest('.code-tools'))

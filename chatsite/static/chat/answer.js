@@ -103,7 +103,7 @@ export class Answer {
     const showSteps = this.chat.showSteps() && this.steps.length > 0;
     body.className = showSteps ? "body steps" : "body";
     if (showSteps) markSteps(body, this.shownText(), this.steps, (prompt?.length ?? 0) + this.earlier.length);
-    this.chat.scrollDown();
+    this.chat.followStream();
   }
 
   addActions() {

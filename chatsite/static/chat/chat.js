@@ -134,16 +134,35 @@ async function showVersion(messageId, arrowLabel) {
   }
 }
 
+// The list follows a streaming answer only while its reader is at the end, as ChatGPT's does: a reader who
+// scrolled up to read stays where they are, and a "Latest" button takes them back (and following again).
+const jumpButton = $("jump-latest");
+let following = true;
+const atEnd = (height = messagesEl.clientHeight) => messagesEl.scrollHeight - messagesEl.scrollTop - height < 40;
+
 function scrollDown() {
+  following = true;
   messagesEl.scrollTop = messagesEl.scrollHeight;
+  jumpButton.hidden = true;
 }
+
+function followStream() {
+  if (following) scrollDown();
+  else jumpButton.hidden = false;
+}
+
+messagesEl.addEventListener("scroll", () => {
+  following = atEnd();
+  if (following) jumpButton.hidden = true;
+}, { passive: true });
+jumpButton.addEventListener("click", scrollDown);
 
 // A panel opening (options, system prompt) or a phone's keyboard shrinks the list: one that was read at
 // its end stays at its end, so the last answer's Copy and Regenerate do not slip under the composer.
 // (Judged with the height it had: by the time the observer runs, the browser may have scrolled it a bit.)
 let shownHeight = messagesEl.clientHeight;
 new ResizeObserver(() => {
-  if (messagesEl.scrollHeight - messagesEl.scrollTop - shownHeight < 40) scrollDown();
+  if (atEnd(shownHeight)) scrollDown();
   shownHeight = messagesEl.clientHeight;
 }).observe(messagesEl);
 
@@ -166,11 +185,11 @@ function showLeftOut(answer, count) {
 // What an answer asks of the page around it: handed to each, so that answer.js never imports this module.
 const chatForAnswers = {
   showSteps: () => $("show-steps").checked,
-  scrollDown,
+  followStream,
   finished: updateButtons,
   actionsShown() {
     updateActions();
-    scrollDown(); // the answer's buttons, in view
+    followStream(); // the answer's buttons, in view of a reader at the end
   },
   regenerate: (answer) => askAgain("regenerate", answer),
   continueAnswer: (answer) => askAgain("continue", answer),
