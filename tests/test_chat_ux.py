@@ -157,7 +157,8 @@ def test_errors_a_chat_user_causes_are_told_in_the_pages_words(unserved_pair, ke
 
 SHOTS = Path("/tmp/shots-chatux")
 FORMATTED = ("## Sorting\n\nA **stable** sort keeps equal items in order; `sorted()` is one.\n\n"
-             "| name | stable | cost |\n| --- | --- | --- |\n| merge sort | yes<br>always | n log n |\n| quicksort | no | n log n |\n\n"
+             "| name | stable | cost | memory needed | implementation |\n| --- | --- | --- | --- | --- |\n"
+             "| merge sort | yes<br>always | n log n | n | recursive |\n| quicksort | no | n log n | log n | in place |\n\n"
              "1. Split the list.\n2. Sort each half.\n3. Merge them.\n\n> Timsort is what Python uses.\n\n"
              f"```python\n{CODE}\n```\n\nAnd a long line: {LONG_LINE[:600]}\n\nThe end.")
 
@@ -196,10 +197,15 @@ def test_the_conversation_keeps_the_room(formatted_chat, live_server_url, page, 
     assert page.locator("article.assistant td br").count() == 1  # a model's line break in a table cell
     for scheme in ("light", "dark"):
         page.emulate_media(color_scheme=scheme)
+        page.locator("article.assistant table").first.screenshot(path=str(SHOTS / f"table-{width}-{scheme}.png"))
         page.evaluate("document.getElementById('messages').scrollTop = 1e9")
         geometry = page.evaluate(GEOMETRY)
         page.screenshot(path=str(SHOTS / f"chat-{width}-{scheme}.png"))
         assert not geometry["sideways"], geometry
+        tables = page.evaluate("""() => [...document.querySelectorAll('article.assistant table')].map((t) => ({
+            scrolls: t.scrollWidth > t.clientWidth, sign: getComputedStyle(t).backgroundImage}))""")
+        assert all("radial-gradient" in t["sign"] for t in tables if t["scrolls"]), tables  # a shadow at the cut
+        assert width >= 768 or any(t["scrolls"] for t in tables), tables  # the five columns scroll on a phone
         actions = geometry["actions"]
         assert geometry["messages"]["top"] <= actions["top"] and actions["bottom"] <= geometry["messages"]["bottom"]
         if width < 768:
