@@ -36,12 +36,11 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     lengths = {n for n in page.evaluate("window.streamedLengths") if n}
     assert len(lengths) >= 2, "the text should grow while the answer streams"
     assert answer.locator(".body").inner_text().strip()
-    meta = answer.locator(".meta")  # in words, the figures in full on hover
-    assert re.search(r"first token after [\d.]+ m?s, then [\d.]+ tokens/s · \d+ tokens", meta.inner_text())
-    assert "the draft's guesses were kept" in meta.inner_text() and "K=" in meta.inner_text()
-    details = meta.get_attribute("title")
-    assert "tok/s" in details and "first token after" in details and "tokens/step" in details
-    assert "speculation: draft" in details
+    meta = answer.locator(".meta")  # in words, two short lines; the why and the figures in full a tap away
+    assert re.search(r"first token [\d.]+ m?s · [\d.]+ tokens/s · \d+ tokens", meta.inner_text())
+    assert "% of guesses kept" in meta.inner_text() and "K=" in meta.inner_text()
+    assert_details(meta, "draft model guesses the next words", "tok/s after the first token", "tokens/step",
+                   "Why: ", "speculation: draft")
     assert "/c/" in page.url  # the conversation is kept, and listed in the sidebar after a reload
     page.click("#options-toggle")  # the finer settings wait behind "Options"
     page.check("#show-steps")
@@ -70,5 +69,14 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
         page.wait_for_function("() => !document.querySelector('article.assistant.streaming')")
     second.locator(".meta").filter(has_text="stopped").wait_for()
     assert "draft off, as asked" in second.locator(".meta").inner_text()
-    assert "speculation: off (speculative: false was asked" in second.locator(".meta").get_attribute("title")
+    assert_details(second.locator(".meta"), "Why: speculative: false was asked")
     assert not page.locator("#send").is_disabled()
+
+
+def assert_details(meta, *words: str) -> None:
+    """The answer's details: hidden until a tap (a phone has no hover), then saying each of `words`."""
+    details = meta.locator("details.more")
+    assert details.locator("p").is_hidden()
+    details.locator("summary").click()
+    for said in words:
+        assert said in details.inner_text(), (said, details.inner_text())

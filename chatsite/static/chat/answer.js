@@ -2,7 +2,7 @@
 // the page around it comes in as `chat` from chat.js, so that this module imports only the rendering
 // helpers and the page's state keeps one owner.
 
-import { copyButton, decorateCode, formatMetrics, markSteps, plural, renderMarkdown, technicalMetrics } from "./render.js";
+import { copyButton, decorateCode, formatMetrics, markSteps, plural, renderMarkdown } from "./render.js";
 
 export class Answer {
   // `earlier`: the text of an answer continued after it reached the max tokens, before this generation's.
@@ -27,7 +27,6 @@ export class Answer {
     this.renderQueued = false;
     this.el.classList.add("streaming");
     this.el.querySelector(".meta").textContent = "waiting for the worker…";
-    this.el.querySelector(".meta").title = "";
     this.el.querySelector(".actions")?.remove();
   }
 
@@ -74,9 +73,20 @@ export class Answer {
     this.el.classList.remove("streaming");
     this.render();
     const meta = this.el.querySelector(".meta");
-    // A continued answer's figures are its last part's (each part is a generation of its own).
-    meta.textContent = metrics ? (this.earlier ? "Continued; this part: " : "") + formatMetrics(metrics, this.pair) : "";
-    meta.title = metrics ? technicalMetrics(metrics) : "";
+    meta.replaceChildren();
+    if (metrics) {
+      const { summary, details } = formatMetrics(metrics, this.pair);
+      // A continued answer's figures are its last part's (each part is a generation of its own).
+      meta.append((this.earlier ? "Continued; this part: " : "") + summary);
+      const more = document.createElement("details");
+      more.className = "more";
+      const title = document.createElement("summary");
+      title.textContent = "Details";
+      const text = document.createElement("p");
+      text.textContent = details;
+      more.append(title, text);
+      meta.append(more);
+    }
     this.addActions();
     this.chat.finished();
   }

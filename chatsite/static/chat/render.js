@@ -192,6 +192,8 @@ export async function copyText(text, button) {
 // Read from the plan's reason codes (serving/reasons.py, Reason), never from its sentence.
 const LOAD_CODES = ["profile-best-k", "live-k-fastest", "joins-speculative-batch", "exploring-speculation"];
 const DEFAULT_CODES = ["pair-default-k", "pair-default-k-invalid-profile"];
+const BUSY_CODES = ["beyond-own-streams", "profile-main-alone-faster", "own-batch", "joins-main-alone-batch"];
+const SLOWER_CODES = ["calibrated-main-alone-faster", "live-main-alone-faster", "live-neither-faster"];
 
 function speculationWords(m) {
   const codes = m.speculative_reason_codes || [];
@@ -199,50 +201,71 @@ function speculationWords(m) {
   if (m.speculative_mode === "off" || !m.speculative_mode) {
     if (because("asked-off")) return "draft off, as asked";
     if (because("no-draft")) return "no draft model";
+    if (because(...BUSY_CODES)) return "the main model alone: more of this pair's answers were running here";
+    if (because(...SLOWER_CODES)) return "the main model alone: faster than speculation on this host";
     return m.speculative_mode ? "the main model alone was chosen" : "";
   }
-  if (m.speculative_mode === "prompt-lookup") return "guesses copied from the conversation, no draft model";
+  if (because("calibrated-long-context-lookup")) return "guesses from the conversation: after a prompt this long the draft does not pay here";
+  if (m.speculative_mode === "prompt-lookup") return "guesses from the conversation, no draft model";
   if (m.speculative_k == null) return "draft while confident";
   if (because("moved-into-batch")) {
     // The own engine moved it into one batch with the pair's other answers: the K it ran at there, not the planned one.
-    return m.speculative_k ? `K=${m.speculative_k} in a batch as more answers came`
-      : "the main model alone in a batch as more answers came";
+    return m.speculative_k ? `K=${m.speculative_k} (in a batch as more answers came)`
+      : "the main model alone: in a batch as more answers came";
   }
-  if (because("k-asked")) return `K=${m.speculative_k}, as asked`;
-  if (because(...LOAD_CODES)) return `K=${m.speculative_k} chosen for the load`;
-  if (because(...DEFAULT_CODES)) return `K=${m.speculative_k}, the pair's default`;
+  if (because("k-asked")) return `K=${m.speculative_k} (asked)`;
+  if (because(...LOAD_CODES)) return `K=${m.speculative_k} (for the load)`;
+  if (because(...DEFAULT_CODES)) return `K=${m.speculative_k} (default)`;
   return `K=${m.speculative_k}`;
 }
 
-// An ended answer's figures in words a newcomer reads without hovering (touch has none): the wait for its first
-// token, then how fast it wrote (tokens/s after that first token: the wait is a figure of its own), and how that
-// compares with the pair's main model alone on this host, as the host's calibration timed it (the admin's verdict
-// quotes the same figure); then what speculation did.
+// An ended answer's figures in words a newcomer reads without hovering (touch has none), in two short lines: the
+// wait for its first token, then how fast it wrote (tokens/s after that first token: the wait is a figure of its
+// own, and the one rate every figure here uses); then how that compares with the pair's main model alone on this
+// host, as the host's calibration timed it (the admin quotes the same figure), and what speculation did. The why
+// and the full figures are the `details`, a tap away.
 export function formatMetrics(m, pair) {
   const figures = [];
   const writing = writingRate(m);
-  if (m.ttft_ms != null) figures.push(`first token after ${formatMs(m.ttft_ms)}` + (writing ? `, then ${writing.toFixed(1)} tokens/s` : ""));
+  if (m.ttft_ms != null) figures.push(`first token ${formatMs(m.ttft_ms)}`);
+  if (writing) figures.push(`${writing.toFixed(1)} tokens/s`);
   if (m.completion_tokens != null) figures.push(plural(m.completion_tokens, "token"));
   if (m.finish_reason === "stopped") figures.push("stopped");
   else if (m.finish_reason === "length") figures.push("reached the max tokens");
-  const lines = [figures.join(" · ")];
   const alone = pair?.main_alone_tokens_per_s;
   const guessed = m.speculative_mode && m.speculative_mode !== "off"; // the main alone is 1× itself, whatever noise says
   const copying = m.speculative_mode === "prompt-lookup";
-  if (writing && alone && guessed) lines.push(speedWords(writing / alone, copying));
-  const speculation = speculationWords(m);
+  const ratio = writing && alone && guessed ? writing / alone : null;
+  const how = [];
+  if (ratio) how.push(`${ratio.toFixed(1)}× the main alone`);
+  how.push(speculationWords(m));
   if (m.acceptance_rate != null && m.main_steps && m.completion_tokens) {
-    lines.push(`Speculation (${speculation}): ${copying ? "the" : "the draft's"} guesses were kept `
-      + `${Math.round(m.acceptance_rate * 100)}% of the time, so the main model ran ${plural(m.main_steps, "step")} `
-      + `instead of ${m.completion_tokens}.`
-      + (m.ngram_accepted_tokens && !copying
-        ? ` ${m.ngram_accepted_tokens} of those kept were copied from the conversation.` : "")
-      + (m.undrafted_steps ? ` For ${plural(m.undrafted_steps, "step")} nothing was guessed: where guesses did not pay, `
-        + `the main model went on alone.` : ""));
-  } else if (speculation) {
-    lines.push(`Speculation: ${speculation}.`);
+    how.push(`${Math.round(m.acceptance_rate * 100)}% of guesses kept`);
   }
-  return lines.filter(Boolean).join("\n");
+  return { summary: [figures.join(" · "), how.filter(Boolean).join(" · ")].filter(Boolean).join("\n"),
+           details: [explanation(m, ratio, copying), m.speculative_reason ? `Why: ${m.speculative_reason}.` : "",
+                     technicalMetrics(m, writing)].filter(Boolean).join("\n") };
+}
+
+function explanation(m, ratio, copying) {
+  const how = copying
+    ? "The next words are guessed from the conversation and the main model checks several at once."
+    : "A small draft model guesses the next words and the main model checks several guesses at once.";
+  const lines = [];
+  if (m.speculative_mode && m.speculative_mode !== "off") lines.push(how);
+  if (ratio != null && ratio < 1.05) {
+    lines.push(`This answer wrote at ${ratio.toFixed(1)}× the speed the main model alone had when this host was `
+      + "measured: checking guesses costs time, and the machine may be busier now. A guess kept often is not always "
+      + "a faster answer.");
+  }
+  if (m.acceptance_rate != null && m.main_steps && m.completion_tokens) {
+    lines.push(`The main model ran ${plural(m.main_steps, "step")} for ${plural(m.completion_tokens, "token")}.`
+      + (m.ngram_accepted_tokens && !copying
+        ? ` ${m.ngram_accepted_tokens} of the tokens kept were copied from the conversation.` : "")
+      + (m.undrafted_steps ? ` For ${plural(m.undrafted_steps, "step")} nothing was guessed: where guesses did not `
+        + "pay, the main model went on alone." : ""));
+  }
+  return lines.join(" ");
 }
 
 // Tokens per second once the first token was out: None for an answer of one token (no time to divide).
@@ -251,37 +274,25 @@ export function writingRate(m) {
   return m.completion_tokens > 1 && seconds > 0 ? (m.completion_tokens - 1) / seconds : null;
 }
 
-function speedWords(ratio, copying) {
-  const times = `${ratio.toFixed(1)}×`;
-  const how = copying
-    ? "the next words are guessed from the conversation and the main model checks several at once"
-    : "a small draft model guesses the next words and the main model checks several guesses at once";
-  return ratio >= 1.05
-    ? `About ${times} as fast as the main model alone on this host: ${how}.`
-    : `About ${times} the speed of the main model alone on this host: ${how}, which did not pay this time `
-      + "(or the machine was busier than when it was measured).";
-}
-
 function formatMs(ms) {
   return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
 }
 
-export function technicalMetrics(m) {
+function technicalMetrics(m, writing) {
   const parts = [];
-  if (m.tokens_per_s != null) parts.push(`${m.tokens_per_s.toFixed(1)} tok/s`);
+  if (writing != null) parts.push(`${writing.toFixed(1)} tok/s after the first token`);
   if (m.ttft_ms != null) parts.push(`first token after ${Math.round(m.ttft_ms)} ms`);
   if (m.acceptance_rate != null) parts.push(`acceptance ${(m.acceptance_rate * 100).toFixed(0)}%`);
   if (m.mean_accepted_length != null) parts.push(`${m.mean_accepted_length.toFixed(2)} tokens/step`);
   if (m.ngram_draft_tokens) {
-    parts.push(`n-gram lookup: ${m.ngram_accepted_tokens} of ${m.ngram_draft_tokens} kept; draft model: `
-      + `${m.accepted_tokens - m.ngram_accepted_tokens} of ${m.draft_tokens - m.ngram_draft_tokens}`);
+    parts.push(`n-gram lookup: ${m.ngram_accepted_tokens} of ${m.ngram_draft_tokens} kept`);
+    if (m.draft_tokens > m.ngram_draft_tokens) {
+      parts.push(`draft model: ${m.accepted_tokens - m.ngram_accepted_tokens} of ${m.draft_tokens - m.ngram_draft_tokens} kept`);
+    }
   }
   if (m.undrafted_steps) parts.push(`${plural(m.undrafted_steps, "step")} without proposals (drafters sat out)`);
   if (m.completion_tokens != null) parts.push(`${plural(m.completion_tokens, "token")} in ${plural(m.main_steps, "main step")}`);
-  if (m.speculative_mode) {
-    const k = m.speculative_k != null ? ` K=${m.speculative_k}` : "";
-    parts.push(`speculation: ${m.speculative_mode}${k}${m.speculative_reason ? ` (${m.speculative_reason})` : ""}`);
-  }
+  if (m.speculative_mode) parts.push(`speculation: ${m.speculative_mode}${m.speculative_k != null ? ` K=${m.speculative_k}` : ""}`);
   if (m.finish_reason) parts.push(`finish: ${m.finish_reason}`);
-  return parts.join("\n");
+  return parts.join(" · ");
 }
