@@ -200,6 +200,15 @@ class ModelPair(models.Model):
             raise ValidationError(errors)
 
 
+def writing_rate(*, tokens: int | None, duration_ms: float | None, ttft_ms: float | None) -> float | None:
+    """Tokens/s once the first token was out, the one rate every figure a person reads uses (the chat's line, the
+    admin's lists and speed-ups): the wait for the first token is a figure of its own. None for an answer of one
+    token (no time to divide)."""
+    if not tokens or tokens < 2 or duration_ms is None or duration_ms <= (ttft_ms or 0):
+        return None
+    return (tokens - 1) / ((duration_ms - (ttft_ms or 0)) / 1000)
+
+
 class Generation(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -275,6 +284,10 @@ class Generation(models.Model):
     @property
     def is_done(self) -> bool:
         return self.status in {self.Status.FINISHED, self.Status.STOPPED, self.Status.FAILED}
+
+    @property
+    def writing_tokens_per_s(self) -> float | None:
+        return writing_rate(tokens=self.completion_tokens, duration_ms=self.duration_ms, ttft_ms=self.ttft_ms)
 
 
 class JobStatus(models.TextChoices):

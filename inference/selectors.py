@@ -10,8 +10,8 @@ import redis
 from django.conf import settings
 from django.db.models import Count, Sum
 
-from inference.limits import LoadState, ServingState
-from inference.models import Generation, HostCalibration, JobStatus, ModelPair
+from inference.limits import LoadState, Route, ServingState
+from inference.models import Generation, HostCalibration, JobStatus, ModelPair, writing_rate
 from inference.transport import WORKER_KEY_PREFIX, held_blocks_key, live_workers
 
 __all__ = ["live_workers"]  # read from the heartbeats in transport.py; queried with the rest from here
@@ -71,16 +71,35 @@ def generation_for_user(*, generation_id, user) -> Generation | None:
 
 
 def answers_served_lately(*, pair: ModelPair, last: int = 50) -> list[dict]:
-    """The pair's last finished answers by how they were served (route and K): how many, and their median tokens/s,
-    what the admin shows once answers are served (the workers' own step figures time the library's pipelines only)."""
+    """The pair's last finished answers by how they were served (route and K): how many, and their median tokens/s
+    after the first token, what the admin shows once answers are served (the workers' own step figures time the
+    library's pipelines only)."""
     by_way: dict[tuple[str, int | None], list[float]] = {}
-    for route, k, rate in (Generation.objects.filter(pair=pair, status=Generation.Status.FINISHED,
-                                                     tokens_per_s__isnull=False)
-                           .order_by("-finished_at").values_list("speculative_route", "speculative_k",
-                                                                  "tokens_per_s")[:last]):
-        by_way.setdefault((route or "unknown", k), []).append(rate or 0.0)  # none null: filtered above
+    for route, k, rate in _rates_lately(Generation.objects.filter(pair=pair), "speculative_route", "speculative_k",
+                                        last=last):
+        by_way.setdefault((route or "unknown", k), []).append(rate)
     return [{"route": route, "k": k, "answers": len(rates), "median_tokens_per_s": statistics.median(rates)}
             for (route, k), rates in sorted(by_way.items(), key=lambda item: -len(item[1]))]
+
+
+def median_rate_lately(*, pair: ModelPair, main_alone: bool, last: int = 20) -> float:
+    """The median tokens/s after the first token of the pair's last answers of at least 16 tokens written by the main
+    alone (or with speculation), 0 without any. The main alone's is part of the baseline every speed-up is weighed
+    against (serving/calibrated.py): a calibration timed while the host was busy understates the main alone, and an
+    answer would be said faster than it was (docs/calibration.md#what-it-changes)."""
+    routes = [route for route in Route if route.is_main_alone() == main_alone]
+    rates = [rate for (rate,) in _rates_lately(Generation.objects.filter(
+        pair=pair, completion_tokens__gte=16, speculative_route__in=routes), last=last)]
+    return statistics.median(rates) if rates else 0.0
+
+
+def _rates_lately(answers, *fields: str, last: int):
+    """`fields` and the tokens/s after the first token of the newest `last` finished answers that have one."""
+    rows = (answers.filter(status=Generation.Status.FINISHED, ttft_ms__isnull=False, duration_ms__isnull=False)
+            .order_by("-finished_at").values_list(*fields, "completion_tokens", "duration_ms", "ttft_ms")[:last])
+    for *values, tokens, duration, first in rows:
+        if (rate := writing_rate(tokens=tokens, duration_ms=duration, ttft_ms=first)) is not None:
+            yield (*values, rate)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,4 @@
 import re
-import statistics
 
 import redis
 from django.db.models import Exists, OuterRef, Q
@@ -8,8 +7,7 @@ from chatsite.chat.models import Conversation, Message
 from inference import selectors as inference_selectors
 from inference import transport
 from inference.engines.speculation_stats import FIGURES
-from inference.limits import Route
-from inference.models import Generation, JobStatus, ModelPair
+from inference.models import JobStatus, ModelPair
 from inference.serving import calibrated
 
 
@@ -100,30 +98,16 @@ def chat_pairs() -> list[dict]:
 
 def host_figures(*, pair: ModelPair, workers: list[dict]) -> dict:
     """What the server does with the pair on the host of a worker serving it, from the pair's newest finished
-    calibration there: the fastest main alone's tokens/s, as the admin's verdict quotes it (what an answer's speed
-    is weighed against; None where that host is not calibrated, and no speed-up is claimed), and the K an answer
-    alone that names none is planned with there, as that worker's heartbeat says (the worker plans; the web does
-    not: 0 the main alone, None the draft going on while confident or no worker yet)."""
+    calibration there: the main alone's baseline, as the admin and /v1/config quote it (what an answer's speed is
+    weighed against, serving/calibrated.py; None where that host is not calibrated, and no speed-up is claimed),
+    and the K an answer alone that names none is planned with there, as that worker's heartbeat says (the worker
+    plans; the web does not: 0 the main alone, None the draft going on while confident or no worker yet)."""
     hosts = [_machine(beat.get("host_facts") or {}) for beat in workers if pair.queue in beat.get("queues", ())]
     calibration = next((c for c in pair.calibrations.filter(status=JobStatus.FINISHED).order_by("-finished_at")
                         if c.results.get("fastest") and _machine(c.host_facts) in hosts), None)
     alone = calibrated.summary(calibration).get("main_alone_tokens_per_s") if calibration else None
     planned = next((beat["lone_k"][pair.slug] for beat in workers if pair.slug in beat.get("lone_k", {})), None)
-    return {"main_alone_tokens_per_s": max(alone, _main_alone_lately(pair=pair)) if alone else None,
-            "planned_k": planned}
-
-
-def _main_alone_lately(*, pair: ModelPair, last: int = 20) -> float:
-    """The median tokens/s after the first token of the pair's last answers written by the main alone (0 without
-    any): a calibration timed while the host was busy understates the main alone, and an answer would be said faster
-    than it was (docs/calibration.md#what-it-changes)."""
-    answers = Generation.objects.filter(
-        pair=pair, status=Generation.Status.FINISHED, completion_tokens__gte=16, ttft_ms__isnull=False,
-        duration_ms__isnull=False, speculative_route__in=[route for route in Route if route.is_main_alone()],
-    ).order_by("-finished_at").values_list("completion_tokens", "duration_ms", "ttft_ms")[:last]
-    rates = [(tokens - 1) / ((duration - first) / 1000) for tokens, duration, first in answers
-             if duration is not None and first is not None and duration > first]
-    return statistics.median(rates) if rates else 0.0
+    return {"main_alone_tokens_per_s": alone, "planned_k": planned}
 
 
 def _machine(facts: dict) -> dict:

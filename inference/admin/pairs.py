@@ -100,13 +100,14 @@ class ModelPairAdmin(admin.ModelAdmin):
 
     @admin.display(description="speed-up on its host")
     def speedup_here(self, pair: ModelPair) -> str:
-        """The newest finished calibration's verdict, in one figure: a lone answer with the draft against the
-        fastest main alone there."""
+        """The newest finished calibration's verdict in one figure, a lone answer with the draft against the baseline
+        the chat and /v1/config use too; and the pair's speculative answers lately against the same baseline."""
         calibration = pair.calibrations.filter(status=JobStatus.FINISHED).order_by("-finished_at").first()
         shown = calibrated.summary(calibration) if calibration else {}
+        lately = f"; answers lately {shown['speedup_lately']:.2f}x" if shown.get("speedup_lately") else ""
         if shown.get("speedup"):
-            return f"{shown['speedup']:.2f}x (K={shown['best_k']})"
-        return "main alone faster" if shown.get("verdict") else "not calibrated yet"
+            return f"{shown['speedup']:.2f}x (K={shown['best_k']}){lately}"
+        return f"main alone faster{lately}" if shown.get("verdict") else "not calibrated yet"
 
     @admin.display(description="next")
     def next_step(self, pair: ModelPair) -> str:
@@ -157,13 +158,14 @@ class ModelPairAdmin(admin.ModelAdmin):
                    f"{way['median_tokens_per_s']:.1f}") for way in selectors.answers_served_lately(pair=pair)]
         answers = format_html(
             "<p>The last answers served, by how:</p><table><tr><th>route</th><th>K</th><th>answers</th>"
-            "<th>median tok/s</th></tr>{}</table>", format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td>"
-                                                                         "<td>{}</td></tr>", served)) if served else ""
+            "<th>median tokens/s after the first token</th></tr>{}</table>",
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", served)) if served else ""
         if not rows:
             return format_html("{}<p>The workers' step figures: none yet (they time the library's pipelines, where "
                                "plans follow them once a worker has measured the main alone and a K at a load).</p>",
                                answers or "No answer served yet. ")
-        return format_html("{}<table><tr><th>worker</th><th>streams up to</th><th>tokens/s of step time</th></tr>"
+        return format_html("{}<table><tr><th>worker</th><th>streams up to</th><th>tokens/s, timing the model's steps "
+                           "alone</th></tr>"
                            "{}</table>", answers,
                            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", rows))
 
