@@ -51,6 +51,7 @@ class FinishReason(StrEnum):
     STOP = "stop"  # EOS or a stop string
     LENGTH = "length"  # max_tokens reached
     STOPPED = "stopped"  # the client asked to stop
+    REPEATING = "repeating"  # the chat's answer stopped as it repeated itself (serving/repetition.py)
     ERROR = "error"
 
 

@@ -82,6 +82,33 @@ async def test_answer_streams_the_main_models_greedy_output(demo_pair, user, mai
     await communicator.disconnect()
 
 
+async def test_an_answer_repeating_itself_is_stopped_and_says_so_and_the_api_runs_on(demo_pair, user, api_key,
+                                                                                    main_alone_greedy):
+    """The demo main, greedy, writes `'call', ` over and over after "class Stack:": the chat stops it once a span has
+    come back three times over 128 tokens or more, its text the main alone's up to there, and it can be continued. The
+    API's answer to the same prompt runs to the max tokens asked (a script asks for what it wants)."""
+    communicator = await connect(user)
+    started = await send_message(communicator, text="class Stack:", max_tokens=400)
+    assert started["type"] == "started", started
+    done = (await events_until_end(communicator, started["generation"]))[-1]["event"]
+    assert done["type"] == "done" and done["finish_reason"] == "repeating", done
+    assert 128 <= done["completion_tokens"] < 300, done
+    generation = await Generation.objects.aget(id=started["generation"])
+    assert generation.status == Generation.Status.STOPPED and generation.finish_reason == "repeating"
+    reference = main_alone_greedy(generation.prompt, 400, add_special_tokens=False)
+    assert reference.startswith(done["text"]) and len(reference) > len(done["text"])  # the same answer, cut
+    await communicator.send_json_to({"action": "continue", "message": started["message"], "settings": {}})
+    assert (await receive(communicator))["type"] == "started"  # Continue is offered for it, as for a stopped answer
+    await communicator.disconnect()
+
+    api = await sync_to_async(Client)()
+    response = await sync_to_async(api.post)(
+        "/v1/completions", {"model": "demo-code", "prompt": "class Stack:", "max_tokens": 300, "temperature": 0},
+        content_type="application/json", headers={"authorization": f"Bearer {api_key.secret}"})
+    assert response.status_code == 200, response.content
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+
+
 async def test_two_answers_on_one_worker_are_batched(demo_pair, user, other_user, main_alone_greedy):
     alice, bob = await connect(user), await connect(other_user)
     first = await send_message(alice, max_tokens=160)

@@ -142,7 +142,7 @@ def continue_answer(*, user, message_id: int, options: web.GenerationOptions) ->
         return message
 
 
-CONTINUABLE = (FinishReason.LENGTH, FinishReason.STOPPED)
+CONTINUABLE = (FinishReason.LENGTH, FinishReason.STOPPED, FinishReason.REPEATING)
 
 
 SAMPLING_SETTINGS = ("temperature", "top_p", "top_k")

@@ -23,7 +23,7 @@ from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason, Route, SpeculativeMode
 from inference.metrics import record_generation
 from inference.models import Generation, ModelPair
-from inference.serving import calibrated, planning, routing
+from inference.serving import calibrated, planning, repetition, routing
 from inference.serving.host import this_host
 from inference.serving.planning import handover
 from inference.serving.reasons import Reason, Why
@@ -245,6 +245,9 @@ class Answer:
         self.moving_to: planning.Plan | None = None
         self.cached_tokens = 0  # prompt tokens the first engine found in its prefix cache
         self.overran = False  # stopped for running past settings.MAX_ANSWER_S
+        # A chat answer's tokens, watched for a loop (serving/repetition.py): stopped once it repeats itself.
+        self.watched: list[int] | None = [] if generation.source == Generation.Source.CHAT else None
+        self.repeating = False
 
     def run(self) -> None:
         flush_s = settings.STREAM_FLUSH_MS / 1000
@@ -268,10 +271,9 @@ class Answer:
                     piece.append(_scored(self.engine, item))
                 self.steps.append(piece)
                 self.pending.append(piece)
+                self._watch_for_a_loop(item.token_ids)
             elif isinstance(item, Finished):
-                finished = self._continue_elsewhere() if self._handing_over(item) else item
-                if finished and finished.finish_reason == FinishReason.STOPPED and self.overran:
-                    finished = Finished(FinishReason.ERROR, OVERRAN.format(limit=settings.MAX_ANSWER_S))
+                finished = self._ended(item)
             finished = finished or self._overrun()
             first_tokens = self.pending and len(self.pending) == len(self.steps)  # the time to first token
             if finished or first_tokens or time.monotonic() - last_flush >= flush_s:
@@ -283,6 +285,25 @@ class Answer:
                 self._consider_handover()
                 next_replan = time.monotonic() + REPLAN_EVERY_S
         self._record(finished)
+
+    def _ended(self, item: Finished) -> Finished | None:
+        """How the answer ended, or None where it goes on in another engine (a handover); a stop this worker made
+        says why."""
+        finished = self._continue_elsewhere() if self._handing_over(item) else item
+        if finished and finished.finish_reason == FinishReason.STOPPED and self.overran:
+            return Finished(FinishReason.ERROR, OVERRAN.format(limit=settings.MAX_ANSWER_S))
+        if finished and finished.finish_reason == FinishReason.STOPPED and self.repeating:
+            return Finished(FinishReason.REPEATING)
+        return finished
+
+    def _watch_for_a_loop(self, token_ids: list[int]) -> None:
+        if self.watched is None or self.repeating:
+            return
+        self.watched += token_ids
+        if period := repetition.loop_period(self.watched):
+            log.info("generation %s repeats a span of %d tokens: stopped", self.generation.id, period)
+            self.repeating, self.moving_to = True, None
+            self.request.stop()
 
     def _overrun(self) -> Finished | None:
         """Past settings.MAX_ANSWER_S the answer is stopped (no handover); past the grace it ends whether or
@@ -368,7 +389,8 @@ class Answer:
         generation, writer = self.generation, self.writer
         figures = self.stats.summary(started_at=self.started_at,
                                      ended_at=self.stats.last_token_at or time.perf_counter())
-        status = {FinishReason.STOPPED: Generation.Status.STOPPED, FinishReason.ERROR: Generation.Status.FAILED}.get(
+        status = {FinishReason.STOPPED: Generation.Status.STOPPED, FinishReason.REPEATING: Generation.Status.STOPPED,
+                  FinishReason.ERROR: Generation.Status.FAILED}.get(
             finished.finish_reason, Generation.Status.FINISHED
         )
         prompt_tokens = len(self.prompt_ids)

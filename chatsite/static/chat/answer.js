@@ -126,9 +126,10 @@ export class Answer {
       this.chat.regenerate(this);
     });
     actions.append(copyButton("Copy", "copy-answer", "Copy the whole answer"), regen);
-    // Cut at the max tokens or stopped: written further on demand, as one answer.
-    if ((this.finishReason === "length" || this.finishReason === "stopped") && this.text) {
-      const why = this.finishReason === "length" ? "it reached the max tokens" : "it was stopped";
+    // Cut at the max tokens, stopped, or stopped as it repeated itself: written further on demand, as one answer.
+    const why = { length: "it reached the max tokens", stopped: "it was stopped",
+                  repeating: "it was stopped as it repeated itself" }[this.finishReason];
+    if (why && this.text) {
       const more = copyButton("Continue", "continue", `Write this answer further (${why})`);
       more.addEventListener("click", () => {
         actions.remove();

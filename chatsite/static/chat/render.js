@@ -231,6 +231,7 @@ export function formatMetrics(m, pair) {
   if (writing) figures.push(`${writing.toFixed(1)} tokens/s`);
   if (m.completion_tokens != null) figures.push(plural(m.completion_tokens, "token"));
   if (m.finish_reason === "stopped") figures.push("stopped");
+  else if (m.finish_reason === "repeating") figures.push("stopped: it was repeating itself");
   else if (m.finish_reason === "length") figures.push("reached the max tokens");
   const alone = pair?.main_alone_tokens_per_s;
   const guessed = m.speculative_mode && m.speculative_mode !== "off"; // the main alone is 1× itself, whatever noise says
