@@ -253,7 +253,7 @@ async def test_malformed_messages_get_errors(user):
     await communicator.disconnect()
 
 
-async def test_pair_that_fails_to_load_shows_an_error(demo_pair, user):
+async def test_a_pair_loading_says_so_and_one_that_fails_to_load_shows_an_error(demo_pair, user):
     # Saved around validation, as if its files broke after registration: the draft folder has no model.
     await sync_to_async(ModelPair.objects.create)(
         name="Broken", slug="broken", main_dir=demo_pair.main_dir, draft_dir="demo-code",
@@ -261,7 +261,8 @@ async def test_pair_that_fails_to_load_shows_an_error(demo_pair, user):
     communicator = await connect(user)
     started = await send_message(communicator, pair="broken", max_tokens=8)
     events = await events_until_end(communicator, started["generation"])
-    assert events[-1]["event"]["type"] == "error" and "failed to load" in events[-1]["event"]["message"]
+    assert [e["event"]["type"] for e in events] == ["loading", "error"]  # the wait said what it was
+    assert "failed to load" in events[-1]["event"]["message"]
     generation = await Generation.objects.aget(id=started["generation"])
     assert generation.status == "failed"
     await communicator.disconnect()

@@ -69,7 +69,9 @@ class EngineRegistry:
         self.states: dict[str, dict] = {}  # slug -> {"state": loading|available|failed, "error": str}
         self.rates: dict[str, StepRates] = {}  # slug -> tokens/s its engines delivered lately, by K and load
 
-    def get(self, spec: PairSpec) -> Engine:
+    def get(self, spec: PairSpec, *, loading: Callable[[], object] | None = None) -> Engine:
+        """The engine of `spec`, built on first use; `loading` is called first where it is not ready (built here or
+        by another thread), so an answer waiting for it can say so."""
         self._last_used[spec] = time.monotonic()
         engine = self._engines.get(spec)
         if engine and not engine.alive:  # its step process exited: load it again
@@ -81,6 +83,8 @@ class EngineRegistry:
                 threading.Thread(target=self._renew, args=(spec, engine), name=f"renew-{spec.slug}",
                                  daemon=True).start()
             return engine
+        if loading:
+            loading()
         with self._guard:
             lock = self._locks.setdefault(spec, threading.Lock())
         with lock:

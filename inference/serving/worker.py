@@ -9,6 +9,7 @@ import os
 import queue
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from django.conf import settings
@@ -70,12 +71,13 @@ def host_figures(*, pair: ModelPair) -> planning.HostFigures:
     return calibrated.host_figures(pair=pair, host=this_host(pair.runs_on))
 
 
-def load_engine(*, pair: ModelPair, route: Route, figures: planning.HostFigures | None = None) -> Engine:
+def load_engine(*, pair: ModelPair, route: Route, figures: planning.HostFigures | None = None,
+                loading: Callable[[], object] | None = None) -> Engine:
     """This worker's engine for the pair's route, loaded on first use, in the precision the host's calibration
-    chose; the last load result is kept on the pair."""
+    chose; the last load result is kept on the pair. `loading`: called first if it is not loaded yet."""
     try:
         figures = figures or host_figures(pair=pair)
-        engine = STATE.engines.get(pair_spec(pair=pair, route=route, calibration=figures))
+        engine = STATE.engines.get(pair_spec(pair=pair, route=route, calibration=figures), loading=loading)
     except Exception as exc:
         ModelPair.objects.filter(id=pair.id).update(load_error=f"{type(exc).__name__}: {exc}",
                                                     load_reported_at=timezone.now())
@@ -116,8 +118,10 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
 
 def _serve(*, generation: Generation, asked: planning.Asked, planned: planning.Plan, worker_name: str,
            figures: planning.HostFigures) -> None:
-    try:
-        engine = load_engine(pair=generation.pair, route=planned.route, figures=figures)
+    writer = transport.StreamWriter(transport.sync_client(), generation.id)
+    try:  # a pair loading (a worker just started, or one idle a while) says so, not a blank wait
+        engine = load_engine(pair=generation.pair, route=planned.route, figures=figures,
+                             loading=lambda: writer.send({"type": "loading"}))
     except Exception:  # the details (paths, the library's words) go to the log and the pair's admin page
         log.exception("pair %s failed to load for generation %s", generation.pair.slug, generation.id)
         fail_generation(generation_id=generation.id,
@@ -126,7 +130,6 @@ def _serve(*, generation: Generation, asked: planning.Asked, planned: planning.P
         return
     decoding = generation.params["decoding"]
     params = planned_decoding(DecodingParams(**{**decoding, "stop": tuple(decoding["stop"])}), planned)
-    writer = transport.StreamWriter(transport.sync_client(), generation.id)
     request = None
     STATE.submitting[str(generation.id)] = time.perf_counter()
     try:

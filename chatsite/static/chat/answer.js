@@ -26,7 +26,7 @@ export class Answer {
     this.done = false;
     this.renderQueued = false;
     this.el.classList.add("streaming");
-    this.el.querySelector(".meta").textContent = "waiting for the worker…";
+    this.el.querySelector(".meta").textContent = "Waiting for a free worker…";
     this.el.querySelector(".actions")?.remove();
   }
 
@@ -43,7 +43,9 @@ export class Answer {
 
   apply(id, event) {
     this.lastId = id;
-    if (event.type === "start") {
+    if (event.type === "loading") {
+      this.el.querySelector(".meta").textContent = "Loading the pair's models on the worker (the first answer after a start, or after a while unused)…";
+    } else if (event.type === "start") {
       this.el.querySelector(".meta").textContent = `${plural(event.prompt_tokens, "prompt token")} · writing…`;
     } else if (event.type === "prompt") {
       // A long prompt (a pasted file, a long conversation) being read: how far, not a blank wait.
