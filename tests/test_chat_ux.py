@@ -57,10 +57,13 @@ def test_a_conversation_writes_one_answer_at_a_time(demo_pair, user, celery_work
 
     page.fill("#prompt", "class Stack:")
     page.fill("#max-tokens", "500")
+    send = page.locator("#send").bounding_box()
     with paused(celery_worker):  # the answer stays in flight however soon the model would end it (EOS)
         page.press("#prompt", "Control+Enter")
         page.wait_for_selector("article.assistant.streaming")
         assert page.locator("#stop").is_visible() and page.locator("#send").is_hidden()  # Send became Stop
+        stop = page.locator("#stop").bounding_box()
+        assert abs(stop["x"] + stop["width"] - send["x"] - send["width"]) < 2 and abs(stop["y"] - send["y"]) < 2
         page.fill("#prompt", "def merge(a, b):")
         page.press("#prompt", "Control+Enter")  # the shortcut, with Send hidden
         page.locator("#status", has_text=ONE_AT_A_TIME).wait_for()
