@@ -317,8 +317,8 @@ async def test_worker_that_dies_mid_answer_surfaces_as_an_error(demo_pair, user,
         communicator = await connect(user)
         started = await send_message(communicator, pair="doomed", max_tokens=500)
 
-        async def kill_worker(count):
-            if count == 2:
+        async def kill_worker(_):
+            if worker.proc.poll() is None:  # at the first delta (the pair's loading and the start came before)
                 worker.proc.kill()
 
         events = await events_until_end(communicator, started["generation"], on_delta=kill_worker)
@@ -402,7 +402,7 @@ async def test_a_reload_within_the_grace_period_keeps_the_answer(demo_pair, user
     assert (await reloaded.connect())[0]
     await reloaded.send_json_to({"action": "follow", "generation": started["generation"]})
     events = await events_until_end(reloaded, started["generation"])
-    assert events[-1]["event"]["finish_reason"] in ("length", "stop")  # its own end, not "stopped"
+    assert events[-1]["event"]["finish_reason"] in ("length", "stop", "repeating")  # its own end, not "stopped"
     assert events[-1]["event"]["duration_ms"] > 1000 * settings.CHAT_ABANDON_GRACE_S  # it outlived the grace
     await reloaded.disconnect()
 

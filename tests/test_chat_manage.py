@@ -113,7 +113,9 @@ def test_an_answer_started_over_http_with_no_page_watching_is_stopped_like_an_ab
     demo_pair.max_new_tokens_cap = 4096  # as long as the context allows: well past the grace period here
     demo_pair.save()
     question = finished_generation(pair=demo_pair, user=user).message.conversation.messages.first()
-    started = post(alice, f"/m/{question.id}/edit/", {"text": "def g(x):", "settings": {"ignore_eos": True}})
+    # Sampled: the demo main's greedy answer would soon repeat itself, and be stopped for that instead.
+    started = post(alice, f"/m/{question.id}/edit/", {"text": "def g(x):", "settings": {"ignore_eos": True,
+                                                                                        "temperature": 1.0}})
     assert started.status_code == 200, started.content
     generation = wait_until_done(started.json()["generation"], timeout=settings.CHAT_ABANDON_GRACE_S + 60)
     assert generation.status == Generation.Status.STOPPED and generation.finish_reason == "stopped", generation.error
