@@ -22,12 +22,11 @@ from django.core.management import call_command
 from inference.calibration.measure import CALIBRATION_PROMPTS
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Finished
-from inference.engines.library.pipeline import LibraryEngine
 from inference.engines.own.engine import OwnEngine
 from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import Route
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
-from inference.pairs import catalog
+from inference.pairs import catalog, importer
 from inference.serving.precision import CONFIGS, EXACT_ON_OWN_ENGINE
 from inference.serving.reasons import Reason
 from inference.serving.records import pair_spec
@@ -87,34 +86,18 @@ def key(api_key):
 
 
 # ------------------------------------------------------------------ import
-def test_a_gguf_file_is_imported_and_generates(db, settings, tmp_path):
-    """The draft's own GGUF file (Qwen's, checked by its digest), imported as a main alone in int4."""
-    settings.MODELS_ROOT = tmp_path / "models"
-    draft = catalog.fetch(catalog.QWEN_CODER.draft, cache=catalog.cache_dir(), say=lambda _: None)
-    out = io.StringIO()
-    call_command("import_pair", name="Qwen coder 0.5B", slug="qwen-0.5b", main=str(draft), weight_format="int4",
-                 main_sha256=catalog.QWEN_CODER.draft.sha256, stdout=out)
-    pair = ModelPair.objects.get(slug="qwen-0.5b")
-    assert [p.name for p in (tmp_path / "models" / "qwen-0.5b").iterdir()] == ["main"]  # no float32 copy left
-    engine = LibraryEngine(PairSpec(slug="imported", main_dir=str(settings.MODELS_ROOT / pair.main_dir),
-                                    route=Route.LIBRARY_MAIN_ALONE))
-    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": REQUESTS[0]}],
-                                                  add_generation_prompt=True)
-    text = engine.tokenizer.decode(drain(engine.submit(prompt=prompt, add_special_tokens=False,
-                                                       params=DecodingParams(max_new_tokens=48))))
-    engine.close()
-    assert "def " in text and "fib" in text.lower(), text
-
-
-def drain(request) -> list[int]:
-    from inference.engines.interface import Finished
-
-    tokens: list[int] = []
-    while not isinstance(event := request.next_step(timeout=300), Finished):
-        tokens += event.token_ids
-    assert event.finish_reason in {"length", "stop"}, event
-    return tokens
-
+def test_qwens_gguf_files_became_ir_in_the_catalogues_weight_formats_and_nothing_else(real_folder):
+    """`make real-pair` fetched Qwen's GGUF files (refused unless their sha256 is Qwen's) and converted them with
+    `import_pair`, as a user's own GGUF is imported: the main in int8, the draft in int4 and in int8 (the calibration
+    keeps the faster), each with its tokenizer, and no float32 export left behind. Every other test here generates
+    with that IR."""
+    folders = ("main", "draft", importer.ALTERNATIVE_DRAFT)
+    assert sorted(p.name for p in real_folder.iterdir() if p.is_dir()) == sorted(folders)
+    formats = {folder: set(re.findall(r'element_type="(u8|u4)"', (real_folder / folder / "openvino_model.xml")
+                                      .read_text())) for folder in folders}
+    # int4 keeps the embeddings and the head in int8, as NNCF's int4 compression does
+    assert formats == {"main": {"u8"}, "draft": {"u4", "u8"}, importer.ALTERNATIVE_DRAFT: {"u8"}}, formats
+    assert all((real_folder / folder / "openvino_tokenizer.xml").is_file() for folder in folders)
 
 
 def test_a_folder_from_other_files_is_installed_again_and_its_calibrations_dropped(real_pair):
