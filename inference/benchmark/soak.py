@@ -96,9 +96,12 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
                         open_session=new_session)
     started_wall = time.time()
     top = max(options.concurrency)
-    warm: list[Outcome] = []  # a burst at the top level first: the engines' caches grow to their working size
-    asyncio.run(_phase(client=client, concurrency=top, done=warm, progress=lambda n: None,
-                       requests=[{**r, "kind": "sse", "behaviour": "plain"} for r in plan[:2 * top]]))
+    # A burst first, the engines' caches growing to their working size: two more at once than the top level (the
+    # key's limit, commands/soak.py), so that each of the two workers, sharing it by load, runs past its own
+    # engine's streams and loads the engine the rest go to, as the one left does once the other is killed.
+    warm: list[Outcome] = []
+    asyncio.run(_phase(client=client, concurrency=top + 2, done=warm, progress=lambda n: None,
+                       requests=[{**r, "kind": "sse", "behaviour": "plain"} for r in plan[:3 * top]]))
     if any(o.ended != "done" for o in warm):
         raise StackError(f"the stack does not answer: {next(o.error for o in warm if o.ended != 'done')}")
     measured_pid, worker_mb = stack.pss_mb(1)  # the worker the soak does not kill
