@@ -96,9 +96,9 @@ def run_soak(*, stack: PrivateStack, credentials: Credentials, options: SoakOpti
                         open_session=new_session)
     started_wall = time.time()
     top = max(options.concurrency)
-    # A burst first, the engines' caches growing to their working size: two more at once than the top level (the
-    # key's limit, commands/soak.py), so that each of the two workers, sharing it by load, runs past its own
-    # engine's streams and loads the engine the rest go to, as the one left does once the other is killed.
+    # A burst first, the engines' caches growing to their working size: as many at once as the key allows (two past
+    # the top level, commands/soak.py), since the two workers share it by load while the one left after the kill
+    # carries the whole top level, and its batch grows to that.
     warm: list[Outcome] = []
     asyncio.run(_phase(client=client, concurrency=top + 2, done=warm, progress=lambda n: None,
                        requests=[{**r, "kind": "sse", "behaviour": "plain"} for r in plan[:3 * top]]))
