@@ -41,6 +41,7 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     assert "% of guesses kept" in meta.inner_text() and "K=" in meta.inner_text()
     assert_details(meta, "draft model guesses the next words", "tok/s after the first token", "tokens/step",
                    "Why: ", "speculation: draft")
+    page.screenshot(path="/tmp/shots-chatux/speed-line-details.png")
     assert "/c/" in page.url  # the conversation is kept, and listed in the sidebar after a reload
     page.click("#options-toggle")  # the finer settings wait behind "Options"
     page.check("#show-steps")
