@@ -416,6 +416,7 @@ def calibrated_here(real_pair, settings):
     return real_pair
 
 
+@pytest.mark.figures
 @pytest.mark.usefixtures("real_worker")
 def test_the_chat_states_the_speed_up_an_answer_had(live_server_url, calibrated_here, user, page):
     """The chat's "N times the main alone" line (the answer's tokens/s after its first
