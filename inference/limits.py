@@ -9,6 +9,7 @@ K_MIN, K_MAX = 1, 32  # num_assistant_tokens: tokens the draft proposes per step
 DEFAULT_K = 5  # what the library falls back to when a speculative request names neither K nor a threshold
 TEMPERATURE_MAX = 2
 TOP_K_MAX = 100_000
+REPETITION_PENALTY_MAX = 2  # vLLM's bound too: past it, answers lose their words' own repeats
 MAX_SEED = 2**64 - 1  # openvino-genai's rng_seed is a size_t
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 256  # characters in one stop string: the pipeline looks for each in every new piece of text

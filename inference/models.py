@@ -81,8 +81,9 @@ class ModelPair(models.Model):
     chat_sampling = models.JSONField(
         default=dict, blank=True,
         help_text='How the chat samples when its options set none: the publisher\'s settings, e.g. {"temperature": '
-        '0.7, "top_p": 0.8, "top_k": 20} (an imported pair reads its generation_config.json; the catalogue pins a '
-        'GGUF\'s). Empty: greedy. The API keeps its own defaults: a script asks for what it wants.')
+        '0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05} (an imported pair reads its '
+        'generation_config.json; the catalogue pins a GGUF\'s). Empty: greedy. The API keeps its own defaults: a '
+        'script asks for what it wants.')
     cache_size_gb = models.PositiveSmallIntegerField(default=1, help_text="KV cache of the scheduler, in GB.")
     max_num_batched_tokens = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(32)],

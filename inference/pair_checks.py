@@ -150,7 +150,8 @@ def device_errors(*, device: str, draft_device: str, has_draft: bool, available:
 PROFILE_MODES = ("greedy", "sampled")
 
 
-CHAT_SAMPLING = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "top_k": (0, 1000)}  # name: its range
+CHAT_SAMPLING = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "top_k": (0, 1000),  # name: its range
+                 "repetition_penalty": (1.0, 2.0)}
 
 
 def chat_sampling_errors(sampling) -> list[str]:

@@ -57,6 +57,24 @@ def test_openai_completions_equal_main_greedy(live_server_url, demo_pair, api_ke
 
 
 @pytest.mark.usefixtures("celery_worker")
+def test_a_repetition_penalty_changes_the_answer_and_the_draft_changes_nothing_under_it(live_server_url, demo_pair,
+                                                                                         api_key):
+    """OVMS's and vLLM's `repetition_penalty`: a greedy answer under it, with the draft, is the main alone's under it,
+    and not the answer without it."""
+    api = client(live_server_url, api_key.secret)
+
+    def text(**extra) -> str:
+        return api.completions.create(model="demo-code", prompt=PROMPT, max_tokens=48, temperature=0,
+                                      extra_body=extra).choices[0].text
+
+    penalised = text(repetition_penalty=2.0, num_assistant_tokens=3)
+    assert penalised == text(repetition_penalty=2.0, speculative=False)
+    assert penalised != text(num_assistant_tokens=3)
+    recorded = [g.params["decoding"]["repetition_penalty"] for g in Generation.objects.order_by("created_at")]
+    assert recorded == [2.0, 2.0, 1.0], recorded
+
+
+@pytest.mark.usefixtures("celery_worker")
 def test_openai_chat_equal_main_greedy_over_v3(live_server_url, demo_pair, api_key, main_alone_greedy):
     expected = main_alone_greedy(chat_prompt(pair=demo_pair, messages=MESSAGES), 20, add_special_tokens=False)
     api = client(live_server_url, api_key.secret, version="v3")  # OpenVINO Model Server's prefix

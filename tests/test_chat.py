@@ -446,7 +446,7 @@ async def test_one_answer_at_a_time_in_a_conversation(demo_pair, user):
 async def test_a_message_that_sets_no_sampling_samples_as_the_pairs_publisher_advises(demo_pair, user):
     """As LM Studio and Ollama do: the pair's chat defaults (Qwen's for its coder models here); greedy is one setting
     away, and the API keeps its own defaults (tests/test_api.py)."""
-    demo_pair.chat_sampling = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    demo_pair.chat_sampling = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
     await demo_pair.asave()
     communicator = await connect(user)
     advised = await send_message(communicator, max_tokens=8)
@@ -455,5 +455,6 @@ async def test_a_message_that_sets_no_sampling_samples_as_the_pairs_publisher_ad
     await events_until_end(communicator, greedy["generation"])
     decoding = [(await Generation.objects.aget(id=started["generation"])).params["decoding"]
                 for started in (advised, greedy)]
-    assert [(d["temperature"], d["top_p"], d["top_k"]) for d in decoding] == [(0.7, 0.8, 20), (0.0, 1.0, 0)]
+    assert [(d["temperature"], d["top_p"], d["top_k"], d["repetition_penalty"]) for d in decoding] == [
+        (0.7, 0.8, 20, 1.05), (0.0, 1.0, 0, 1.0)]
     await communicator.disconnect()

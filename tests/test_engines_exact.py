@@ -239,6 +239,21 @@ def test_greedy_answers_chained_with_the_prompt_lookup_are_the_main_alones(engin
 
 
 @pytest.mark.no_database
+def test_under_a_repetition_penalty_the_draft_and_the_lookup_change_no_greedy_token(engine):
+    """A publisher's repetition penalty (engines/own/penalty.py) shapes the main's row at each verified position for
+    the proposals before it, as the main alone's for the tokens it wrote: with the draft, and with the lookup chained
+    on an answer that copies, token for token the main alone's answer under the same penalty, which is not the
+    answer without it. (A strong penalty: at 1.3 no answer here told a step's rows penalised for the proposals before
+    them from rows that were not.)"""
+    for prompt in (PROMPTS[1], *COPYING):
+        alone, _ = drafted(engine, prompt, 0, repetition_penalty=2.0)
+        speculated, proposed = drafted(engine, prompt, 3, repetition_penalty=2.0)
+        assert speculated == alone, prompt
+        assert sum(proposed.values()) > 16, proposed
+        assert alone != drafted(engine, prompt, 0)[0], "the penalty changed nothing: the test would prove little"
+
+
+@pytest.mark.no_database
 def test_an_answer_proposing_from_its_conversation_alone_runs_no_draft_and_is_the_main_alones(engine):
     """After a long prompt where the draft did not pay (`lookup_only`, the plan's calibrated-long-context-lookup):
     the lookup proposes where the answer copies, the draft never runs, and the answer is the main alone's."""

@@ -50,7 +50,7 @@ def _llama(folder: Path, tok, *, layers: int) -> Path:
     return folder
 
 
-SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
 
 
 def _published_sampling(folder: Path) -> Path:

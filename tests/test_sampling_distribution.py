@@ -69,7 +69,8 @@ SETTINGS = [
     pytest.param({"temperature": 1.0, "num_assistant_tokens": 2}, id="T1.0-K2"),
     pytest.param({"temperature": 1.0, "top_p": 0.9, "num_assistant_tokens": 4}, id="T1.0-top_p0.9-K4"),
     # Qwen's advice for its coder models, the real pair's chat defaults (ModelPair.chat_sampling)
-    pytest.param({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "num_assistant_tokens": 3}, id="T0.7-top_p0.8-top_k20-K3"),
+    pytest.param({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05, "num_assistant_tokens": 3},
+                 id="T0.7-top_p0.8-top_k20-rp1.05-K3"),
 ]
 
 
@@ -125,6 +126,23 @@ def test_samples_chained_with_the_prompt_lookup_follow_the_main_alone(main_alone
     assert any(proposed > 1 for proposed, _ in looked_up)
     kept = sum(accepted for _, accepted in looked_up) / sum(proposed for proposed, _ in looked_up)
     assert 0.1 < kept < 0.9, f"the lookup's proposals kept {kept:.0%}: the rule's both branches should run"
+
+
+@pytest.mark.no_database
+def test_samples_under_a_repetition_penalty_follow_the_main_alones(main_alone, exact):
+    """Where the history repeats, a strong repetition penalty moves the main alone's own samples (openvino-genai's
+    sampler, the reference); the own engine's, the lookup and the draft proposing and each verified position
+    penalised for the proposals before it (engines/own/penalty.py), follow them."""
+    sampling = {"temperature": 1.0, "repetition_penalty": 1.5}
+    reference = samples(sampler(main_alone, new_tokens=4, prompt=REPEATING, **sampling), range(N), threads=16)
+    unpenalised = samples(sampler(main_alone, new_tokens=4, prompt=REPEATING, temperature=1.0), range(N), threads=16)
+    assert differs(compare(unpenalised, reference, positions=4)), "the penalty moved nothing: the test proves little"
+    steps: list[tuple[Drafter, int, int]] = []
+    tested = samples(sampler(exact, new_tokens=4, prompt=REPEATING, steps=steps, num_assistant_tokens=3, **sampling),
+                     range(60_000, 60_000 + N))
+    report = compare(tested, reference, positions=4)
+    assert not differs(report), report
+    assert {drafter for drafter, _, _ in steps} == {Drafter.NGRAM, Drafter.DRAFT}, "both proposers should run"
 
 
 @pytest.mark.no_database

@@ -145,7 +145,7 @@ def continue_answer(*, user, message_id: int, options: web.GenerationOptions) ->
 CONTINUABLE = (FinishReason.LENGTH, FinishReason.STOPPED, FinishReason.REPEATING)
 
 
-SAMPLING_SETTINGS = ("temperature", "top_p", "top_k")
+SAMPLING_SETTINGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
 def parse_chat_settings(value) -> web.GenerationOptions:
@@ -165,7 +165,8 @@ def chat_options(*, pair: ModelPair, options: web.GenerationOptions) -> web.Gene
     if options.pair_sampling and pair.chat_sampling:
         sampling = pair.chat_sampling
         options = replace(options, temperature=float(sampling.get("temperature", 1.0)),
-                          top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)))
+                          top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),
+                          repetition_penalty=float(sampling.get("repetition_penalty", 1.0)))
     if options.max_new_tokens is not None:
         return options
     return replace(options, max_new_tokens=pair.max_new_tokens_cap)

@@ -80,6 +80,10 @@ def _sampling(*, models: list[str], max_tokens: int) -> dict:
         "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "nullable": True},
         "top_k": {"type": "integer", "minimum": 0, "maximum": limits.TOP_K_MAX, "nullable": True,
                   "description": "0 means no top-k."},
+        "repetition_penalty": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                               "maximum": limits.REPETITION_PENALTY_MAX, "nullable": True,
+                               "description": "Above 1, tokens already in the prompt or the answer are made less "
+                                              "likely (OVMS, vLLM). Default 1: none."},
         "seed": {"type": "integer", "minimum": 0, "maximum": limits.MAX_SEED, "nullable": True},
         "stop": {"nullable": True, "oneOf": [
             {"type": "string", "minLength": 1, "maxLength": limits.MAX_STOP_LENGTH},

@@ -16,6 +16,7 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    repetition_penalty: float = 1.0  # > 1 makes tokens already in the sequence less likely (engines/own/penalty.py)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False

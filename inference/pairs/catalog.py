@@ -80,9 +80,9 @@ QWEN_CODER = RealPair(
     # speculates on the own engine (exact with dynamic quantization); from two on, the main alone batched there was
     # faster than each speculating on its own (docs/benchmark.md#real-pair). One copy of the weights at every load.
     # The chat samples as Qwen advises for its Qwen2.5-Coder instruct models (their generation_config.json; a GGUF
-    # carries none): greedy looped to the cap on a first coding question. (Its repetition_penalty 1.05 is not offered.)
+    # carries none): greedy looped to the cap on a first coding question.
     pair_settings={"num_assistant_tokens": 3, "max_new_tokens_cap": 2048, "own_engine_streams": 1,
-                   "chat_sampling": {"temperature": 0.7, "top_p": 0.8, "top_k": 20}},
+                   "chat_sampling": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}},
     # 64k of the 151,936 tokens: nearly every token the main writes, and below 64k a smaller head makes a draft token
     # no cheaper (docs/benchmark.md#the-drafts-head)
     draft_head_tokens=65_536,

@@ -90,6 +90,7 @@ def parse_options(data: dict, *, max_tokens_names: tuple[str, ...] = ("max_token
         temperature=_typed(data, "temperature", float, 0.0),
         top_p=_typed(data, "top_p", float, 1.0),
         top_k=_typed(data, "top_k", int, 0),
+        repetition_penalty=_typed(data, "repetition_penalty", float, 1.0),
         seed=_typed(data, "seed", int),
         stop=stop,
         ignore_eos=_typed(data, "ignore_eos", bool, False),
@@ -137,6 +138,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
     _check_float32_floor(options.temperature, "temperature", zero_means="greedy decoding")
     _check_range(options.top_p, 0, 1, "top_p", low_open=True)
     _check_range(options.top_k, 0, limits.TOP_K_MAX, "top_k")
+    _check_range(options.repetition_penalty, 0, limits.REPETITION_PENALTY_MAX, "repetition_penalty", low_open=True)
     _check_range(options.seed, 0, limits.MAX_SEED, "seed")
     max_new = asked_max_new_tokens(pair=pair, options=options)
     if max_new < 1:

@@ -105,6 +105,7 @@ function describeSampling(sampling) {
   const parts = [`temperature ${sampling.temperature}`];
   if (sampling.top_p !== undefined) parts.push(`top-p ${sampling.top_p}`);
   if (sampling.top_k !== undefined) parts.push(`top-k ${sampling.top_k}`);
+  if (sampling.repetition_penalty !== undefined) parts.push(`repetition penalty ${sampling.repetition_penalty}`);
   return `Empty: as the model's publisher advises (${parts.join(", ")}). 0: greedy, the likeliest word each time.`;
 }
 

@@ -21,6 +21,8 @@ def generation_config(params: DecodingParams, spec: PairSpec) -> og.GenerationCo
         cfg.structured_output_config = structured_output_config(params.grammar)
     if params.logprobs:
         cfg.logprobs = 1  # the chosen token's (the library returns no alternatives)
+    if params.repetition_penalty != 1.0:
+        cfg.repetition_penalty = params.repetition_penalty
     if params.temperature > 0:
         cfg.do_sample = True
         cfg.temperature = params.temperature

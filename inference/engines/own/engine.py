@@ -39,6 +39,7 @@ from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.kv_cache import PagedModel, PagedSequence
 from inference.engines.own.model_runner import ModelRunner, Steady
 from inference.engines.own.paged_model import cache_layout, read_paged
+from inference.engines.own.penalty import RepetitionPenalty
 from inference.engines.own.proposers.chain import Drafting
 from inference.engines.own.proposers.draft_model import DraftModel
 from inference.engines.own.proposers.interface import Proposal
@@ -263,6 +264,8 @@ class Decoding:
         self.main: PagedSequence = engine.main.sequence(scope=self.scope, exact=True)
         self.prompt_ids = prompt_ids
         self.emitted: list[int] = []
+        self.penalty = (RepetitionPenalty(params.repetition_penalty, prompt_ids)
+                        if params.repetition_penalty != 1.0 else None)
         grammar = params.grammar
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
         self.drafting = self._drafting() if self.k else None
@@ -275,7 +278,7 @@ class Decoding:
         lookup = self._lookup()
         draft = None if self.params.lookup_only and lookup else self.engine.draft.sequence(scope=self.scope)
         return Drafting(draft, lookup=lookup, params=self.params, rng=self.rng, constraint=self.constraint,
-                        judged=self.engine.spec.drafters_judged)
+                        penalty=self.penalty, judged=self.engine.spec.drafters_judged)
 
     def _lookup(self) -> PromptLookup | None:
         """The prompt lookup, tried before the draft where the pair chains it."""
@@ -311,7 +314,8 @@ class Decoding:
     def _decode(self) -> Finished:
         logits = self.main.prefill(self.prompt_ids, on_chunk=self._reading)[-1]
         self.request.cached_tokens = self.main.cached
-        first = draw(probabilities(self._allowed(logits), self.params), self.rng)
+        shaped = self.penalty.row(logits) if self.penalty else logits
+        first = draw(probabilities(self._allowed(shaped), self.params), self.rng)
         if self.constraint:
             self.constraint.take(first)
         finished = self._emit([first], token_scores([logits], [first], self.params))
@@ -367,9 +371,9 @@ class Decoding:
         verifying = time.perf_counter()
         main_logits = self.main.feed([last, *proposals])
         verify_seconds = time.perf_counter() - verifying
-        scored = main_logits
+        scored = self.penalty.rows(main_logits, proposals) if self.penalty else main_logits
         if self.constraint:  # the main scores each position under the grammar's state there
-            scored = masked(main_logits, np.stack([*proposal.masks, self.constraint.allowed()]))
+            scored = masked(scored, np.stack([*proposal.masks, self.constraint.allowed()]))
         if self.params.temperature == 0:
             accepted, token = greedy_accept(proposals, scored)
         elif proposal.drafter == Drafter.NGRAM:
@@ -401,6 +405,8 @@ class Decoding:
         if params.stop:
             tokens, reason = self._cut_at_stop_string(tokens, reason)
         self.emitted.extend(tokens)
+        if self.penalty:
+            self.penalty.extend(tokens)
         if tokens:
             kept = scores.cut(len(tokens)) if scores else Scores(None, None)
             self.request.events.put(StepTokens(

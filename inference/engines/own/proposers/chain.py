@@ -19,6 +19,7 @@ from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.constraint import TokenConstraint
 from inference.engines.own.kv_cache import PagedSequence
 from inference.engines.own.payoff import Payoff
+from inference.engines.own.penalty import RepetitionPenalty
 from inference.engines.own.proposers.draft_model import DraftModel
 from inference.engines.own.proposers.interface import Proposal, Proposer
 from inference.engines.own.proposers.prompt_lookup import LookupProposer, PromptLookup
@@ -31,8 +32,10 @@ class Drafting:
     speculates from its conversation alone."""
 
     def __init__(self, draft: PagedSequence | None, *, lookup: PromptLookup | None, params: DecodingParams,
-                 rng: np.random.Generator, constraint: TokenConstraint | None, judged: bool = True):
-        self.draft = DraftModel(draft, params=params, rng=rng, constraint=constraint) if draft is not None else None
+                 rng: np.random.Generator, constraint: TokenConstraint | None, penalty: RepetitionPenalty | None = None,
+                 judged: bool = True):
+        self.draft = (DraftModel(draft, params=params, rng=rng, constraint=constraint, penalty=penalty)
+                      if draft is not None else None)
         self.lookup = LookupProposer(lookup, constraint) if lookup is not None else None
         self.payoff = Payoff(judging=judged)  # judged: drafters sit out where they do not pay
         # A K per answer where the plan gave the host's costs; a draft that stops where unsure shortens its own steps

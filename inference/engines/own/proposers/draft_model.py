@@ -19,6 +19,7 @@ from inference.engines.decoding import DecodingParams
 from inference.engines.grammar.constraint import TokenConstraint, masked
 from inference.engines.own.acceptance import draw, probabilities
 from inference.engines.own.kv_cache import PagedSequence
+from inference.engines.own.penalty import RepetitionPenalty
 from inference.engines.own.proposers.interface import Proposal
 from inference.limits import Drafter
 
@@ -27,8 +28,9 @@ class DraftModel:
     """The draft on its own sequence of the draft's blocks, fed lazily."""
 
     def __init__(self, cache: PagedSequence, *, params: DecodingParams, rng: np.random.Generator,
-                 constraint: TokenConstraint | None):
+                 constraint: TokenConstraint | None, penalty: RepetitionPenalty | None = None):
         self.cache = cache
+        self.penalty = penalty  # the answer's, shaping the draft's rows as the main's
         self.stop_below = params.draft_stop_below
         self.params, self.rng, self.constraint = params, rng, constraint
         self.backlog: list[int] = []  # tokens the draft has not seen, before the last emitted one
@@ -65,6 +67,8 @@ class DraftModel:
             if self.constraint and self.constraint.ended:
                 break  # the grammar allows nothing after its end: the main says the last token alone
             row = self.cache.feed(feed)[-1]
+            if self.penalty:
+                row = self.penalty.row(row, proposal.tokens)
             allowed = self.constraint.allowed() if self.constraint else None
             if allowed is not None:
                 row = masked(row, allowed)
