@@ -222,6 +222,7 @@ class Generation(models.Model):
         CHAT = "chat"
         API = "api"
         BENCHMARK = "benchmark"
+        TITLE = "title"  # a chat's title, written by the pair after its first answer (chat/services.py)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     pair = models.ForeignKey(ModelPair, on_delete=models.PROTECT, related_name="generations")

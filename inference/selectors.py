@@ -94,8 +94,10 @@ def median_rate_lately(*, pair: ModelPair, main_alone: bool, last: int = 20) -> 
 
 
 def _rates_lately(answers, *fields: str, last: int):
-    """`fields` and the tokens/s after the first token of the newest `last` finished answers that have one."""
+    """`fields` and the tokens/s after the first token of the newest `last` finished answers that have one (a chat's
+    title, a few tokens the model writes after its first answer, is no answer a speed is judged on)."""
     rows = (answers.filter(status=Generation.Status.FINISHED, ttft_ms__isnull=False, duration_ms__isnull=False)
+            .exclude(source=Generation.Source.TITLE)
             .order_by("-finished_at").values_list(*fields, "completion_tokens", "duration_ms", "ttft_ms")[:last])
     for *values, tokens, duration, first in rows:
         if (rate := writing_rate(tokens=tokens, duration_ms=duration, ttft_ms=first)) is not None:

@@ -5,12 +5,14 @@ import asyncio
 import json
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
+from chatsite.chat import services
 from chatsite.chat.models import Conversation, Message
 from inference.models import Generation, ModelPair
+from inference.serving import readers
 from tests.conftest import chat_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
@@ -25,8 +27,11 @@ async def connect(user) -> WebsocketCommunicator:
     return communicator
 
 
-async def receive(communicator, timeout=60) -> dict:
-    return await communicator.receive_json_from(timeout=timeout)
+async def receive(communicator, timeout=60, *, titles: bool = False) -> dict:
+    """The socket's next frame; a title the pair wrote after a first answer is passed over unless asked for."""
+    while (frame := await communicator.receive_json_from(timeout=timeout))["type"] == "title" and not titles:
+        pass
+    return frame
 
 
 async def send_message(communicator, *, text=PROMPT, pair="demo-code", conversation=None, **settings) -> dict:
@@ -283,6 +288,46 @@ async def test_regenerate_writes_a_new_version_of_the_last_answer(demo_pair, use
     assert str(message.generation_id) == again["generation"] and message.shown
     assert not (await Message.objects.aget(id=started["message"])).shown  # kept, another version
     await communicator.disconnect()
+
+
+async def test_after_its_first_answer_the_pair_writes_the_chats_title_once_and_leaves_it_in_its_place(demo_pair, user):
+    """As Open WebUI does: the main alone, greedy, a few tokens, asked after the conversation (whose blocks the
+    worker still holds), never before the answer's end; the chat keeps its place in the list, and later answers
+    ask for no other title."""
+    communicator = await connect(user)
+    started = await send_message(communicator, max_tokens=16)
+    await events_until_end(communicator, started["generation"])
+    before = await Conversation.objects.aget(id=started["conversation"])
+    assert before.title == PROMPT  # the first message's line, until the pair has written one
+    titled = await receive(communicator, titles=True)
+    assert titled["type"] == "title" and titled["conversation"] == started["conversation"], titled
+    after = await Conversation.objects.aget(id=started["conversation"])
+    assert (after.title, after.title_source) == (titled["title"], "model") and after.title not in ("", PROMPT)
+    assert after.updated_at == before.updated_at  # not moved to the top: nothing was said in it
+    title = await Generation.objects.aget(source="title")
+    answer = await Generation.objects.aget(id=started["generation"])
+    assert title.prompt.startswith(answer.prompt) and services.TITLE_REQUEST in title.prompt  # asked as a follow-up
+    assert title.completion_tokens <= services.TITLE_MAX_TOKENS and title.speculative_mode == "off"
+    assert title.user_id == user.id  # in the user's cache scope: the conversation's blocks are theirs
+    follow_up = await send_message(communicator, conversation=started["conversation"], max_tokens=8)
+    await events_until_end(communicator, follow_up["generation"])
+    await asyncio.sleep(1)
+    assert await Generation.objects.filter(source="title").acount() == 1
+    await communicator.disconnect()
+
+
+def test_a_title_the_user_gave_is_never_written_over(demo_pair, user):
+    """Renamed while the pair writes its title: the user's stays."""
+    answer = Message.objects.create(conversation=Conversation.objects.create(user=user, pair=demo_pair, title="q"),
+                                    role="assistant", generation=Generation.objects.create(
+                                        pair=demo_pair, user=user, prompt="q", status="finished", text="a"))
+    Message.objects.create(conversation=answer.conversation, role="user", content="q")
+    conversation_id, title = services.start_written_title(user=user, generation_id=answer.generation_id)
+    services.rename_conversation(user=user, conversation_id=conversation_id, title="Mine")
+    assert async_to_sync(readers.wait_for)(generation_id=title.id).status == "finished"
+    assert services.keep_written_title(user=user, conversation_id=conversation_id, generation_id=title.id) is None
+    assert Conversation.objects.get(id=conversation_id).title == "Mine"
+    assert services.start_written_title(user=user, generation_id=answer.generation_id) is None  # asked once
 
 
 def test_kept_conversation_page_lists_the_answer(client, demo_pair, user):

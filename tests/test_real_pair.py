@@ -8,6 +8,7 @@ The prompts are chat requests written for these tests, not ones anything was tun
 from __future__ import annotations
 
 import io
+import json
 import re
 import time
 from dataclasses import replace
@@ -402,6 +403,38 @@ def test_the_chat_streams_a_coherent_answer_in_the_browser(live_server_url, real
     page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().right <= 0")  # slid away
     assert page.evaluate("document.documentElement.scrollWidth <= innerWidth"), "the page scrolls sideways"
     page.screenshot(path=str(SHOTS / "real-pair-390.png"), full_page=True)
+
+
+CODING_QUESTIONS = Path(settings.BASE_DIR) / "docs/benchmark/real-pair/coding-questions.json"
+ANSWER_BAR_TOKENS = 1500
+
+
+@pytest.mark.figures
+@pytest.mark.timeout(3600)
+@pytest.mark.usefixtures("real_worker")
+def test_first_coding_questions_on_the_chats_defaults_end_by_themselves(live_server_url, real_pair, user, page):
+    """A new user's first coding question, in a new chat on the chat's defaults (the pair's publisher's sampling: Qwen's
+    T 0.7, top-p 0.8, top-k 20, repetition penalty 1.05), through the browser: each answer ends by itself (its end of
+    answer, or the stop for repetition) before 1,500 tokens. The questions (coding-questions.json: the ISO 8601
+    question that looped to the cap when the chat was greedy, and ten written for this test) tuned nothing. Each
+    answer's length and end are printed (`-s`)."""
+    log_in(page, live_server_url, "alice", "alice-password")
+    ends = []
+    for question in json.loads(CODING_QUESTIONS.read_text()):
+        page.goto(f"{live_server_url}/")
+        page.wait_for_selector("body[data-connected='1']")
+        assert page.input_value("#pair") == SLUG
+        page.fill("#prompt", question)
+        page.press("#prompt", "Control+Enter")
+        page.wait_for_function("() => document.querySelector('article.assistant:not(.streaming) .actions')",
+                               timeout=900_000)
+        generation = in_thread(lambda: Generation.objects.order_by("-created_at").first())
+        decoding = generation.params["decoding"]
+        assert (decoding["temperature"], decoding["repetition_penalty"]) == (0.7, 1.05), decoding
+        ends.append((generation.completion_tokens, generation.finish_reason))
+        print(f"{generation.completion_tokens:5d} tokens, {generation.finish_reason:9s} "
+              f"{generation.duration_ms / 1000:6.1f} s  {question[:70]!r}")
+    assert all(tokens < ANSWER_BAR_TOKENS and reason in ("stop", "repeating") for tokens, reason in ends), ends
 
 
 SPEED_PROMPT = "Write a Python function that merges two sorted lists into one sorted list, with a docstring."

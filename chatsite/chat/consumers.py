@@ -180,15 +180,33 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await watching.watch(client=self.redis, generation_ids=[generation_id], connection_id=self.connection_id)
 
     async def pump(self, generation_id: str, after: str, known_steps: int | None):
+        finished = False
         async for entry_id, event in readers.follow_generation(generation_id=generation_id, after=after,
                                                            known_steps=known_steps):
             if entry_id is not None:
                 await self.send_json({"type": "event", "generation": generation_id, "id": entry_id,
                                       "event": _for_browser(event)})
+                finished = event["type"] == "done"
             elif event["type"] in {"ended", "error"}:  # past the end, or Redis lost: said, never silence
                 await self.send_json({"type": "event", "generation": generation_id, "id": after,
                                       "event": {"type": "error", "message": event["message"]}})
         self.followers.pop(generation_id, None)
+        if finished and settings.CHAT_WRITTEN_TITLES:  # a conversation's first answer: its title is written now
+            await self.write_title(generation_id)
+
+    async def write_title(self, answer_id: str):
+        """After a conversation's first answer, the title the pair writes it (services.start_written_title), said to
+        the page once kept."""
+        user = self.scope["user"]
+        started = await _pooled(services.start_written_title)(user=user, generation_id=answer_id)
+        if started is None:
+            return
+        conversation_id, title = started
+        await readers.wait_for(generation_id=title.id)  # a few tokens: it ends, or fails, by itself
+        conversation = await _pooled(services.keep_written_title)(user=user, conversation_id=conversation_id,
+                                                                  generation_id=title.id)
+        if conversation is not None:
+            await self.send_json({"type": "title", "conversation": conversation.id, "title": conversation.title})
 
     async def watch(self):
         """Every ACCESS_RECHECK_S: mark the followed answers watched, and close if the session ended (a

@@ -8,8 +8,15 @@ TITLE_MAX_LENGTH = 200
 
 
 class Conversation(models.Model):
+    class TitleSource(models.TextChoices):
+        FIRST_MESSAGE = "message"  # cut from the first message, until the model writes one
+        ASKED = "asked"  # the model was asked for one after the first answer (kept as it is if none came)
+        MODEL = "model"
+        USER = "user"  # renamed: never written over
+
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
     title = models.CharField(max_length=TITLE_MAX_LENGTH)
+    title_source = models.CharField(max_length=10, choices=TitleSource.choices, default=TitleSource.FIRST_MESSAGE)
     system_prompt = models.TextField(blank=True, help_text="Given to the model before the conversation's messages.")
     pair = models.ForeignKey(ModelPair, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)

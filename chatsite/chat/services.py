@@ -257,9 +257,69 @@ def rename_conversation(*, user, conversation_id: int, title: str) -> Conversati
     if len(title) > TITLE_MAX_LENGTH:
         raise errors.InvalidValue(f"A title has at most {TITLE_MAX_LENGTH} characters.", param="title")
     conversation = _owned(user=user, conversation_id=conversation_id)
-    conversation.title = title
-    conversation.save(update_fields=["title"])  # not moved to the top of the list: nothing was said in it
+    conversation.title, conversation.title_source = title, Conversation.TitleSource.USER  # never written over
+    conversation.save(update_fields=["title", "title_source"])  # not moved to the top of the list: nothing was said
     return conversation
+
+
+TITLE_REQUEST = "Write a title of three to six words for this conversation. Answer with the title alone."
+TITLE_MAX_TOKENS = 12
+
+
+def start_written_title(*, user, generation_id) -> tuple[int, Generation] | None:
+    """After a conversation's first answer (`generation_id`) has finished, the pair writes the conversation a title, as
+    Open WebUI does: the main alone, greedy, a few tokens, asked as a follow-up would be (its prompt is the
+    conversation's, which the worker that wrote the answer still holds, and the request). Once per conversation,
+    never over a title the user gave; it takes no chat slot, and none waits for it. The conversation and the title's
+    generation, or None."""
+    message = (Message.objects.select_related("conversation", "conversation__pair", "generation")
+               .filter(generation_id=generation_id, conversation__user=user, role=Message.Role.ASSISTANT).first())
+    if message is None or message.generation is None or message.generation.status != Generation.Status.FINISHED:
+        return None
+    conversation, pair = message.conversation, message.conversation.pair
+    if (pair is None or conversation.title_source != Conversation.TitleSource.FIRST_MESSAGE
+            or conversation.messages.filter(role=Message.Role.ASSISTANT).count() != 1):
+        return None
+    text = web.chat_prompt(pair=pair, messages=[*selectors.history(conversation=conversation),
+                                                {"role": "user", "content": TITLE_REQUEST}])
+    ids = web.encode_prompt(pair=pair, prompt=text, add_special_tokens=False)
+    if len(ids) + TITLE_MAX_TOKENS > web.main_context(pair=pair):
+        return None  # the first message's line stays its title
+    options = web.GenerationOptions(max_new_tokens=TITLE_MAX_TOKENS, speculative=False)
+    try:
+        with transaction.atomic():
+            asked = Conversation.objects.filter(id=conversation.id, title_source=Conversation.TitleSource.FIRST_MESSAGE)
+            if not asked.update(title_source=Conversation.TitleSource.ASKED):
+                return None  # asked already (another tab followed the same answer)
+            return conversation.id, web.start_generation(pair=pair, prompt=text, prompt_ids=ids, options=options,
+                                                         user=user, source=Generation.Source.TITLE,
+                                                         add_special_tokens=False)
+    except errors.ServiceError:
+        return None  # nobody serves the pair now: the title stays the first message's line
+
+
+def keep_written_title(*, user, conversation_id: int, generation_id) -> Conversation | None:
+    """The title the pair wrote (start_written_title), made the conversation's unless the user renamed it meanwhile
+    or the model wrote nothing a title can be; the conversation, or None. It stays where it is in the list."""
+    generation = Generation.objects.filter(id=generation_id, user=user, source=Generation.Source.TITLE,
+                                           status=Generation.Status.FINISHED).first()
+    title = _written_title(generation.text) if generation else ""
+    if not title:
+        return None
+    kept = Conversation.objects.filter(id=conversation_id, user=user, title_source=Conversation.TitleSource.ASKED)
+    if not kept.update(title=title, title_source=Conversation.TitleSource.MODEL):  # update: updated_at stays
+        return None
+    return Conversation.objects.get(id=conversation_id)
+
+
+def _written_title(text: str) -> str:
+    """A model's title as the list shows titles: its first line that says something, without quotes, markdown or a
+    "Title:" label."""
+    for line in text.splitlines():
+        line = line.strip().strip("#*_`\"' ").removeprefix("Title:").removeprefix("title:").strip("#*_`\"'. ")
+        if line:
+            return _title_from(line)
+    return ""
 
 
 def set_system_prompt(*, user, conversation_id: int, system_prompt: str) -> Conversation:

@@ -7,7 +7,7 @@
 // imports hold no state of it and are handed what they need, so none of them imports this one.
 
 import { Answer } from "./answer.js";
-import { initConversations, listConversation, post, setTitle } from "./conversations.js";
+import { initConversations, listConversation, post, retitle, setTitle } from "./conversations.js";
 import { currentSettings, initPairs, regenerateSettings, settingsProblem, showEmptyState } from "./pairs.js";
 import { copyButton, copyText, decorateCode } from "./render.js";
 import { inPlainWords } from "./words.js";
@@ -308,6 +308,8 @@ function onMessage(msg) {
     pendingRegenerate.delete(msg.ref);
     showPath(msg.messages); // the new answer among them, followed by this socket from its first event
     scrollDown();
+  } else if (msg.type === "title") {
+    retitle(msg.conversation, msg.title, msg.conversation === conversationId);
   } else if (msg.type === "event") {
     const answer = answers.get(msg.generation);
     if (answer && !answer.done) answer.apply(msg.id, msg.event);

@@ -34,6 +34,14 @@ export function listConversation(id, title) {
   link.textContent = title;
 }
 
+// A title the pair wrote after the chat's first answer: the list's entry renamed where it stands, and the page's
+// heading if it is this chat.
+export function retitle(id, title, current) {
+  const link = document.querySelector(`#conversations a[data-id="${id}"]`);
+  if (link) link.textContent = title;
+  if (current) setTitle(title);
+}
+
 export function setTitle(title) {
   $("conversation-title").textContent = title;
   document.title = `${title} · SpecChat`;
