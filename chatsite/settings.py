@@ -109,6 +109,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # (each answer commits several times before its first token: docs/architecture.md#what-the-settings-save).
     DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = (
         "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
+    # A transaction takes the write lock as it begins, waiting up to `timeout` for another writer: one that read
+    # first and wrote after another process's commit (a worker ending an answer) would fail at once ("database is
+    # locked"), as an action of one user did while a worker wrote another's chat title.
+    DATABASES["default"]["OPTIONS"].update(transaction_mode="IMMEDIATE",
+                                           timeout=env_int("SPECCHAT_SQLITE_BUSY_TIMEOUT_S", 20))
 if os.environ.get("DATABASE_TEST_NAME"):
     DATABASES["default"]["TEST"] = {"NAME": os.environ["DATABASE_TEST_NAME"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -49,8 +49,12 @@ def test_chat_in_a_browser(demo_pair, user, live_server_url, page, tmp_path):  #
     assert answer.locator(".body.steps .code-block code.hljs").count() == 1  # still rendered, highlighted
     page.screenshot(path="/tmp/shots-chatux/steps-demo.png")
 
+    # the pair writes the chat's title after its first answer: the list and the heading say it, and keep it
+    page.wait_for_function("() => document.getElementById('conversation-title').textContent !== 'def quicksort(numbers):'")
+    title = page.locator("#conversation-title").inner_text()
+    assert page.locator("#conversations a.current").inner_text() == title and page.title() == f"{title} · SpecChat"
     page.reload()
-    assert page.locator("#conversations a").first.inner_text().startswith("def quicksort")
+    assert page.locator("#conversations a").first.inner_text() == title
     page.click("text=+ New chat")  # a fresh conversation: the history would change the answer
     page.wait_for_selector("body[data-connected='1']")
     page.fill("#max-tokens", "500")

@@ -131,4 +131,4 @@ def test_an_answer_started_over_http_with_no_page_watching_is_stopped_like_an_ab
 @pytest.mark.no_database
 def test_a_new_chat_is_titled_by_its_question_not_its_paste(first_message, title):
     """Two chats on one pasted file differ by their questions, not share the paste's first line."""
-    assert services._title_from(first_message) == title
+    assert services.first_message_title(first_message) == title

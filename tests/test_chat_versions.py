@@ -202,7 +202,7 @@ def test_continue_and_regenerate_keep_every_version_reachable(demo_pair, user, l
                            f"{len(cut)} && !document.querySelector('article.assistant.streaming')")
     assert answer.count() == 1 and answer.locator(".body").inner_text().startswith(cut)
     continued = answer.locator(".body").inner_text()
-    parts = in_thread(lambda: list(Generation.objects.order_by("created_at")))
+    parts = in_thread(lambda: list(Generation.objects.filter(source="chat").order_by("created_at")))
     assert parts[0].finish_reason == "length" and parts[1].prompt.endswith(parts[0].text)
 
     page.fill("#max-tokens", "3")
@@ -219,7 +219,7 @@ def test_continue_and_regenerate_keep_every_version_reachable(demo_pair, user, l
     assert versions_of(answer) == "1/2" and answer.locator(".body").inner_text() == continued
 
     send(page, "class Stack:", 2)
-    prompt = in_thread(lambda: Generation.objects.order_by("created_at").last().prompt)
+    prompt = in_thread(lambda: Generation.objects.filter(source="chat").order_by("created_at").last().prompt)
     assert in_thread(lambda: Message.objects.get(generation=parts[1]).text) in prompt  # the version shown
 
 

@@ -52,11 +52,11 @@ def send_message(*, user, conversation_id: int | None, pair_slug: str, text: str
                                        options=options, param="prompt")
         with transaction.atomic():
             if conversation is None:
-                conversation = Conversation.objects.create(user=user, pair=pair, title=_title_from(text))
+                conversation = Conversation.objects.create(user=user, pair=pair, title=first_message_title(text))
             else:
                 conversation.pair = pair
                 if not conversation.messages.exists():  # made first for its system prompt: titled by this message
-                    conversation.title = _title_from(text)
+                    conversation.title = first_message_title(text)
                 conversation.save(update_fields=["pair", "title", "updated_at"])
             last = selectors.messages_of(conversation=conversation).last()
             message = Message.objects.create(conversation=conversation, parent=last, role=Message.Role.USER,
@@ -267,14 +267,15 @@ TITLE_MAX_TOKENS = 12
 
 
 def start_written_title(*, user, generation_id) -> tuple[int, Generation] | None:
-    """After a conversation's first answer (`generation_id`) has finished, the pair writes the conversation a title, as
+    """After a conversation's first answer (`generation_id`) has ended, the pair writes the conversation a title, as
     Open WebUI does: the main alone, greedy, a few tokens, asked as a follow-up would be (its prompt is the
     conversation's, which the worker that wrote the answer still holds, and the request). Once per conversation,
     never over a title the user gave; it takes no chat slot, and none waits for it. The conversation and the title's
     generation, or None."""
     message = (Message.objects.select_related("conversation", "conversation__pair", "generation")
                .filter(generation_id=generation_id, conversation__user=user, role=Message.Role.ASSISTANT).first())
-    if message is None or message.generation is None or message.generation.status != Generation.Status.FINISHED:
+    ended = (Generation.Status.FINISHED, Generation.Status.STOPPED)  # stopped by its user or for repeating itself too
+    if message is None or message.generation is None or message.generation.status not in ended:
         return None
     conversation, pair = message.conversation, message.conversation.pair
     if (pair is None or conversation.title_source != Conversation.TitleSource.FIRST_MESSAGE
@@ -285,17 +286,18 @@ def start_written_title(*, user, generation_id) -> tuple[int, Generation] | None
     ids = web.encode_prompt(pair=pair, prompt=text, add_special_tokens=False)
     if len(ids) + TITLE_MAX_TOKENS > web.main_context(pair=pair):
         return None  # the first message's line stays its title
+    asked = Conversation.objects.filter(id=conversation.id, title_source=Conversation.TitleSource.FIRST_MESSAGE)
+    if not asked.update(title_source=Conversation.TitleSource.ASKED):
+        return None  # asked already (another tab followed the same answer)
+    # No transaction around the two writes (on SQLite it would hold every writer while the turn is routed): a
+    # title not started leaves the first message's line.
     options = web.GenerationOptions(max_new_tokens=TITLE_MAX_TOKENS, speculative=False)
     try:
-        with transaction.atomic():
-            asked = Conversation.objects.filter(id=conversation.id, title_source=Conversation.TitleSource.FIRST_MESSAGE)
-            if not asked.update(title_source=Conversation.TitleSource.ASKED):
-                return None  # asked already (another tab followed the same answer)
-            return conversation.id, web.start_generation(pair=pair, prompt=text, prompt_ids=ids, options=options,
-                                                         user=user, source=Generation.Source.TITLE,
-                                                         add_special_tokens=False)
+        return conversation.id, web.start_generation(pair=pair, prompt=text, prompt_ids=ids, options=options,
+                                                     user=user, source=Generation.Source.TITLE,
+                                                     add_special_tokens=False)
     except errors.ServiceError:
-        return None  # nobody serves the pair now: the title stays the first message's line
+        return None  # nobody serves the pair now
 
 
 def keep_written_title(*, user, conversation_id: int, generation_id) -> Conversation | None:
@@ -316,9 +318,9 @@ def _written_title(text: str) -> str:
     """A model's title as the list shows titles: its first line that says something, without quotes, markdown or a
     "Title:" label."""
     for line in text.splitlines():
-        line = line.strip().strip("#*_`\"' ").removeprefix("Title:").removeprefix("title:").strip("#*_`\"'. ")
-        if line:
-            return _title_from(line)
+        said = line.strip().strip("#*_`\"' ").removeprefix("Title:").removeprefix("title:").strip("#*_`\"'. ")
+        if said:
+            return first_message_title(said)
     return ""
 
 
@@ -368,7 +370,7 @@ def _owned(*, user, conversation_id: int) -> Conversation:
 TITLE_CHARS = 48  # what the sidebar shows of a title on one line
 
 
-def _title_from(text: str) -> str:
+def first_message_title(text: str) -> str:
     """A short title from the first message: its first line outside code fences (a pasted block then its question is
     titled by the question, so two chats on one paste differ), cut at a word, without the invisible characters a
     rename refuses."""
