@@ -178,7 +178,7 @@ WORKER_SLOTS = env_int("SPECCHAT_WORKER_SLOTS", 16)  # concurrent generations pe
 ROUTE_LOAD_MARGIN = env_int("SPECCHAT_ROUTE_LOAD_MARGIN", 2)
 CHAT_MAX_CONCURRENT = env_int("SPECCHAT_CHAT_MAX_CONCURRENT", 2)  # answers one user may have in flight in the chat
 CHAT_ABANDON_GRACE_S = env_int("SPECCHAT_CHAT_ABANDON_GRACE_S", 10)  # closed chat's answers await a reconnect
-# After a chat's first answer the pair writes its title (a few tokens of the main alone, as Open WebUI does); 0: the
+# After a chat's first answer the pair writes its title (a few greedy tokens, as Open WebUI does); 0: the
 # first message's first line stays the title, and the workers do none of that work.
 CHAT_WRITTEN_TITLES = env_bool("SPECCHAT_CHAT_WRITTEN_TITLES", True)
 ACCESS_RECHECK_S = env_int("SPECCHAT_ACCESS_RECHECK_S", 5)  # open streams re-check their key or user this often

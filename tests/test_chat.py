@@ -291,8 +291,8 @@ async def test_regenerate_writes_a_new_version_of_the_last_answer(demo_pair, use
 
 
 async def test_after_its_first_answer_the_pair_writes_the_chats_title_once_and_leaves_it_in_its_place(demo_pair, user):
-    """As Open WebUI does: the main alone, greedy, a few tokens, asked after the conversation (whose blocks the
-    worker still holds), never before the answer's end; the chat keeps its place in the list, and later answers
+    """As Open WebUI does: greedy, a few tokens, asked after the conversation (whose blocks the worker still holds),
+    never before the answer's end, on the engine that wrote the answer; the chat keeps its place in the list, and later answers
     ask for no other title."""
     communicator = await connect(user)
     started = await send_message(communicator, max_tokens=16)
@@ -307,7 +307,7 @@ async def test_after_its_first_answer_the_pair_writes_the_chats_title_once_and_l
     title = await Generation.objects.aget(source="title")
     answer = await Generation.objects.aget(id=started["generation"])
     assert title.prompt.startswith(answer.prompt) and services.TITLE_REQUEST in title.prompt  # asked as a follow-up
-    assert title.completion_tokens <= services.TITLE_MAX_TOKENS and title.speculative_mode == "off"
+    assert title.completion_tokens <= services.TITLE_MAX_TOKENS and title.speculative_route == answer.speculative_route
     assert title.user_id == user.id  # in the user's cache scope: the conversation's blocks are theirs
     follow_up = await send_message(communicator, conversation=started["conversation"], max_tokens=8)
     await events_until_end(communicator, follow_up["generation"])

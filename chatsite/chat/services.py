@@ -268,10 +268,11 @@ TITLE_MAX_TOKENS = 12
 
 def start_written_title(*, user, generation_id) -> tuple[int, Generation] | None:
     """After a conversation's first answer (`generation_id`) has ended, the pair writes the conversation a title, as
-    Open WebUI does: the main alone, greedy, a few tokens, asked as a follow-up would be (its prompt is the
-    conversation's, which the worker that wrote the answer still holds, and the request). Once per conversation,
-    never over a title the user gave; it takes no chat slot, and none waits for it. The conversation and the title's
-    generation, or None."""
+    Open WebUI does: greedy (the main's own words), a few tokens, asked as a follow-up would be (its prompt is the
+    conversation's, which the worker that wrote the answer still holds, and the request), on the engine the pair's
+    answers use (`speculative: false` would load the main alone beside it on a pair served by the library's
+    pipelines: memory for a title). Once per conversation, never over a title the user gave; it takes no chat slot,
+    and none waits for it. The conversation and the title's generation, or None."""
     message = (Message.objects.select_related("conversation", "conversation__pair", "generation")
                .filter(generation_id=generation_id, conversation__user=user, role=Message.Role.ASSISTANT).first())
     ended = (Generation.Status.FINISHED, Generation.Status.STOPPED)  # stopped by its user or for repeating itself too
@@ -291,7 +292,7 @@ def start_written_title(*, user, generation_id) -> tuple[int, Generation] | None
         return None  # asked already (another tab followed the same answer)
     # No transaction around the two writes (on SQLite it would hold every writer while the turn is routed): a
     # title not started leaves the first message's line.
-    options = web.GenerationOptions(max_new_tokens=TITLE_MAX_TOKENS, speculative=False)
+    options = web.GenerationOptions(max_new_tokens=TITLE_MAX_TOKENS)
     try:
         return conversation.id, web.start_generation(pair=pair, prompt=text, prompt_ids=ids, options=options,
                                                      user=user, source=Generation.Source.TITLE,
