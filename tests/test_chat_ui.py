@@ -186,7 +186,8 @@ def test_system_prompt_edit_and_resend_and_the_last_answers_controls(demo_pair, 
     assert answer.locator("code.hljs").inner_text().startswith("def add(a, b):")  # one block with the prompt
     assert answer.locator("code.hljs span[class^='hljs-']").count() > 0
     conversation = in_thread(lambda: Conversation.objects.get(user=user))
-    assert conversation.system_prompt == "Small helpers" and conversation.title == "def add(a, b):"
+    assert conversation.system_prompt == "Small helpers"
+    assert conversation.title == "def add(a, b):" or conversation.title_source == "model"  # the pair's, once written
     first_prompt = in_thread(lambda: Generation.objects.filter(source="chat").get().prompt)
     assert first_prompt.startswith("# Small helpers\n")  # the demo template's system line
 
