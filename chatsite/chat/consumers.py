@@ -203,10 +203,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         conversation_id, title = started
         await readers.wait_for(generation_id=title.id)  # a few tokens: it ends, or fails, by itself
-        conversation = await _pooled(services.keep_written_title)(user=user, conversation_id=conversation_id,
-                                                                  generation_id=title.id)
-        if conversation is not None:
-            await self.send_json({"type": "title", "conversation": conversation.id, "title": conversation.title})
+        kept = await _pooled(services.keep_written_title)(user=user, conversation_id=conversation_id,
+                                                          generation_id=title.id)
+        if kept is not None:
+            await self.send_json({"type": "title", "conversation": conversation_id, "title": kept})
 
     async def watch(self):
         """Every ACCESS_RECHECK_S: mark the followed answers watched, and close if the session ended (a

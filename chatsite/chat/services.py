@@ -20,7 +20,7 @@ from django.utils import timezone
 from chatsite.chat import selectors
 from chatsite.chat.models import TITLE_MAX_LENGTH, Conversation, Message
 from chatsite.chat.prompts import ChatPrompt, prompt_within_context
-from inference import errors, limits, transport
+from inference import errors, limits, pair_checks, transport
 from inference.limits import FinishReason
 from inference.models import Generation, ModelPair
 from inference.serving import web
@@ -145,7 +145,7 @@ def continue_answer(*, user, message_id: int, options: web.GenerationOptions) ->
 CONTINUABLE = (FinishReason.LENGTH, FinishReason.STOPPED, FinishReason.REPEATING)
 
 
-SAMPLING_SETTINGS = ("temperature", "top_p", "top_k", "repetition_penalty")
+SAMPLING_SETTINGS = tuple(pair_checks.CHAT_SAMPLING)  # those a pair's chat defaults hold
 
 
 def parse_chat_settings(value) -> web.GenerationOptions:
@@ -301,9 +301,9 @@ def start_written_title(*, user, generation_id) -> tuple[int, Generation] | None
         return None  # nobody serves the pair now
 
 
-def keep_written_title(*, user, conversation_id: int, generation_id) -> Conversation | None:
+def keep_written_title(*, user, conversation_id: int, generation_id) -> str | None:
     """The title the pair wrote (start_written_title), made the conversation's unless the user renamed it meanwhile
-    or the model wrote nothing a title can be; the conversation, or None. It stays where it is in the list."""
+    or the model wrote nothing a title can be; the title kept, or None. It stays where it is in the list."""
     generation = Generation.objects.filter(id=generation_id, user=user, source=Generation.Source.TITLE,
                                            status=Generation.Status.FINISHED).first()
     title = _written_title(generation.text) if generation else ""
@@ -312,7 +312,7 @@ def keep_written_title(*, user, conversation_id: int, generation_id) -> Conversa
     kept = Conversation.objects.filter(id=conversation_id, user=user, title_source=Conversation.TitleSource.ASKED)
     if not kept.update(title=title, title_source=Conversation.TitleSource.MODEL):  # update: updated_at stays
         return None
-    return Conversation.objects.get(id=conversation_id)
+    return title
 
 
 def _written_title(text: str) -> str:
