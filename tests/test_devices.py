@@ -28,7 +28,8 @@ from tests.conftest import wait_until_done
 from tests.test_pair_checks import admin_form
 
 PAIR = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR
-SPEC = PairSpec(slug="devices", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"))
+SPEC = PairSpec(slug="devices", main_dir=str(PAIR / "main"), draft_dir=str(PAIR / "draft"),
+                pair_default=Route.LIBRARY_SPECULATIVE)
 PROMPT = "def quicksort(numbers):"
 HERE = ", ".join(runtime_devices())  # "CPU, AUTO" on these machines
 

@@ -21,7 +21,8 @@ from inference.serving.registry import EngineRegistry
 pytestmark = pytest.mark.no_database
 
 DEMO = settings.MODELS_ROOT / settings.DEMO_PAIR_DIR
-SPEC = PairSpec(slug="step-process", main_dir=str(DEMO / "main"), draft_dir=str(DEMO / "draft"))
+SPEC = PairSpec(slug="step-process", main_dir=str(DEMO / "main"), draft_dir=str(DEMO / "draft"),
+                pair_default=Route.LIBRARY_SPECULATIVE)
 PROMPT = "def moving_average(values, window):\n"
 
 

@@ -45,9 +45,9 @@ class PairSpec:
     main_dir: str
     draft_dir: str = ""
     route: Route = Route.LIBRARY_SPECULATIVE  # the engine it builds (serving/registry.py's ENGINES)
-    # The route of the engine the pair serves as registered (ModelPair.own_engine_streams: its own), whose state the
-    # admin shows and which stays when idle; None: the library's route over this spec's models, the draft's where
-    # it has one, else the main alone (a spec built outside serving/records.py's pair_spec)
+    # The route of the engine the pair serves as registered (serving/planning's pair_default_route), whose state the
+    # admin shows and which stays when idle; None: a spec built outside serving/records.py's pair_spec, none of whose
+    # engines is a registered pair's
     pair_default: Route | None = None
     device: str = "CPU"  # the main's
     draft_device: str = ""  # "": the main's device
@@ -104,9 +104,7 @@ class PairSpec:
     def is_pair_default(self) -> bool:
         """The engine the pair serves as registered, whose state the admin shows (a speculative pair also
         builds its main alone and its own engine, on demand)."""
-        if self.pair_default is not None:
-            return self.route == self.pair_default
-        return self.route == (Route.LIBRARY_SPECULATIVE if self.draft_dir else Route.LIBRARY_MAIN_ALONE)
+        return self.route == self.pair_default
 
     @property
     def step_budget(self) -> int | None:

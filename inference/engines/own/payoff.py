@@ -10,8 +10,8 @@ main verifies whatever is proposed by the same rule (engines/own/acceptance.py).
 
 The main alone's step is known without timing it while a drafter clearly pays: a verify of K+1 tokens costs at most
 VERIFY_AT_MOST of its steps on the hosts measured, so the quickest verify bounds it. Only a window that does not pay
-against that bound asks for one step with nothing proposed, timed, and is judged against it (and against the steps it
-sat out, later): an answer that pays throughout never gives a step away to be measured.
+against that bound asks for a few steps with nothing proposed, timed, and is judged against their median (and against
+the steps it sat out, later): an answer that pays throughout never gives a step away to be measured.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ FIRST_PAUSE = 8  # tokens a drafter sits out the first time it does not pay (a p
 MAX_PAUSE = 256  # each pause in a row doubles, up to this
 ALONE_STEPS_KEPT = 8  # the main alone's one-token steps whose median is its time a token
 MEASURE_EVERY = 128  # tokens after which the main alone's time is measured again before it decides
+# The main alone's steps timed in a row before a window is judged against them: one step slowed by a neighbour on a
+# shared host would make the main alone look slow, and a drafter that does not pay go on for MEASURE_EVERY tokens.
+ALONE_TIMED = 3
 # A verify of K+1 tokens against one token of the main alone, at most: above what the hosts' calibrations measured at
 # the Ks served, AVX2's steep verify curves included (docs/calibration.md#figures).
 VERIFY_AT_MOST = 1.5
@@ -61,7 +64,11 @@ class Payoff:
         self.alone_steps: deque[float] = deque(maxlen=ALONE_STEPS_KEPT)
         self.tokens = 0  # the answer's tokens so far, as the steps recorded them
         self.alone_timed_at: int | None = None  # the answer's length when the main alone's step was last timed
-        self.measuring = False  # the next step proposes nothing: it times the main alone
+        self.to_time = 0  # the next steps propose nothing: they time the main alone
+
+    @property
+    def measuring(self) -> bool:
+        return self.to_time > 0
 
     def proposes(self, drafter: Drafter) -> bool:
         return not self.judging or (not self.measuring and self.tokens >= self.records[drafter].resumes_at)
@@ -72,7 +79,9 @@ class Payoff:
         self.tokens += tokens
         if drafter is None:
             self.alone_steps.append(seconds)
-            self.alone_timed_at, self.measuring = self.tokens, False
+            self.to_time = max(self.to_time - 1, 0)
+            if not self.to_time:
+                self.alone_timed_at = self.tokens
             return
         record = self.records[drafter]
         if record.catching_up:
@@ -97,7 +106,7 @@ class Payoff:
             record.pause = FIRST_PAUSE
             return True
         if self.alone_timed_at is None or self.tokens - self.alone_timed_at > MEASURE_EVERY:
-            self.measuring = True
+            self.to_time = ALONE_TIMED
             return False
         pays = tokens * median(self.alone_steps) >= COLLAPSED * seconds
         if pays:

@@ -1,7 +1,7 @@
 """An answer's drafters sit out while they do not pay for themselves, judged against the main alone's step: bounded by
 the quickest verify while they clearly pay, timed in the same answer when in doubt (engines/own/payoff.py)."""
 
-from inference.engines.own.payoff import FIRST_PAUSE, MEASURE_EVERY, PROBE, WINDOW, Payoff
+from inference.engines.own.payoff import ALONE_TIMED, FIRST_PAUSE, MEASURE_EVERY, PROBE, WINDOW, Payoff
 from inference.limits import Drafter
 
 ALONE_S = 0.1  # the main alone's step: 10 tokens a second
@@ -33,7 +33,8 @@ def test_a_draft_whose_acceptance_collapses_sits_out_within_a_few_steps_then_is_
         step(payoff, Drafter.DRAFT, tokens=1, seconds=0.2)
         poor += 1
     assert poor <= WINDOW and payoff.measuring and payoff.proposes(Drafter.NGRAM) is False
-    step(payoff, None, tokens=1, seconds=ALONE_S)
+    for _ in range(ALONE_TIMED):
+        step(payoff, None, tokens=1, seconds=ALONE_S)
     judged = 0
     while payoff.proposes(Drafter.DRAFT):  # judged against it: collapsed once the poor steps weigh enough
         step(payoff, Drafter.DRAFT, tokens=1, seconds=0.2)
@@ -49,9 +50,22 @@ def test_a_draft_whose_acceptance_collapses_sits_out_within_a_few_steps_then_is_
 def test_a_window_close_to_the_main_alone_has_not_collapsed():
     payoff = Payoff()
     drafted(payoff, Drafter.DRAFT, tokens=2, seconds=0.22, count=WINDOW)  # 9 tokens/s: in doubt, so timed
-    step(payoff, None, tokens=1, seconds=ALONE_S)
+    for _ in range(ALONE_TIMED):
+        step(payoff, None, tokens=1, seconds=ALONE_S)
     drafted(payoff, Drafter.DRAFT, tokens=2, seconds=0.22, count=4 * WINDOW)
-    assert payoff.proposes(Drafter.DRAFT) and len(payoff.alone_steps) == 1
+    assert payoff.proposes(Drafter.DRAFT) and len(payoff.alone_steps) == ALONE_TIMED
+
+
+def test_one_slow_timed_step_does_not_make_a_drafter_that_does_not_pay_look_paying():
+    """The main alone's step timed while a neighbour held the core took 5x its time: the median of the steps timed
+    in a row is the main alone's, so the costly drafter still sits out."""
+    payoff = Payoff()
+    drafted(payoff, Drafter.DRAFT, tokens=4, seconds=1.3, count=WINDOW)  # 3 tokens/s against 10
+    timed = [5 * ALONE_S] + [ALONE_S] * ALONE_TIMED
+    while payoff.measuring:  # the engine's steps propose nothing while it times
+        step(payoff, None, tokens=1, seconds=timed.pop(0))
+    step(payoff, Drafter.DRAFT, tokens=4, seconds=1.3)
+    assert not payoff.proposes(Drafter.DRAFT)
 
 
 def test_a_drafter_that_pays_again_gets_the_short_pause_back():
@@ -75,8 +89,9 @@ def test_the_main_alone_is_timed_again_when_its_time_is_old_and_a_window_is_in_d
         step(payoff, Drafter.DRAFT, tokens=2, seconds=0.22)
         doubtful += 1
     assert doubtful <= WINDOW
-    step(payoff, None, tokens=1, seconds=ALONE_S)
-    assert len(payoff.alone_steps) == 2 and payoff.proposes(Drafter.DRAFT)
+    for _ in range(ALONE_TIMED):
+        step(payoff, None, tokens=1, seconds=ALONE_S)
+    assert len(payoff.alone_steps) == 1 + ALONE_TIMED and payoff.proposes(Drafter.DRAFT)
 
 
 def test_fixed_k_proposes_every_step():
