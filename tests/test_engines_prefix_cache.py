@@ -101,9 +101,9 @@ def settled(engine: OwnEngine) -> None:
 
 def test_a_follow_up_reads_only_its_new_tokens_and_answers_as_the_main_alone(engine):
     """Turn one: a pasted file (a miss). Turn two sends the whole history: the prompt and the answer come from the
-    cache (the answer's full blocks were kept as it ended: its tokens but the last, never fed), the follow-up's own
-    tokens alone are read; and it answers the same at K=3, K=5 and on the main alone (K=0), all reading the same kept
-    blocks."""
+    cache (the answer's tokens but the last, never fed: its full blocks, and its last, partly filled one taken over
+    whole), the follow-up's own tokens alone are read; and it answers the same at K=3, K=5 and on the main alone
+    (K=0), which read the partly filled blocks again."""
     first = ids_of(engine, SYSTEM + FILE + "\nWhat does save() guard against?\n")
     answer, request, _ = run(engine, first, 3)
     assert request.cached_tokens == 0
@@ -112,8 +112,7 @@ def test_a_follow_up_reads_only_its_new_tokens_and_answers_as_the_main_alone(eng
     answers = {}
     for k in (3, 5, 0):  # the first reads the turn before from the cache, the others its own prompt too
         answers[k], request, _ = run(engine, follow_up, k)
-        assert request.cached_tokens == (full_blocks(len(first) + len(answer) - 1) if k == 3
-                                         else whole_blocks(len(follow_up))), k
+        assert request.cached_tokens == (len(first) + len(answer) - 1 if k == 3 else whole_blocks(len(follow_up))), k
         settled(engine)
     assert answers[3] == answers[0] and answers[5] == answers[0]
 
@@ -129,8 +128,8 @@ def test_regenerate_edit_and_continue_reuse_the_prefix_up_to_what_changed(engine
     _, request, _ = run(engine, edited, 3)  # Edit: a branch from the first token that differs
     assert request.cached_tokens == changed_at // BLOCK_TOKENS * BLOCK_TOKENS > 0
     settled(engine)
-    _, request, _ = run(engine, prompt + first, 3)  # Continue: the answer so far is the prompt now
-    assert request.cached_tokens == whole_blocks(len(prompt) + len(first))
+    _, request, _ = run(engine, prompt + first, 3)  # Continue: the answer so far is the prompt now, read but its last
+    assert request.cached_tokens == len(prompt) + len(first) - 1  # token (never fed), its last block the tail
 
 
 def test_two_users_sharing_a_system_prompt_share_its_blocks_unless_each_has_a_scope(engine):

@@ -4,7 +4,9 @@ cache at once.
 
 A full block is known by the hash of its tokens chained to every token before it (`block_hashes`), so a prompt that
 starts as an earlier one did finds those blocks and shares them by block table: no copy, no prefill. A partly filled
-block is never shared (the op zeroes the rest of a multi-token sequence's last block: docs/exactness.md). A block no
+block is never shared (the op zeroes the rest of a multi-token sequence's last block: docs/exactness.md); an
+answer's last, partly filled block is kept as its tail instead, found by the hash before it, and taken over whole by
+the next prompt that continues its tokens, a chat's follow-up, so that it reads only its own question. A block no
 sequence holds stays cached until its slot is needed: the least recently freed goes first, the ends of a
 conversation before its start.
 
@@ -28,12 +30,17 @@ def block_hashes(token_ids: list[int], *, block_tokens: int, scope: str = "") ->
     """The hashes of the full blocks `token_ids` spans, in order: each of its block's tokens and the hash before it,
     the first keyed by `scope`."""
     hashes = []
-    parent = hashlib.blake2b(scope.encode(), digest_size=16).digest() if scope else b""
+    parent = scope_root(scope)
     for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
         parent = hashlib.blake2b(np.asarray(token_ids[start:start + block_tokens], dtype=np.int64).tobytes(),
                                  digest_size=16, key=parent).digest()
         hashes.append(parent)
     return hashes
+
+
+def scope_root(scope: str) -> bytes:
+    """What a scope's first block hash is chained to: the hash before its first block."""
+    return hashlib.blake2b(scope.encode(), digest_size=16).digest() if scope else b""
 
 
 class PoolFull(RuntimeError):
@@ -57,6 +64,8 @@ class BlockPool:
         self._refs = [0] * blocks
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
+        self._tails: dict[bytes, tuple[int, tuple[int, ...]]] = {}  # the hash before a tail -> its block, its tokens
+        self._tail_after: dict[int, bytes] = {}
         # Blocks no sequence holds, the next to be taken first: never-cached ones, then the least recently freed
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(blocks))
         self._lock = threading.Lock()
@@ -100,6 +109,8 @@ class BlockPool:
                 if (old := self._hash_of.pop(block, None)) is not None:
                     del self._block_of[old]
                     self.stats.evicted_blocks += 1
+                if (after := self._tail_after.pop(block, None)) is not None:
+                    del self._tails[after]
                 self._refs[block] = 1
                 taken.append(block)
             return taken
@@ -132,6 +143,29 @@ class BlockPool:
                 if key not in self._block_of and block not in self._hash_of:
                     self._block_of[key], self._hash_of[block] = block, key
 
+    def keep_tail(self, block: int, *, after: bytes, tokens: list[int]) -> None:
+        """A sequence's last, partly filled block, about to be released: findable by the hash before it (`after`)
+        until its slot is taken, the newest tail after a hash replacing an older one."""
+        with self._lock:
+            if block in self._hash_of or block in self._tail_after or not tokens:
+                return
+            if (older := self._tails.pop(after, None)) is not None:
+                del self._tail_after[older[0]]
+            self._tails[after], self._tail_after[block] = (block, tuple(tokens)), after
+
+    def take_tail(self, *, after: bytes, tokens: list[int]) -> tuple[int, int] | None:
+        """The tail kept after `after` where `tokens` begin with its tokens: its block, taken over by the caller
+        alone (a partly filled block is never shared), and how many of the tokens it holds."""
+        with self._lock:
+            if (tail := self._tails.get(after)) is None:
+                return None
+            block, kept = tail
+            if self._refs[block] or tuple(tokens[:len(kept)]) != kept:
+                return None
+            del self._tails[after], self._tail_after[block], self._free[block]
+            self._refs[block] = 1
+            return block, len(kept)
+
     def release(self, blocks: list[int]) -> None:
         """A sequence gives its blocks back, its first block last: a conversation's end is evicted before its start."""
         with self._lock:
@@ -139,5 +173,5 @@ class BlockPool:
                 self._refs[block] -= 1
                 if self._refs[block] == 0:
                     self._free[block] = None
-                    if block not in self._hash_of:
+                    if block not in self._hash_of and block not in self._tail_after:
                         self._free.move_to_end(block, last=False)  # nothing cached in it: taken first

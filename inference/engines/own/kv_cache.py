@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from inference.engines.own.block_pool import block_hashes
+from inference.engines.own.block_pool import block_hashes, scope_root
 from inference.engines.own.model_runner import ModelRunner, Work
 from inference.engines.own.scheduler import Scheduler
 
@@ -75,6 +75,10 @@ class PagedSequence:
         found = pool.cached_prefix(hashes[: (n - 1) // pool.block_tokens], hold=True) if self.model.caching else []
         self.block_table, self._cached_blocks = found, len(found)
         self.tokens = prompt_ids[: len(found) * pool.block_tokens]
+        before = hashes[len(found) - 1] if found else scope_root(self.scope)
+        if self.model.caching and (tail := pool.take_tail(after=before, tokens=prompt_ids[self.position:n - 1])):
+            self.block_table.append(tail[0])  # the last turn's partly filled block: its tokens are not read again
+            self.tokens = prompt_ids[: self.position + tail[1]]
         self.cached = len(self.tokens)
         pool.count_lookup(queried=n, hit=self.cached)
         self.reserve(n)  # the whole prompt's blocks at once: one that cannot fit fails before it evicts anything
@@ -115,7 +119,9 @@ class PagedSequence:
         """The answer is over: its full blocks cached (where `keep_ids`, the answer's tokens, say what they hold),
         every block given back."""
         if keep_ids is not None and keep_ids[: self.position] == self.tokens:
-            self._cache_full_blocks(self.model.hashes(self.tokens, self.scope))
+            hashes = self.model.hashes(self.tokens, self.scope)
+            self._cache_full_blocks(hashes)
+            self._keep_tail(hashes)
         self.model.pool.release(self.block_table)
         self.block_table, self.tokens = [], []
         self.model.scheduler.leave(self)
@@ -126,6 +132,14 @@ class PagedSequence:
         needed = -(-tokens // self.model.pool.block_tokens) - len(self.block_table)
         if needed > 0:
             self.block_table += self.model.pool.allocate(needed)
+
+    def _keep_tail(self, hashes: list[bytes]) -> None:
+        """The last, partly filled block kept as the pool's tail after the full ones (`hashes`): a follow-up that
+        continues these tokens takes it over and reads only what is new."""
+        full, size = len(hashes), self.model.pool.block_tokens
+        if self.model.caching and self.position > full * size and len(self.block_table) > full:
+            self.model.pool.keep_tail(self.block_table[full], after=hashes[-1] if hashes else scope_root(self.scope),
+                                      tokens=self.tokens[full * size:])
 
     def _cache_full_blocks(self, hashes: list[bytes]) -> None:
         full = min(len(hashes), self.position // self.model.pool.block_tokens) if self.model.caching else 0

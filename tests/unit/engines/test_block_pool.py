@@ -296,3 +296,56 @@ def test_the_pool_counts_lookups_hits_and_evictions(case: Counted):
     assert driver.pool.cached_blocks == case.cached
     assert driver.pool.free_count == case.free
     assert BlockPool(blocks=3, block_tokens=BLOCK, block_bytes=100).cached_bytes == 0
+
+
+# --------------------------------------------------------------------------------------------------- tails
+@dataclass(frozen=True)
+class Tail:
+    name: str
+    then: str  # what happens between the answer's end and the follow-up: "", "take", "fill", "newer", "held"
+    after: str  # the hash the follow-up looks after: "same" or "other" (another user's, another conversation's)
+    tokens: tuple[int, ...]  # the follow-up's tokens after its full blocks (its last token left out)
+    taken: int | None  # tokens the tail gives it (None: not found)
+
+
+TAILS = [
+    Tail("a follow-up continuing the answer's tokens takes the tail", "", "same", (7, 8, 9), 2),
+    Tail("a follow-up ending where the tail does takes it", "", "same", (7, 8), 2),
+    Tail("an edit of the answer's last tokens does not", "", "same", (7, 5, 9), None),
+    Tail("a prompt shorter than the tail does not", "", "same", (7,), None),
+    Tail("another scope's or conversation's chain does not", "", "other", (7, 8, 9), None),
+    Tail("a tail is taken once: a partly filled block is never shared", "take", "same", (7, 8, 9), None),
+    Tail("a slot needed takes the tail's block like a cached one's", "fill", "same", (7, 8, 9), None),
+    Tail("a newer tail after the same blocks replaces the older", "newer", "same", (7, 8, 9), None),
+    Tail("a tail still held by its sequence is not taken", "held", "same", (7, 8, 9), None),
+]
+
+
+@pytest.mark.parametrize("case", TAILS, ids=[case.name for case in TAILS])
+def test_what_a_follow_up_finds_of_the_last_turns_partly_filled_block(case: Tail):
+    pool = BlockPool(blocks=BLOCKS, block_tokens=BLOCK)
+    before = block_hashes(CONVERSATIONS["A"][:BLOCK], block_tokens=BLOCK)[-1]
+    block = pool.allocate(1)[0]
+    pool.keep_tail(block, after=before, tokens=[7, 8])
+    if case.then != "held":
+        pool.release([block])
+    if case.then == "take":
+        assert pool.take_tail(after=before, tokens=[7, 8, 9]) == (block, 2)
+    if case.then == "fill":
+        pool.allocate(BLOCKS)
+    if case.then == "newer":
+        newer = pool.allocate(1)[0]
+        pool.keep_tail(newer, after=before, tokens=[7, 3])
+        pool.release([newer])
+    after = before if case.after == "same" else block_hashes(CONVERSATIONS["B"][:BLOCK], block_tokens=BLOCK)[-1]
+    assert pool.take_tail(after=after, tokens=list(case.tokens)) == (None if case.taken is None else (block, 2))
+
+
+def test_a_tail_outlives_blocks_nothing_was_cached_in():
+    """Freed, the tail waits with the cached blocks: a slot is taken from never-cached blocks first."""
+    pool = BlockPool(blocks=BLOCKS, block_tokens=BLOCK)
+    blocks = pool.allocate(BLOCKS)
+    pool.keep_tail(blocks[0], after=b"", tokens=[7])
+    pool.release(blocks)
+    pool.allocate(BLOCKS - 1)
+    assert pool.take_tail(after=b"", tokens=[7, 8]) == (blocks[0], 1) and pool.free_count == 0
