@@ -208,6 +208,38 @@ def test_another_openai_compatible_server_side_by_side(demo_pair, celery_worker,
     assert f"### Beside demo-code at {live_server_url}" in (tmp_path / "results.md").read_text()
 
 
+def test_conversations_beside_two_named_peers(demo_pair, celery_worker, live_server_url, api_key, tmp_path):
+    """A pasted file and a follow-up, on every line: as it ships, `speculative: false` and two peers named on the
+    command line (llama-server's main alone and its ngram-mod, as users compare; here this same stack twice). Each
+    line's rate is set against `speculative: false` and against each peer, and the follow-up reads the first turn
+    from the cache on SpecChat's lines."""
+    demo_pair.own_engine_streams = 1  # lone answers on the own engine, whose blocks the pool keeps
+    demo_pair.save()
+    paste = "\n".join(f"def step_{n}(state, value):\n    state[{n}] = value * {n}\n    return state" for n in range(12))
+    chats = tmp_path / "chats.json"
+    chats.write_text(json.dumps([{"name": "paste", "system": "You edit code.",
+                                  "turns": [f"{paste}\n\nAdd a docstring to step_3.", "Now add type hints."]}]))
+    conversations = ["--conversations", str(chats), "--conversations-only", "--conversation-repeats", "1",
+                     "--conversation-tokens", "12", "--url", live_server_url, "--out", str(tmp_path)]
+    with pytest.raises(CommandError, match="a label of their own"):
+        run_command(*conversations, "--compare-url", live_server_url, "--compare-url", f"b={live_server_url}",
+                    "--compare-model", "demo-code")
+    with pytest.raises(CommandError, match="compares with one --compare-url"):
+        run_command(*TINY, "--url", live_server_url, "--compare-url", f"a={live_server_url}",
+                    "--compare-url", f"b={live_server_url}", "--compare-model", "demo-code")
+
+    printed = run_command(*conversations, "--compare-url", f"main={live_server_url}",
+                          "--compare-url", f"ngram-mod={live_server_url}", "--compare-model", "demo-code",
+                          "--compare-key", api_key.secret)
+
+    summary = {s["line"]: s for s in json.loads((tmp_path / "conversations.json").read_text())["summary"]}
+    assert set(summary) == {"as it ships", "speculative: false", "peer main", "peer ngram-mod"}
+    assert all(s["turns"] == 2 for s in summary.values())
+    assert summary["as it ships"]["cached_share"] > 0.5 and summary["speculative: false"]["cached_share"] > 0.5
+    assert "vs `speculative: false` | vs `peer main` | vs `peer ngram-mod` |" in printed
+    assert f"peer main {live_server_url} (demo-code)" in printed
+
+
 def test_admin_starts_a_benchmark_on_the_worker_and_shows_it(demo_pair, celery_worker, django_user_model):
     admin_user = django_user_model.objects.create_superuser("root", "root@example.com", "root-password")
     client = Client()

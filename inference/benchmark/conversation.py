@@ -1,13 +1,13 @@
 """The benchmark's multi-turn chat workload (`manage.py benchmark --conversations FILE`): a pasted file and follow-ups,
 each turn sent with the whole history as a chat client does, timed as its user sees it.
 
-Every line (as it ships, `speculative: false`, and the peer of --compare-url with its prompt cache on, as users run
-llama-server) holds the same conversations, one turn after another, interleaved line by line and repeated. Each
-line's conversations open with a system prompt of their own (the run, the line and the repeat in it), so no line reads
-another's prefix from a cache, nor the same line's from an earlier run (a peer keeps its cache between runs): each pays
-for its own first turn, and its follow-ups read what it kept itself.
+Every line (as it ships, `speculative: false`, and each peer of --compare-url with its prompt cache on, as users run
+llama-server: its main alone, its `--spec-type ngram-mod`) holds the same conversations, one turn after another,
+interleaved line by line and repeated. Each line's conversations open with a system prompt of their own (the run, the
+line and the repeat in it), so no line reads another's prefix from a cache, nor the same line's from an earlier run (a
+peer keeps its cache between runs): each pays for its own first turn, and its follow-ups read what it kept itself.
 Reported per line: the first turn's time to first token, the follow-ups' (median and longest), and tokens a second
-after the first token over the whole conversation, and which turns looped. Whether the texts are the main alone's is
+after the first token over the turns that did not loop, and how many looped. Whether the texts are the main alone's is
 not compared here: each line's own system prompt is another prompt (tests/test_engines_own_rows.py holds cached rows
 bitwise equal to cold ones).
 """
@@ -29,6 +29,11 @@ import aiohttp
 from inference.benchmark.stack import STREAM_TIMEOUT, StreamError
 
 AS_SHIPPED, MAIN_ALONE, PEER_LINE = "as it ships", "speculative: false", "peer"
+
+
+def peer_line(label: str) -> str:
+    """The line of a peer server, named by its label where several are asked (`--compare-url LABEL=URL`)."""
+    return f"{PEER_LINE} {label}" if label else PEER_LINE
 LINE_SETTINGS = {AS_SHIPPED: {}, MAIN_ALONE: {"speculative": False}}
 
 
@@ -180,7 +185,7 @@ class LineSummary:
     first_ttft_s: float  # median over the conversations and repeats
     follow_up_ttft_s: float  # median over every follow-up
     follow_up_ttft_max_s: float
-    tokens_per_s: float  # after the first token, over whole conversations: tokens / decode seconds
+    tokens_per_s: float | None  # after the first token, over the turns that did not loop: tokens / decode seconds
     cached_share: float | None  # of the follow-ups' prompt tokens, what the server said it read from its cache
     turns: int
     looped: int
@@ -199,7 +204,7 @@ def summarize(turns: list[Turn]) -> list[LineSummary]:
             line=line, first_ttft_s=statistics.median(turn.ttft_s for turn in mine if turn.turn == 0),
             follow_up_ttft_s=statistics.median(turn.ttft_s for turn in follow_ups),
             follow_up_ttft_max_s=max(turn.ttft_s for turn in follow_ups),
-            tokens_per_s=sum(turn.tokens - 1 for turn in mine) / sum(turn.decode_s for turn in mine),
+            tokens_per_s=_rate([turn for turn in mine if not turn.looped]),
             cached_share=(sum(t.cached_tokens or 0 for t in cached) / sum(t.prompt_tokens for t in cached)
                           if cached else None),
             turns=len(mine), looped=sum(turn.looped for turn in mine),
@@ -207,6 +212,12 @@ def summarize(turns: list[Turn]) -> list[LineSummary]:
                            if cached else None),
             conversations_by_worker=dict(Counter(turn.worker for turn in mine if turn.turn == 0 and turn.worker))))
     return summaries
+
+
+def _rate(turns: list[Turn]) -> float | None:
+    """Tokens a second after the first token, over these turns (None: none, every turn looped)."""
+    seconds = sum(turn.decode_s for turn in turns)
+    return sum(turn.tokens - 1 for turn in turns) / seconds if seconds else None
 
 
 def turn_lines(turns: list[Turn]) -> list[str]:
@@ -222,18 +233,21 @@ def turn_lines(turns: list[Turn]) -> list[str]:
 
 
 def report_lines(summaries: list[LineSummary]) -> list[str]:
-    """A Markdown table, with each line's tokens a second against speculative: false's and the peer's."""
+    """A Markdown table, with each line's tokens a second against speculative: false's and each peer's; turns that
+    looped are left out of the rates (a loop is easy to guess, and nobody reads it) and counted apart."""
     rates = {summary.line: summary.tokens_per_s for summary in summaries}
+    others = [MAIN_ALONE, *(s.line for s in summaries if s.line.startswith(PEER_LINE))]
     rows = [("| line | first turn: time to first token | follow-ups: median (max) | tokens/s after the first | "
-            "vs `speculative: false` | vs peer | follow-ups' prompt from the cache | follow-ups ≥ 90% cached | "
-            "conversations by worker | looped |"),
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+             + "".join(f"vs `{other}` | " for other in others)
+             + "follow-ups' prompt from the cache | follow-ups ≥ 90% cached | conversations by worker | looped |"),
+            "| --- | ---: | ---: | ---: |" + " ---: |" * len(others) + " ---: | ---: | --- | ---: |"]
     for s in summaries:
-        versus = [f"{s.tokens_per_s / rates[other]:.2f}x" if other in rates and other != s.line else "-"
-                  for other in (MAIN_ALONE, PEER_LINE)]
+        versus = [f"{s.tokens_per_s / against:.2f}x"
+                  if other != s.line and s.tokens_per_s and (against := rates.get(other)) else "-" for other in others]
         rows.append(f"| {s.line} | {s.first_ttft_s:.2f} s | {s.follow_up_ttft_s:.2f} s ({s.follow_up_ttft_max_s:.2f} s)"
-                    f" | {s.tokens_per_s:.1f} | {versus[0]} | {versus[1]} | "
-                    f"{'-' if s.cached_share is None or not s.cached_share else f'{s.cached_share:.0%}'} | "
+                    f" | {'-' if s.tokens_per_s is None else f'{s.tokens_per_s:.1f}'} | "
+                    + "".join(f"{v} | " for v in versus)
+                    + f"{'-' if s.cached_share is None or not s.cached_share else f'{s.cached_share:.0%}'} | "
                     f"{'-' if s.mostly_cached is None else f'{s.mostly_cached:.0%}'} | "
                     f"{', '.join(f'{n}' for n in sorted(s.conversations_by_worker.values(), reverse=True)) or '-'} | "
                     f"{s.looped}/{s.turns} |")

@@ -60,10 +60,13 @@ class Command(BaseCommand):
                             help="temperature of the sampled rows")
         parser.add_argument("--no-stack", action="store_true", help="in-process only")
         parser.add_argument("--url", help="benchmark this running server instead of starting daphne and a worker")
-        parser.add_argument("--compare-url", help="also ask another OpenAI-compatible server (llama.cpp's "
-                            "llama-server, vLLM, OVMS) the same prompts with the same settings and streams, and "
-                            "print both side by side; it must honour ignore_eos and report usage when streaming")
-        parser.add_argument("--compare-model", default="", help="the model name that server answers to")
+        parser.add_argument("--compare-url", action="append", default=[], metavar="[LABEL=]URL",
+                            help="also ask another OpenAI-compatible server (llama.cpp's llama-server, vLLM, OVMS) "
+                            "the same prompts with the same settings and streams, and print both side by side; it "
+                            "must honour ignore_eos and report usage when streaming. Give it again, each named "
+                            "(main=URL, ngram-mod=URL), for the conversations to ask several (the one-turn "
+                            "workload asks one)")
+        parser.add_argument("--compare-model", default="", help="the model name those servers answer to")
         parser.add_argument("--compare-key", default=os.environ.get("OPENAI_API_KEY", ""),
                             help="its API key, if it wants one (default: $OPENAI_API_KEY)")
         parser.add_argument("--conversations", type=Path,
@@ -96,7 +99,7 @@ class Command(BaseCommand):
     def conversations(self, *, pair: ModelPair, o: dict) -> None:
         try:
             chats = conversation.conversations_from_file(o["conversations"])
-            peer = self.peer(url=o["compare_url"], model=o["compare_model"], key=o["compare_key"], stack=True)
+            peers = self.peers(urls=o["compare_url"], model=o["compare_model"], key=o["compare_key"], stack=True)
             if o["workers"] < 1 or o["conversations_at_once"] < 1:
                 raise ValueError("--workers and --conversations-at-once take 1 or more")
             at_once = o["conversations_at_once"]
@@ -107,8 +110,8 @@ class Command(BaseCommand):
                 endpoints = {line: conversation.Endpoint(base_url=base_url.rstrip("/"), model=pair.slug,
                                                          api_key=credentials.api_key, extra=extra)
                              for line, extra in conversation.LINE_SETTINGS.items()}
-                if peer:
-                    endpoints[conversation.PEER_LINE] = conversation.Endpoint(
+                for label, peer in peers.items():
+                    endpoints[conversation.peer_line(label)] = conversation.Endpoint(
                         base_url=peer.base_url, model=peer.model, api_key=peer.api_key)
                 turns = conversation.run_conversations(
                     endpoints=endpoints, conversations=chats, repeats=o["conversation_repeats"],
@@ -116,11 +119,12 @@ class Command(BaseCommand):
         except (ValueError, OSError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
         turns = conversation.served_by(turns, self.workers_of(turns))
+        named = ", ".join(f"{conversation.peer_line(label)} {peer.base_url} ({peer.model})"
+                          for label, peer in peers.items())
         header = [(f"Pair `{pair.slug}`; host: {this_host().described}; conversations: {o['conversations'].name} "
                   f"({', '.join(chat.name for chat in chats)}); greedy, {o['conversation_tokens']} new tokens a turn "
                   f"(EOS ignored), {o['conversation_repeats']} repeats of {o['conversations_at_once']} at once, "
-                  f"lines interleaved; {o['workers']} worker(s); peer: "
-                  f"{peer.base_url + ' (' + peer.model + ')' if peer else 'none'}.")]
+                  f"lines interleaved; {o['workers']} worker(s); peers: {named or 'none'}.")]
         files = conversation.write_conversation_report(turns, o["out"], header=header)
         self.stdout.write("\n".join(["", *header, "", *conversation.report_lines(conversation.summarize(turns))]))
         self.stdout.write("\nWrote " + ", ".join(str(f) for f in files))
@@ -145,8 +149,12 @@ class Command(BaseCommand):
                 steady_rounds=o["steady_rounds"],
                 sampled_ks=o["sampled_ks"], sampled_temperature=o["temperature"])
             prompts = self.prompts(pair=pair, path=o["prompts_file"], history=o["from_history"])
-            peer = self.peer(url=o["compare_url"], model=o["compare_model"], key=o["compare_key"],
-                             stack=bool(options.clients))
+            peers = self.peers(urls=o["compare_url"], model=o["compare_model"], key=o["compare_key"],
+                               stack=bool(options.clients))
+            if len(peers) > 1:
+                raise ValueError("the one-turn workload compares with one --compare-url (the conversations with "
+                                 "several): run it once for each, or add --conversations-only")
+            peer = next(iter(peers.values()), None)
             engines, baseline = runs.benchmark_engines(pair=pair)
             self.stderr.write(baseline)
             with tqdm(total=1, unit="run", dynamic_ncols=True) as bar, closing(engines):
@@ -177,17 +185,24 @@ class Command(BaseCommand):
         return None
 
     @staticmethod
-    def peer(*, url: str | None, model: str, key: str, stack: bool) -> PeerServer | None:
-        if not url:
+    def peers(*, urls: list[str], model: str, key: str, stack: bool) -> dict[str, PeerServer]:
+        """Label ("" for one given without) -> the server `--compare-url [LABEL=]URL` names."""
+        if not urls:
             if model:
                 raise ValueError("--compare-model names the model of --compare-url's server: give both")
-            return None
-        if not url.startswith(("http://", "https://")) or not model:
-            raise ValueError("--compare-url takes the server's http(s) base URL (without /v1), and --compare-model "
-                             "the model name it answers to")
+            return {}
+        peers = {}
+        for given in urls:
+            label, _, url = given.rpartition("=") if not given.startswith(("http://", "https://")) else ("", "", given)
+            if not url.startswith(("http://", "https://")) or not model:
+                raise ValueError("--compare-url takes the server's http(s) base URL (without /v1), LABEL=URL for "
+                                 "one of several, and --compare-model the model name it answers to")
+            if label in peers or (len(urls) > 1 and not label):
+                raise ValueError("several --compare-url each need a label of their own: main=URL, ngram-mod=URL")
+            peers[label] = PeerServer(base_url=url.rstrip("/"), model=model, api_key=key)
         if not stack:
             raise ValueError("--compare-url measures through the stack: drop --no-stack")
-        return PeerServer(base_url=url.rstrip("/"), model=model, api_key=key)
+        return peers
 
     def run(self, *, pair, options, engines, url, progress, prompts, peer, notes) -> dict:
         if not options.clients:
