@@ -67,6 +67,10 @@ def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calib
         # where the main alone won there: from the length where the gain fell to nothing, between the two prompts'
         assert long["drafted"]["identical"] == 2 and (long["from_tokens"] is None if long["k"] else
                                                        results["prompt_tokens"] <= long["from_tokens"] <= long["tokens"])
+        # the lookup alone timed beside it, the main alone's text too: the draft kept only where it beat both
+        assert long["lookup_only"]["answers"] == long["lookup_only"]["identical"] == 2
+        assert bool(long["k"]) == (long["drafted"]["tokens_per_s"] > max(
+            long[line]["tokens_per_s"] for line in ("lookup_only", "own_main_alone", "fastest")))
     for line in (results["fastest_again"], results["own_main_alone"]):  # the verdict under load weighs both
         assert line["first_token_ms"] > 0 and line["first_token_ms_streams"] > 0
     in_batch = results["batch_ks"]["2"]  # asked for: four answers at once speculating in the own engine's batch

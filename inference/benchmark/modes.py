@@ -97,14 +97,16 @@ def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_strea
 
 def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int, grammar: Grammar | None = None,
            temperature: float = 0.0, seed: int = 0, draft_stop_below: float | None = None,
-           step_costs: tuple[float, ...] = (), batch_k: int = 0) -> tuple[list[int], float, SpeculationStats]:
-    """Token ids, seconds from submit to the end, and the steps' figures."""
+           step_costs: tuple[float, ...] = (), batch_k: int = 0, lookup_only: bool = False
+           ) -> tuple[list[int], float, SpeculationStats]:
+    """Token ids, seconds from submit to the end, and the steps' figures; `lookup_only`: on the own engine, the
+    conversation's lookup alone proposes (no draft inference)."""
     started = time.perf_counter()
     request = engine.submit(prompt=prompt, add_special_tokens=False,
                             params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k,
                                                   temperature=temperature, seed=seed,
                                                   draft_stop_below=draft_stop_below, step_costs=step_costs,
-                                                  batch_k=batch_k,
+                                                  batch_k=batch_k, lookup_only=lookup_only,
                                                   grammar_kind=grammar.kind if grammar else "",
                                                   grammar_text=grammar.text if grammar else ""))
     stats = SpeculationStats(num_assistant_tokens=k, speculative=bool(k), max_new_tokens=max_new_tokens)

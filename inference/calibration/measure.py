@@ -9,11 +9,14 @@
    with AVX2), which the own engine then loads on this host; and at several at once, the answers speculating in its
    batch at each of a few Ks (DecodingParams.batch_k) beside its batched main alone;
 3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay);
-4. a lone answer at the K chosen against the main alone (the own engine's and the fastest) after a long prompt
-   (LONG_CONTEXT tokens, a pasted file, read once and kept in the prefix caches, as in a conversation's follow-ups):
-   the K long answers get, or 0 where the main alone was faster there, and which main alone runs them faster;
-   where it was, from how many prompt tokens: where the gain measured after the short prompts and the long one falls
-   to nothing between the two (verdicts.py, long_context_from).
+4. a lone answer at the K chosen, the draft chained after the conversation's lookup, against the lookup alone and
+   the main alone (the own engine's and the fastest) after a long prompt (LONG_CONTEXT tokens, a pasted file, read
+   once and kept in the prefix caches, as in a conversation's follow-ups; a question about it and an edit that
+   copies part of it): the K long answers get with the draft, or 0 where the lookup alone or the main alone was
+   faster there (the plan then proposes from the conversation alone: a lookup that misses costs a main alone's step),
+   and which main alone runs them faster; where the draft stopped paying, from how many prompt tokens: where the gain
+   measured after the short prompts and the long one falls to nothing between the two (verdicts.py,
+   long_context_from).
 
 Each phase runs its lines in rounds, the order turned each round, so that a shared host's drift
 (docs/calibration.md#what-a-calibration-measures) falls on every line alike; the figures are the rounds' sums. From
@@ -62,7 +65,9 @@ DRAFT_STOP_BELOW = 0.5
 CALIBRATION_PROMPTS = "calibration-prompts.json"
 LONG_CONTEXT = 2000  # prompt tokens of phase 4: a pasted file and a question, as a long chat's follow-ups send
 LONG_QUESTION_ROOM = 64  # the chat template and the question around the pasted file
-LONG_QUESTIONS = ("Explain what the first class in this file is for.", "Which function here would you test first?")
+# A question about the pasted file, and an edit that copies part of it, as a chat with a paste asks both
+LONG_QUESTIONS = ("Explain what the first class in this file is for.",
+                  "Add type hints to the first class's __init__ and show the whole method.")
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class Line:
     streams: int = 1
     draft_stop_below: float | None = None
     batch_k: int = 0
+    lookup_only: bool = False  # the conversation's lookup alone proposes, up to K (no draft inference)
     tokens: int = 0
     seconds: float = 0.0
     proposed: int = 0
@@ -115,7 +121,8 @@ class Line:
     def _answer(self, text: str, *, max_new_tokens: int) -> tuple[list[int], SpeculationStats, float]:
         submitted = time.perf_counter()
         ids, _, stats = answer(self.engine, text, k=self.k, max_new_tokens=max_new_tokens,
-                               draft_stop_below=self.draft_stop_below, batch_k=self.batch_k)
+                               draft_stop_below=self.draft_stop_below, batch_k=self.batch_k,
+                               lookup_only=self.lookup_only)
         return ids, stats, (stats.first_token_at or submitted) - submitted
 
     @property
@@ -257,9 +264,10 @@ def long_prompts(main_dir: str, tokens: int) -> list[str]:
 
 
 def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
-    """A lone answer at the chosen K after a long prompt, against the own engine's main alone and the fastest main
-    alone, each engine with its prefix cache (the prompt read once, untimed); the K a long answer gets (0: the
-    main alone was faster there)."""
+    """A lone answer at the chosen K after a long prompt, the draft chained after the conversation's lookup and the
+    lookup alone, against the own engine's main alone and the fastest main alone, each engine with its prefix cache
+    (the prompt read once, untimed); the K a long answer gets with the draft (0: it did not beat the lookup alone or
+    the main alone there, and the plan proposes from the conversation alone)."""
     k = results["best_k"]["1"]
     stop = results["ks"][str(k)].get("draft_stop_below")
     own_config, fastest = CONFIGS[results["own_config"]], CONFIGS[results["fastest"]]
@@ -275,18 +283,20 @@ def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
         own.draft_caught_up()
         answer(library, prompts[0], k=0, max_new_tokens=1)
         drafted, alone, library_alone = Line(own, k=k, draft_stop_below=stop), Line(own), Line(library)
-        lines = [drafted, alone, library_alone]
+        looked_up = Line(own, k=k, lookup_only=True)
+        lines = [drafted, looked_up, alone, library_alone]
         for round_ in range(budget.rounds):
-            for line in lines[round_ % 3:] + lines[:round_ % 3]:
+            for line in lines[round_ % len(lines):] + lines[:round_ % len(lines)]:
                 line.run([prompts[round_ % len(prompts)]], max_new_tokens=budget.max_new_tokens)
     finally:
         own.close()
         library.close()
-    faster = drafted.tokens_per_s > max(alone.tokens_per_s, library_alone.tokens_per_s)
+    faster = drafted.tokens_per_s > max(looked_up.tokens_per_s, alone.tokens_per_s, library_alone.tokens_per_s)
     library_faster = (library_alone.tokens_per_s > LIBRARY_MARGIN * alone.tokens_per_s
                       and (library_alone.first_token_ms or 0) <= (alone.first_token_ms or 0))
     return {"tokens": tokens, "k": k if faster else 0, "library_alone": library_faster,
-            "drafted": drafted.figures(alone=alone), "own_main_alone": alone.figures(),
+            "drafted": drafted.figures(alone=alone), "lookup_only": looked_up.figures(alone=alone),
+            "own_main_alone": alone.figures(),
             "fastest": library_alone.figures()}
 
 

@@ -138,12 +138,15 @@ def _after_a_long_prompt(results: dict) -> str:
     if not long:
         return ""
     alone = max(long["own_main_alone"]["tokens_per_s"], long["fastest"]["tokens_per_s"])
+    lookup = long.get("lookup_only")  # measured since the calibration timed the lookup alone there
     said = (f" After a {long['tokens']:,}-token prompt K={results['best_k']['1']} made "
-            f"{long['drafted']['tokens_per_s']:.1f} tok/s, the main alone {alone:.1f}: ")
+            f"{long['drafted']['tokens_per_s']:.1f} tok/s"
+            + (f", the conversation's lookup alone {lookup['tokens_per_s']:.1f}" if lookup else "")
+            + f", the main alone {alone:.1f}: ")
     if long["k"]:
-        return said + "long answers speculate too."
+        return said + "long answers speculate with the draft too."
     start = long.get("from_tokens") or LONG_CONTEXT_FROM
-    return said + f"answers from {start:,} prompt tokens run on the main alone."
+    return said + f"answers from {start:,} prompt tokens propose from the conversation alone, no draft."
 
 
 def _under_load(results: dict) -> str:

@@ -160,12 +160,15 @@ def test_a_calibration_says_from_which_prompt_length_long_answers_give_up_the_dr
             "own_main_alone": {"tokens_per_s": 7.55}, "fastest": {"tokens_per_s": 11.49}}
     shown = summary_of({**RESULTS, "long_context": long})["verdict"]
     assert shown.endswith("After a 2,000-token prompt K=3 made 6.0 tok/s, the main alone 11.5: answers from 973 prompt "
-                          "tokens run on the main alone.")  # the own engine's, though the library's was faster
+                          "tokens propose from the conversation alone, no draft.")  # on the own engine
     assert "library" not in shown
     before = {key: value for key, value in long.items() if key != "from_tokens"}  # calibrated before it was kept
     assert "answers from 1,000 prompt tokens" in summary_of({**RESULTS, "long_context": before})["verdict"]
     still = summary_of({**RESULTS, "long_context": {**long, "k": 3, "drafted": {"tokens_per_s": 12.5}}})["verdict"]
-    assert still.endswith("K=3 made 12.5 tok/s, the main alone 11.5: long answers speculate too.")
+    assert still.endswith("K=3 made 12.5 tok/s, the main alone 11.5: long answers speculate with the draft too.")
+    looked_up = summary_of({**RESULTS, "long_context": {**long, "lookup_only": {"tokens_per_s": 14.2}}})["verdict"]
+    assert looked_up.endswith("K=3 made 6.0 tok/s, the conversation's lookup alone 14.2, the main alone 11.5: answers "
+                              "from 973 prompt tokens propose from the conversation alone, no draft.")
     assert "After a" not in summary_of(RESULTS)["verdict"]  # no long prompt measured
 
 
