@@ -176,6 +176,9 @@ WORKER_SLOTS = env_int("SPECCHAT_WORKER_SLOTS", 16)  # concurrent generations pe
 # A turn goes to the worker holding its conversation's cached blocks unless that worker has more than this many
 # answers in flight above the least busy worker of the pair; then to the least busy (inference/serving/routing.py).
 ROUTE_LOAD_MARGIN = env_int("SPECCHAT_ROUTE_LOAD_MARGIN", 2)
+# A worker whose last heartbeat is older than this gets no new turn, and its queued ones go to any worker, though its
+# heartbeat has not expired yet: a killed worker's turns wait this long, not WORKER_HEARTBEAT_TTL_S.
+ROUTE_BEAT_LATE_S = env_int("SPECCHAT_ROUTE_BEAT_LATE_S", 3 * WORKER_HEARTBEAT_S)
 CHAT_MAX_CONCURRENT = env_int("SPECCHAT_CHAT_MAX_CONCURRENT", 2)  # answers one user may have in flight in the chat
 CHAT_ABANDON_GRACE_S = env_int("SPECCHAT_CHAT_ABANDON_GRACE_S", 10)  # closed chat's answers await a reconnect
 # After a chat's first answer the pair writes its title (a few greedy tokens, as Open WebUI does); 0: the

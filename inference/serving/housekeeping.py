@@ -107,15 +107,16 @@ def fail_unservable_generations(*, client) -> None:
 
 
 def reroute_from_gone_workers(*, client) -> None:
-    """Send to their pair's shared queue the queued generations routed to a worker whose heartbeat expired or that
-    is stopping: its own queue would hold them until they timed out. A second delivery is harmless (the claim)."""
+    """Send to their pair's shared queue the queued generations routed to a worker whose heartbeat expired or is
+    late, or that is stopping: its own queue would hold them until they timed out. A second delivery is harmless (the
+    claim)."""
     if not selectors.heartbeats_settled(client=client):
         return
     routed = list(Generation.objects.filter(status=Generation.Status.QUEUED).exclude(routed_to="")
                   .values_list("id", "routed_to", "pair__slug"))
     if not routed:
         return
-    serving = {beat["name"] for beat in selectors.live_workers(client=client) if not beat.get("stopping")}
+    serving = {beat["name"] for beat in selectors.live_workers(client=client) if routing.takes_turns(beat)}
     for generation_id, worker, slug in routed:
         if worker not in serving and client.set(transport.resent_key(generation_id), "1", nx=True,
                                                 ex=settings.REQUEUE_AFTER_S):

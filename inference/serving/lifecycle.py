@@ -54,7 +54,7 @@ def announce_worker(*, client, name: str, payload: dict, ttl_s: int) -> None:
     """A worker's heartbeat: its key expires with it, and the index forgets expired names."""
     now = time.time()
     pipe = client.pipeline(transaction=False)
-    pipe.set(transport.WORKER_KEY_PREFIX + name, json.dumps(payload), ex=ttl_s)
+    pipe.set(transport.WORKER_KEY_PREFIX + name, json.dumps({**payload, "beat_at": now}), ex=ttl_s)
     pipe.zadd(transport.WORKER_INDEX, {name: now + ttl_s})
     pipe.zremrangebyscore(transport.WORKER_INDEX, "-inf", now)
     pipe.execute()
@@ -79,7 +79,7 @@ def heartbeat_payload() -> dict:
         "figures": {slug: rates.figures() for slug, rates in STATE.engines.rates.items()},
         "prefix_cache_bytes": STATE.engines.prefix_cache_bytes(),  # {slug: bytes}, for /metrics
         "kv_blocks_held": STATE.engines.kv_blocks_held(),  # {slug: blocks}, for /metrics and the soak's leak check
-        "lone_k": lone_answers_k(),
+        "lone_k": STATE.lone_k,
         # {slug: tokens per block of the main's pool}: how the web side hashes a prompt to find it here (routing.py)
         "kv_block_tokens": {slug: block_tokens for slug, (block_tokens, _) in STATE.engines.main_blocks().items()},
         "stopping": STATE.stopping,  # the web side routes nothing new here
@@ -100,12 +100,26 @@ def lone_answers_k() -> dict[str, int | None]:
 
 
 def _beat_forever() -> None:
+    """The heartbeat, on a thread of its own: a slow or absent database never makes it late (the web side routes
+    nothing to a worker whose heartbeat is late: routing.takes_turns)."""
     client = transport.sync_client()
     while not _stop.is_set():
         try:
             announce_worker(client=client, name=WORKER_NAME, payload=heartbeat_payload(),
                             ttl_s=settings.WORKER_HEARTBEAT_TTL_S)
             publish_held_blocks(client=client)
+        except Exception:
+            log.exception("heartbeat failed")
+        _stop.wait(settings.WORKER_HEARTBEAT_S)
+
+
+def _housekeep_forever() -> None:
+    """What every live worker checks as often as it beats: other workers' orphaned and stuck answers, its own
+    engines, the plan the heartbeat shows."""
+    client = transport.sync_client()
+    while not _stop.is_set():
+        try:
+            STATE.lone_k = lone_answers_k()
             fail_orphaned_generations(client=client)
             reroute_from_gone_workers(client=client)
             fail_unservable_generations(client=client)
@@ -119,7 +133,7 @@ def _beat_forever() -> None:
             _load_unloaded_pairs()
             STATE.engines.release_idle_extras()
         except Exception:
-            log.exception("heartbeat failed")
+            log.exception("housekeeping failed")
         finally:
             close_old_connections()
         _stop.wait(settings.WORKER_HEARTBEAT_S)
@@ -197,7 +211,9 @@ def start_worker_services(sender, **_) -> None:
         if queue.startswith("pair."):
             _consume(queue)
     _stop.clear()
+    STATE.lone_k = lone_answers_k()  # in the first heartbeat already
     threading.Thread(target=_beat_forever, name="heartbeat", daemon=True).start()
+    threading.Thread(target=_housekeep_forever, name="housekeeping", daemon=True).start()
     threading.Thread(target=_listen, name="listener", daemon=True).start()
 
 

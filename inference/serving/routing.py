@@ -8,14 +8,16 @@ sends the task to the best one's own queue (`pair.<slug>.<worker>`, consumed bes
 goes by load instead, to the worker with the fewest answers in flight, when the holder has more than
 ROUTE_LOAD_MARGIN answers in flight above that one, as SGLang's router balances once loads drift apart.
 
-Nothing waits on a worker that is gone: a stopping worker hands back the tasks it has not started (worker.py), and
-the live workers send a dead one's queued turns to the shared queue (housekeeping.reroute_from_gone_workers). A
+Nothing waits on a worker that is gone: a stopping worker hands back the tasks it has not started (worker.py), a
+worker whose heartbeat is late gets no new turn (a killed one beats no more before its heartbeat expires), and the
+live workers send a gone one's queued turns to the shared queue (housekeeping.reroute_from_gone_workers). A
 user's hashes are keyed by their scope, so routing finds only that user's blocks and tells nobody else anything.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -115,10 +117,16 @@ def _held_blocks(client: redis.Redis, *, slug: str, workers: list[dict], prompt_
     return held
 
 
+def takes_turns(beat: dict) -> bool:
+    """Whether a live worker gets new turns and keeps its queued ones: not stopping, and its last heartbeat not late
+    (a worker killed at once beats no more, though its heartbeat lives until it expires)."""
+    return not beat.get("stopping") and time.time() - beat.get("beat_at", time.time()) <= settings.ROUTE_BEAT_LATE_S
+
+
 def route(client: redis.Redis, *, pair: ModelPair, workers: list[dict], prompt_ids: list[int],
           scope: str) -> Routed:
     """Where a new generation's task goes (`workers`: the live heartbeats), counted in /metrics by how."""
-    serving = [beat for beat in workers if pair.queue in beat.get("queues", ()) and not beat.get("stopping")
+    serving = [beat for beat in workers if pair.queue in beat.get("queues", ()) and takes_turns(beat)
                and beat.get("pairs", {}).get(pair.slug, {}).get("state") != LoadState.FAILED]
     held = _held_blocks(client, slug=pair.slug, workers=serving, prompt_ids=prompt_ids, scope=scope)
     in_flight = selectors.routed_in_flight(pair=pair)

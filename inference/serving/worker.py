@@ -52,6 +52,9 @@ class WorkerState:
     submitting: dict[str, float] = field(default_factory=dict)  # generation id -> when it was handed to its engine
     claimed: set[str] = field(default_factory=set)  # held by a thread of this worker, from claim to end
     stopping: bool = False  # asked to stop (SIGTERM): what it has not started goes back to the shared queue
+    # {slug: the K a lone answer is planned with here}, as the housekeeping last read it: the heartbeat reads no
+    # database (lifecycle.py)
+    lone_k: dict[str, int | None] = field(default_factory=dict)
 
 
 STATE = WorkerState(engines=EngineRegistry(

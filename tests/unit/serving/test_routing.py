@@ -1,6 +1,8 @@
 """The router's decisions, as a table: which worker's queue a turn goes to, given what each live worker holds and
 how busy it is (real Redis sets, real records)."""
 
+import time
+
 import pytest
 from django.conf import settings
 
@@ -88,9 +90,14 @@ def test_routes_by_what_each_worker_published(redis_client, pairs):
 def test_a_dead_stopping_or_failed_holder_is_passed_over(redis_client, pairs):
     one, _ = pairs
     hold(redis_client, "w2", "one", PROMPT)
-    # Its heartbeat expired (not among the live workers), it is stopping, or the pair failed to load there.
-    for workers in ([beat("w1", "one")], [beat("w1", "one"), beat("w2", "one", stopping=True)],
+    # Its heartbeat expired (not among the live workers), it is late (killed: it beats no more, its heartbeat not
+    # expired yet), it is stopping, or the pair failed to load there.
+    late = {**beat("w2", "one"), "beat_at": time.time() - settings.ROUTE_BEAT_LATE_S - 1}
+    for workers in ([beat("w1", "one")], [beat("w1", "one"), late],
+                    [beat("w1", "one"), beat("w2", "one", stopping=True)],
                     [beat("w1", "one"), beat("w2", "one", state="failed")]):
         turn = routed(redis_client, one, workers)
         assert (turn.worker, turn.by, turn.cached_tokens) == ("w1", RoutedBy.LOAD, 0)
     assert routed(redis_client, one, []).queue == "pair.one"  # nobody at all: the shared queue, judged later
+    on_time = {**late, "beat_at": time.time() - settings.ROUTE_BEAT_LATE_S + 1}
+    assert routed(redis_client, one, [beat("w1", "one"), on_time]).worker == "w2"
