@@ -26,9 +26,19 @@ PASTE = "\n".join(f"def step_{i}(values, limit={i}):\n    return [v * {i} for v 
 @pytest.fixture
 def two_workers(demo_pair, stack_env, redis_client, tmp_path):
     """A pair on the own engine (which keeps blocks across turns) that only these two workers serve."""
+    yield from _two_workers(demo_pair, stack_env, redis_client, tmp_path, heartbeat_ttl_s=3)
+
+
+@pytest.fixture
+def two_workers_slow_to_expire(demo_pair, stack_env, redis_client, tmp_path):
+    """The same, their heartbeats living 30 s: well past the web side's SPECCHAT_ROUTE_BEAT_LATE_S (6 s)."""
+    yield from _two_workers(demo_pair, stack_env, redis_client, tmp_path, heartbeat_ttl_s=30)
+
+
+def _two_workers(demo_pair, stack_env, redis_client, tmp_path, *, heartbeat_ttl_s: int):
     pair = ModelPair.objects.create(name="Routed", slug="routed", main_dir=demo_pair.main_dir,
                                     draft_dir=demo_pair.draft_dir, num_assistant_tokens=3, own_engine_streams=4)
-    env = {**stack_env, "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": "3"}
+    env = {**stack_env, "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": str(heartbeat_ttl_s)}
     workers = [Worker(env, pair.queue, tmp_path / f"routed-{n}.log") for n in range(2)]
     try:
         names = [worker.wait_ready(redis_client) for worker in workers]
@@ -91,3 +101,21 @@ def test_follow_ups_go_to_the_worker_holding_the_conversation_and_survive_its_st
     assert after.status == Generation.Status.FINISHED, (after.error, _log_tails(workers.values()))
     assert after.worker != holder and after.completion_tokens == 24
     workers[holder].proc.wait(30)
+
+
+def test_a_worker_killed_between_two_turns_gets_no_follow_up_once_its_heartbeat_is_late(two_workers_slow_to_expire,
+                                                                                         user, settings):
+    """SIGKILL (the OOM killer, a machine lost): the worker beats no more, but its heartbeat lives on until it
+    expires. The next turn, sent after the user has read the answer and typed, goes to the live worker at once,
+    read cold there, rather than to the dead holder's queue to wait for the expiry."""
+    pair, workers = two_workers_slow_to_expire
+    prompt = PASTE + "\n# Question 1: which step keeps the most values?\n"
+    first = _turn(pair, user, prompt)
+    holder = first.worker
+    os.kill(workers[holder].proc.pid, signal.SIGKILL)
+    workers[holder].proc.wait(30)
+    time.sleep(settings.ROUTE_BEAT_LATE_S + 1)
+    assert holder in {beat["name"] for beat in transport.live_workers(client=transport.sync_client())}  # not expired
+    after = _turn(pair, user, prompt + first.text + "\n# Question 2: and the fewest?\n")
+    assert after.status == Generation.Status.FINISHED, (after.error, _log_tails(workers.values()))
+    assert after.routed_to == after.worker != holder and after.completion_tokens == 24
