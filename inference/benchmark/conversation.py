@@ -29,12 +29,12 @@ import aiohttp
 from inference.benchmark.stack import STREAM_TIMEOUT, StreamError
 
 AS_SHIPPED, MAIN_ALONE, PEER_LINE = "as it ships", "speculative: false", "peer"
+LINE_SETTINGS = {AS_SHIPPED: {}, MAIN_ALONE: {"speculative": False}}
 
 
 def peer_line(label: str) -> str:
     """The line of a peer server, named by its label where several are asked (`--compare-url LABEL=URL`)."""
     return f"{PEER_LINE} {label}" if label else PEER_LINE
-LINE_SETTINGS = {AS_SHIPPED: {}, MAIN_ALONE: {"speculative": False}}
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,8 @@ class Command(BaseCommand):
             return {}
         peers = {}
         for given in urls:
-            label, _, url = given.rpartition("=") if not given.startswith(("http://", "https://")) else ("", "", given)
+            # LABEL=URL splits at its first "=": a URL's own query may hold more
+            label, _, url = ("", "", given) if given.startswith(("http://", "https://")) else given.partition("=")
             if not url.startswith(("http://", "https://")) or not model:
                 raise ValueError("--compare-url takes the server's http(s) base URL (without /v1), LABEL=URL for "
                                  "one of several, and --compare-model the model name it answers to")
