@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from statistics import median
 
 import numpy as np
 import openvino as ov
@@ -49,25 +51,68 @@ DEFAULT_MODES = ("exact", "fast", "fast-f32", "own")
 LOOPING = 0.5  # an answer whose 4-grams are mostly repeats is stuck in a loop
 
 
-@dataclass
-class Line:
-    mode: str
-    k: int  # 0: the main alone
+@dataclass(kw_only=True)
+class Tally:
+    """What a measured line's answers add up to: the benchmark's modes and the calibration keep one per line."""
+
     tokens: int = 0
-    seconds: float = 0.0
-    steps: int = 0
-    accepted: int = 0
-    proposed: int = 0
-    identical: int = 0
+    seconds: float = 0.0  # wall time of the line's rounds, each round's answers at once
+    answers: list[list[int]] = field(default_factory=list)  # token ids
+    first_token_s: list[float] = field(default_factory=list)  # each answer's, from its submission
     looping: int = 0
-    answers: int = 0
-    speculating: int = 0  # >0: only that many answers of a round speculate on their own, the rest in the batch
-    batch_k: int = 0  # with `speculating`: the rest speculate at K in the batch (0: at K=0, as a pair ships)
-    lookup: bool = True  # on the own engine: the prompt lookup proposes before the draft
+    steps: int = 0
+    undrafted: int = 0  # steps with nothing proposed: the drafters sat out where they did not pay (own/payoff.py)
+    proposed: int = 0
+    accepted: int = 0
     ngram_steps: int = 0
     ngram_proposed: int = 0
     ngram_accepted: int = 0
-    undrafted: int = 0  # steps with nothing proposed: the drafters sat out where they did not pay (own/payoff.py)
+
+    def run_round(self, engine: Engine, prompts: list[str], settings: Callable[[int], dict]) -> list[list[int]]:
+        """`prompts` answered at once, a thread each, the index-th with `answer`'s keywords `settings(index)`;
+        their token ids, and the tally takes them in."""
+        def timed(index: int) -> tuple[list[int], SpeculationStats, float]:
+            submitted = time.perf_counter()
+            ids, _, stats = answer(engine, prompts[index], **settings(index))
+            return ids, stats, (stats.first_token_at or submitted) - submitted
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            done = list(pool.map(timed, range(len(prompts))))
+        self.seconds += time.perf_counter() - started
+        for ids, stats, first_token_s in done:
+            self.tokens += len(ids)
+            self.answers.append(ids)
+            self.first_token_s.append(first_token_s)
+            self.looping += repeated_ngram_share(engine.tokenizer.decode(ids)) > LOOPING
+            self.steps += stats.draft_steps + stats.undrafted_steps
+            self.undrafted += stats.undrafted_steps
+            self.accepted += stats.accepted
+            self.proposed += stats.proposed
+            if ngram := stats.by_drafter.get(Drafter.NGRAM):
+                self.ngram_steps += ngram.steps
+                self.ngram_proposed += ngram.proposed
+                self.ngram_accepted += ngram.accepted
+        return [ids for ids, _, _ in done]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def first_token_ms(self) -> float | None:
+        """The median answer's time to its first token."""
+        return round(1000 * median(self.first_token_s), 1) if self.first_token_s else None
+
+
+@dataclass
+class Line(Tally):
+    mode: str
+    k: int  # 0: the main alone
+    identical: int = 0
+    speculating: int = 0  # >0: only that many answers of a round speculate on their own, the rest in the batch
+    batch_k: int = 0  # with `speculating`: the rest speculate at K in the batch (0: at K=0, as a pair ships)
+    lookup: bool = True  # on the own engine: the prompt lookup proposes before the draft
 
     @property
     def name(self) -> str:
@@ -80,10 +125,6 @@ class Line:
     def k_of(self, index: int) -> int:
         """The K of a round's index-th answer."""
         return self.k if not self.speculating or self.batch_k or index < self.speculating else 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
 
 
 def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_streams: int = 0,
@@ -144,8 +185,8 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
     rounds = [prompts[start:start + streams] for start in range(0, len(prompts), streams)]
     try:
         for line in lines:  # untimed: an engine's first inferences of each shape repack its weights for them
-            _run_round(replace(line), engines[line.name], rounds[0], max_new_tokens=max_new_tokens, grammar=grammar,
-                       temperature=temperature)
+            _run_round(replace(line, answers=[], first_token_s=[]), engines[line.name], rounds[0],
+                       max_new_tokens=max_new_tokens, grammar=grammar, temperature=temperature)
         for repeat in range(repeats):
             for index, together in enumerate(rounds):
                 order = lines[(repeat + index) % len(lines):] + lines[:(repeat + index) % len(lines)]
@@ -168,25 +209,9 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
 def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens: int,
                grammar: Grammar | None, temperature: float) -> list[list[int]]:
     """The line's answers to `prompts`, all at once; its figures take them in."""
-    started = time.perf_counter()
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(lambda index: answer(engine, prompts[index], k=line.k_of(index),
-                                                     max_new_tokens=max_new_tokens, grammar=grammar,
-                                                     temperature=temperature, seed=index, batch_k=line.batch_k),
-                                range(len(prompts))))
-    line.seconds += time.perf_counter() - started
-    for tokens, _, stats in answers:
-        line.tokens, line.answers = line.tokens + len(tokens), line.answers + 1
-        line.looping += repeated_ngram_share(engine.tokenizer.decode(tokens)) > LOOPING
-        line.steps += stats.draft_steps + stats.undrafted_steps
-        line.undrafted += stats.undrafted_steps
-        line.accepted += stats.accepted
-        line.proposed += stats.proposed
-        if ngram := stats.by_drafter.get(Drafter.NGRAM):
-            line.ngram_steps += ngram.steps
-            line.ngram_proposed += ngram.proposed
-            line.ngram_accepted += ngram.accepted
-    return [tokens for tokens, _, _ in answers]
+    return line.run_round(engine, prompts, lambda index: {
+        "k": line.k_of(index), "max_new_tokens": max_new_tokens, "grammar": grammar, "temperature": temperature,
+        "seed": index, "batch_k": line.batch_k})
 
 
 def mode_props(*, main_dir: str, mode: str) -> dict[str, str]:
@@ -276,7 +301,7 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]],
     for line in lines:
         alone = next(m for m in lines if m.mode == line.mode and not m.k)
         shown = line.k and not line.speculating
-        per_step = ("-" if line.speculating else f"{line.tokens / max(line.steps + line.answers, 1):.2f}" if line.k
+        per_step = ("-" if line.speculating else f"{line.tokens / max(line.steps + len(line.answers), 1):.2f}" if line.k
                     else "1.00")
         ngram = (f"{line.ngram_steps / max(line.steps, 1):.0%}, {_share(line.ngram_accepted, line.ngram_proposed)}"
                  if shown and line.ngram_steps else "-")
@@ -284,8 +309,8 @@ def report(lines: list[Line], costs: dict[str, dict[int, float]],
         undrafted = f"{line.undrafted / max(line.steps, 1):.0%}" if shown else "-"
         rows.append(f"| {line.name} | {line.tokens_per_s:.1f} | {line.tokens_per_s / alone.tokens_per_s:.2f}x | "
                     f"{line.tokens_per_s / fastest:.2f}x | {_share(line.accepted, line.proposed) if shown else '-'} | "
-                    f"{per_step} | {undrafted} | {ngram} | {draft} | {line.identical}/{line.answers} | "
-                    f"{line.looping}/{line.answers} |")
+                    f"{per_step} | {undrafted} | {ngram} | {draft} | {line.identical}/{len(line.answers)} | "
+                    f"{line.looping}/{len(line.answers)} |")
     rows += ["", "The main's cost of one inference of n new tokens (ms, and x one token):", "",
              "| mode | " + " | ".join(f"n={n}" for n in next(iter(costs.values()))) + " |",
              "| --- |" + " ---: |" * len(next(iter(costs.values())))]

@@ -30,23 +30,21 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
 import openvino as ov
 
-from inference.benchmark.modes import LOOPING, answer, infer_cost, measuring_model
-from inference.benchmark.prompts import heldout_prompts, prompts_from_file, repeated_ngram_share
+from inference.benchmark.modes import Tally, answer, infer_cost, measuring_model
+from inference.benchmark.prompts import heldout_prompts, prompts_from_file
 from inference.calibration.verdicts import LIBRARY_MARGIN, best_batch_k, best_k, library_alone, long_context_from
 from inference.engines.interface import Engine
 from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.engine import OwnEngine, own_engine_precision
 from inference.engines.spec import PairSpec, context_length
-from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.tokenizer import load_tokenizer
-from inference.limits import Drafter, Route
+from inference.limits import Route
 from inference.serving.precision import CONFIGS, EXACT_ON_OWN_ENGINE, offered
 from inference.serving.registry import build_engine
 
@@ -84,7 +82,7 @@ class Budget:
 
 
 @dataclass
-class Line:
+class Line(Tally):
     """One measured line: an engine, a K (0: the main alone) and how many answers at once."""
 
     engine: Engine
@@ -93,55 +91,23 @@ class Line:
     draft_stop_below: float | None = None
     batch_k: int = 0
     lookup_only: bool = False  # the conversation's lookup alone proposes, up to K (no draft inference)
-    tokens: int = 0
-    seconds: float = 0.0
-    proposed: int = 0
-    accepted: int = 0
-    looked_up: int = 0
-    answers: list[list[int]] = field(default_factory=list)
-    first_token_s: list[float] = field(default_factory=list)  # each answer's, from its submission
-    looping: int = 0
     rounds: int = 0
 
     def run(self, prompts: list[str], *, max_new_tokens: int) -> None:
-        began = time.perf_counter()
-        with ThreadPoolExecutor(self.streams) as pool:
-            done = list(pool.map(lambda text: self._answer(text, max_new_tokens=max_new_tokens), prompts))
-        self.seconds += time.perf_counter() - began
-        for ids, stats, first_token_s in done:
-            self.first_token_s.append(first_token_s)
-            self.tokens += len(ids)
-            self.proposed, self.accepted = self.proposed + stats.proposed, self.accepted + stats.accepted
-            if drafted := stats.by_drafter.get(Drafter.NGRAM):
-                self.looked_up += drafted.proposed
-            self.looping += repeated_ngram_share(self.engine.tokenizer.decode(ids)) > LOOPING
-            self.answers.append(ids)
+        self.run_round(self.engine, prompts, lambda _: {
+            "k": self.k, "max_new_tokens": max_new_tokens, "draft_stop_below": self.draft_stop_below,
+            "batch_k": self.batch_k, "lookup_only": self.lookup_only})
         self.rounds += 1
 
-    def _answer(self, text: str, *, max_new_tokens: int) -> tuple[list[int], SpeculationStats, float]:
-        submitted = time.perf_counter()
-        ids, _, stats = answer(self.engine, text, k=self.k, max_new_tokens=max_new_tokens,
-                               draft_stop_below=self.draft_stop_below, batch_k=self.batch_k,
-                               lookup_only=self.lookup_only)
-        return ids, stats, (stats.first_token_at or submitted) - submitted
-
-    @property
-    def tokens_per_s(self) -> float:
-        return round(self.tokens / self.seconds, 2) if self.seconds else 0.0
-
-    @property
-    def first_token_ms(self) -> float | None:
-        """The median answer's time to its first token."""
-        return round(1000 * median(self.first_token_s), 1) if self.first_token_s else None
-
     def figures(self, *, alone: Line | None = None) -> dict:
-        shown: dict[str, float | int | None] = {"tokens_per_s": self.tokens_per_s, "answers": len(self.answers),
-                                                "looping": self.looping, "first_token_ms": self.first_token_ms}
+        shown: dict[str, float | int | None] = {"tokens_per_s": round(self.tokens_per_s, 2),
+                                                "answers": len(self.answers), "looping": self.looping,
+                                                "first_token_ms": self.first_token_ms}
         if self.draft_stop_below is not None:
             shown["draft_stop_below"] = self.draft_stop_below
         if self.k:
             shown |= {"acceptance": round(self.accepted / self.proposed, 3) if self.proposed else None,
-                      "lookup_share": round(self.looked_up / self.proposed, 3) if self.proposed else None}
+                      "lookup_share": round(self.ngram_proposed / self.proposed, 3) if self.proposed else None}
         if alone is not None:
             shown["identical"] = sum(mine == theirs for mine, theirs in zip(self.answers, alone.answers, strict=True))
         return shown

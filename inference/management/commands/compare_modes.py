@@ -80,5 +80,6 @@ class Command(BaseCommand):
                                        "json_schema": str(json_schema or ""), "streams": streams,
                                        "temperature": temperature,
                                        "repeats": repeats, "costs_ms": costs, "draft_costs_ms": draft_costs,
-                                       "lines": [{**vars(line), "tokens_per_s": line.tokens_per_s} for line in lines]},
+                                       "lines": [{**vars(line), "answers": len(line.answers),
+                                                  "tokens_per_s": line.tokens_per_s} for line in lines]},
                                       indent=1))
