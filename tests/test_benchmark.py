@@ -240,6 +240,34 @@ def test_conversations_beside_two_named_peers(demo_pair, celery_worker, live_ser
     assert f"peer main {live_server_url} (demo-code)" in printed
 
 
+def test_back_in_a_conversation_after_chats_away_its_prompt_comes_from_the_cache(demo_pair, celery_worker,
+                                                                                live_server_url, tmp_path):
+    """--come-back-after: before a conversation's last turn the user opens other chats, each a paste under a system
+    prompt of its own; the turn they come back with still reads the conversation from the pool, on both lines. The
+    chats away are listed per turn, out of the lines' figures."""
+    demo_pair.own_engine_streams = 1
+    demo_pair.save()
+    paste = "\n".join(f"def step_{n}(state, value):\n    state[{n}] = value * {n}\n    return state" for n in range(12))
+    chats = tmp_path / "chats.json"
+    chats.write_text(json.dumps([{"name": "paste", "system": "You edit code.",
+                                  "turns": [f"{paste}\n\nAdd a docstring to step_3.", "Why?", "Now add type hints."]}]))
+    printed = run_command("--conversations", str(chats), "--conversations-only", "--conversation-repeats", "1",
+                          "--conversation-tokens", "8", "--come-back-after", "2", "--url", live_server_url,
+                          "--out", str(tmp_path))
+
+    report = json.loads((tmp_path / "conversations.json").read_text())
+    summary = {s["line"]: s for s in report["summary"]}
+    assert set(summary) == {"as it ships", "speculative: false"}
+    for line, figures in summary.items():
+        assert figures["turns"] == 3, figures
+        assert figures["came_back_cached_share"] > 0.8, figures
+        away = [turn for turn in report["turns"] if turn["line"] == line and turn["away"]]
+        assert len(away) == 2 and all(turn["cached_tokens"] == 0 for turn in away), away
+    assert "back after the chats away: first token (from the cache)" in printed
+    assert "after 2 chats away" in printed
+    assert "(a chat away)" in (tmp_path / "conversations.md").read_text()
+
+
 def test_admin_starts_a_benchmark_on_the_worker_and_shows_it(demo_pair, celery_worker, django_user_model):
     admin_user = django_user_model.objects.create_superuser("root", "root@example.com", "root-password")
     client = Client()

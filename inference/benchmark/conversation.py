@@ -75,6 +75,8 @@ class Turn:
     text: str
     answer_id: str = ""  # as the API returned it: the record names the worker that served it (`served_by`)
     worker: str = ""
+    away: bool = False  # a turn of another chat, opened before coming back to this one (`converse`'s `away`)
+    came_back: bool = False  # the turn the user came back with, after the chats away
 
     @property
     def looped(self) -> bool:
@@ -131,46 +133,65 @@ async def _ask(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[d
             int(usage["prompt_tokens"]), details.get("cached_tokens"), answer_id)
 
 
+async def _turn(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[dict], *, max_tokens: int,
+                **fields) -> Turn:
+    """One answer to `messages`, appended to them as the client keeps it."""
+    answer, ttft, decode, tokens, prompt_tokens, cached, answer_id = await _ask(http, endpoint, messages, max_tokens)
+    messages.append({"role": "assistant", "content": answer})
+    return Turn(prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=ttft, tokens=tokens, decode_s=decode,
+                text=answer, answer_id=answer_id, **fields)
+
+
 async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation, repeat: int, max_tokens: int,
-                   pause_s: float, run: str) -> list[Turn]:
-    """The conversation's turns one after another, each with the history so far and the answers as they came."""
-    system = f"{conversation.system}\n(Session {run}: {line}, repeat {repeat}.)".strip()
-    messages = [{"role": "system", "content": system}]
+                   pause_s: float, run: str, away: tuple[Conversation, ...] = ()) -> list[Turn]:
+    """The conversation's turns one after another, each with the history so far and the answers as they came. With
+    `away`, before its last turn the user opens a chat of each (its first turn, the paste, under a system prompt of its
+    own), and then comes back."""
+    def system(of: Conversation, *where: str) -> dict:
+        return {"role": "system",
+                "content": f"{of.system}\n(Session {run}: {', '.join((line, f'repeat {repeat}', *where))}.)".strip()}
+
+    messages = [system(conversation)]
     turns = []
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as http:
         for index, text in enumerate(conversation.turns):
+            came_back = bool(away) and index == len(conversation.turns) - 1
+            for number, other in enumerate(away if came_back else ()):
+                elsewhere = [system(other, f"chat {number + 1} away"), {"role": "user", "content": other.turns[0]}]
+                turns.append(await _turn(http, endpoint, elsewhere, max_tokens=max_tokens, line=line,
+                                         conversation=other.name, repeat=repeat, turn=0, away=True))
             messages.append({"role": "user", "content": text})
-            answer, ttft, decode, tokens, prompt_tokens, cached, answer_id = await _ask(http, endpoint, messages,
-                                                                                       max_tokens)
-            messages.append({"role": "assistant", "content": answer})
-            turns.append(Turn(line=line, conversation=conversation.name, repeat=repeat, turn=index,
-                              prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=ttft, tokens=tokens,
-                              decode_s=decode, text=answer, answer_id=answer_id))
+            turns.append(await _turn(http, endpoint, messages, max_tokens=max_tokens, line=line,
+                                     conversation=conversation.name, repeat=repeat, turn=index, came_back=came_back))
             await asyncio.sleep(pause_s)  # the user reads the answer and types the next question
     return turns
 
 
 def run_conversations(*, endpoints: dict[str, Endpoint], conversations: list[Conversation], repeats: int,
-                      max_tokens: int, pause_s: float, at_once: int = 1,
+                      max_tokens: int, pause_s: float, at_once: int = 1, come_back_after: int = 0,
                       progress: Callable[[str], object] = print) -> list[Turn]:
     """Every line's conversations, a line after another within each conversation and repeat; `at_once` copies of
-    each conversation run together (each its own user's, as a team's chats are), the next ones' repeats."""
+    each conversation run together (each its own user's, as a team's chats are), the next ones' repeats.
+    `come_back_after`: before each conversation's last turn, that many chats away (the next conversations' pastes in
+    turn, each a chat of its own)."""
     turns: list[Turn] = []
     run = secrets.token_hex(4)
 
-    async def together(line: str, endpoint: Endpoint, conversation: Conversation, repeat: int) -> list[Turn]:
+    async def together(line: str, endpoint: Endpoint, conversation: Conversation, repeat: int,
+                       away: tuple[Conversation, ...]) -> list[Turn]:
         chats = await asyncio.gather(*(converse(endpoint=endpoint, line=line, conversation=conversation,
                                                 repeat=repeat * at_once + copy, max_tokens=max_tokens,
-                                                pause_s=pause_s, run=run) for copy in range(at_once)))
+                                                pause_s=pause_s, run=run, away=away) for copy in range(at_once)))
         return [turn for chat in chats for turn in chat]
 
     for repeat in range(repeats):
-        for conversation in conversations:
+        for index, conversation in enumerate(conversations):
+            away = tuple(conversations[(index + 1 + number) % len(conversations)] for number in range(come_back_after))
             for line, endpoint in endpoints.items():
-                got = asyncio.run(together(line, endpoint, conversation, repeat))
+                got = asyncio.run(together(line, endpoint, conversation, repeat, away))
                 turns += got
                 progress(f"{line}, {conversation.name}, repeat {repeat}: first token "
-                         + ", ".join(f"{turn.ttft_s:.2f}" for turn in got) + " s")
+                         + ", ".join(f"{turn.ttft_s:.2f}" for turn in got if not turn.away) + " s")
     return turns
 
 
@@ -183,35 +204,45 @@ def served_by(turns: list[Turn], workers: dict[str, str]) -> list[Turn]:
 class LineSummary:
     line: str
     first_ttft_s: float  # median over the conversations and repeats
-    follow_up_ttft_s: float  # median over every follow-up
-    follow_up_ttft_max_s: float
+    follow_up_ttft_s: float | None  # median over every follow-up (none: each came back, `converse`'s `away`)
+    follow_up_ttft_max_s: float | None
     tokens_per_s: float | None  # after the first token, over the turns that did not loop: tokens / decode seconds
     cached_share: float | None  # of the follow-ups' prompt tokens, what the server said it read from its cache
     turns: int
     looped: int
     mostly_cached: float | None = None  # of the follow-ups, those that read 90% of their prompt or more from cache
     conversations_by_worker: dict[str, int] = field(default_factory=dict)  # by the worker of their first turn
+    came_back_ttft_s: float | None = None  # median of the turns sent after the chats away (none: not measured)
+    came_back_cached_share: float | None = None
 
 
 def summarize(turns: list[Turn]) -> list[LineSummary]:
     lines = list(dict.fromkeys(turn.line for turn in turns))
     summaries = []
     for line in lines:
-        mine = [turn for turn in turns if turn.line == line]
-        follow_ups = [turn for turn in mine if turn.turn > 0]
+        mine = [turn for turn in turns if turn.line == line and not turn.away]
+        follow_ups = [turn for turn in mine if turn.turn > 0 and not turn.came_back]
+        back = [turn for turn in mine if turn.came_back]
         cached = [turn for turn in follow_ups if turn.cached_tokens is not None]
         summaries.append(LineSummary(
             line=line, first_ttft_s=statistics.median(turn.ttft_s for turn in mine if turn.turn == 0),
-            follow_up_ttft_s=statistics.median(turn.ttft_s for turn in follow_ups),
-            follow_up_ttft_max_s=max(turn.ttft_s for turn in follow_ups),
+            follow_up_ttft_s=statistics.median(turn.ttft_s for turn in follow_ups) if follow_ups else None,
+            follow_up_ttft_max_s=max((turn.ttft_s for turn in follow_ups), default=None),
             tokens_per_s=_rate([turn for turn in mine if not turn.looped]),
-            cached_share=(sum(t.cached_tokens or 0 for t in cached) / sum(t.prompt_tokens for t in cached)
-                          if cached else None),
+            cached_share=_cached_share(follow_ups),
             turns=len(mine), looped=sum(turn.looped for turn in mine),
             mostly_cached=(sum((t.cached_tokens or 0) >= 0.9 * t.prompt_tokens for t in cached) / len(cached)
                            if cached else None),
-            conversations_by_worker=dict(Counter(turn.worker for turn in mine if turn.turn == 0 and turn.worker))))
+            conversations_by_worker=dict(Counter(turn.worker for turn in mine if turn.turn == 0 and turn.worker)),
+            came_back_ttft_s=statistics.median(turn.ttft_s for turn in back) if back else None,
+            came_back_cached_share=_cached_share(back)))
     return summaries
+
+
+def _cached_share(turns: list[Turn]) -> float | None:
+    """Of these turns' prompt tokens, what the server said it read from its cache (None: it said nothing)."""
+    said = [turn for turn in turns if turn.cached_tokens is not None]
+    return sum(turn.cached_tokens or 0 for turn in said) / sum(turn.prompt_tokens for turn in said) if said else None
 
 
 def _rate(turns: list[Turn]) -> float | None:
@@ -227,7 +258,8 @@ def turn_lines(turns: list[Turn]) -> list[str]:
             "| --- | --- | ---: | --- | ---: | ---: | ---: |"]
     for turn in turns:
         share = "-" if turn.cached_tokens is None else f"{turn.cached_tokens / max(turn.prompt_tokens, 1):.0%}"
-        rows.append(f"| {turn.line} | {turn.conversation} #{turn.repeat} | {turn.turn} | {turn.worker or '-'} | "
+        where = " (a chat away)" if turn.away else " (came back)" if turn.came_back else ""
+        rows.append(f"| {turn.line} | {turn.conversation} #{turn.repeat}{where} | {turn.turn} | {turn.worker or '-'} | "
                     f"{turn.prompt_tokens} | {share} | {turn.ttft_s:.2f} s |")
     return rows
 
@@ -237,21 +269,31 @@ def report_lines(summaries: list[LineSummary]) -> list[str]:
     looped are left out of the rates (a loop is easy to guess, and nobody reads it) and counted apart."""
     rates = {summary.line: summary.tokens_per_s for summary in summaries}
     others = [MAIN_ALONE, *(s.line for s in summaries if s.line.startswith(PEER_LINE))]
-    rows = [("| line | first turn: time to first token | follow-ups: median (max) | tokens/s after the first | "
-             + "".join(f"vs `{other}` | " for other in others)
+    back = any(s.came_back_ttft_s is not None for s in summaries)
+    rows = [("| line | first turn: time to first token | follow-ups: median (max) | "
+             + ("back after the chats away: first token (from the cache) | " if back else "")
+             + "tokens/s after the first | " + "".join(f"vs `{other}` | " for other in others)
              + "follow-ups' prompt from the cache | follow-ups ≥ 90% cached | conversations by worker | looped |"),
-            "| --- | ---: | ---: | ---: |" + " ---: |" * len(others) + " ---: | ---: | --- | ---: |"]
+            "| --- | ---: | ---: |" + " ---: |" * (1 + back + len(others)) + " ---: | ---: | --- | ---: |"]
     for s in summaries:
         versus = [f"{s.tokens_per_s / against:.2f}x"
                   if other != s.line and s.tokens_per_s and (against := rates.get(other)) else "-" for other in others]
-        rows.append(f"| {s.line} | {s.first_ttft_s:.2f} s | {s.follow_up_ttft_s:.2f} s ({s.follow_up_ttft_max_s:.2f} s)"
-                    f" | {'-' if s.tokens_per_s is None else f'{s.tokens_per_s:.1f}'} | "
+        follow_ups = ("-" if s.follow_up_ttft_s is None or s.follow_up_ttft_max_s is None
+                      else f"{s.follow_up_ttft_s:.2f} s ({s.follow_up_ttft_max_s:.2f} s)")
+        came_back = ("-" if s.came_back_ttft_s is None else
+                     f"{s.came_back_ttft_s:.2f} s ({_percent(s.came_back_cached_share)})") if back else ""
+        rows.append(f"| {s.line} | {s.first_ttft_s:.2f} s | {follow_ups} | " + (f"{came_back} | " if back else "")
+                    + f"{'-' if s.tokens_per_s is None else f'{s.tokens_per_s:.1f}'} | "
                     + "".join(f"{v} | " for v in versus)
-                    + f"{'-' if s.cached_share is None or not s.cached_share else f'{s.cached_share:.0%}'} | "
+                    + f"{_percent(s.cached_share)} | "
                     f"{'-' if s.mostly_cached is None else f'{s.mostly_cached:.0%}'} | "
                     f"{', '.join(f'{n}' for n in sorted(s.conversations_by_worker.values(), reverse=True)) or '-'} | "
                     f"{s.looped}/{s.turns} |")
     return rows
+
+
+def _percent(share: float | None) -> str:
+    return f"{share:.0%}" if share else "-"
 
 
 def write_conversation_report(turns: list[Turn], out: Path, *, header: list[str]) -> list[Path]:

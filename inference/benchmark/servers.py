@@ -287,8 +287,10 @@ class PrivateStack:
         self._killing.discard(index)
 
     def freeze_steps(self, index: int, *, seconds: float) -> None:
-        """Stop a worker's step processes (SIGSTOP) for `seconds`, then let them go on."""
-        steps = memory.process_tree(self.workers[index].pid)[1:]
+        """Stop a worker's step processes (SIGSTOP) for `seconds`, then let them go on. A worker whose engines run in
+        its own process (the own engine) is stopped whole, its heartbeat with them: a frozen machine, and answers
+        stopped mid-verify whose blocks must come back once it goes on."""
+        steps = memory.process_tree(self.workers[index].pid)[1:] or [self.workers[index].pid]
         for pid in steps:
             os.kill(pid, signal.SIGSTOP)
         try:
@@ -306,7 +308,8 @@ class PrivateStack:
 
 @contextmanager
 def private_stack(*, pair: ModelPair, base_env: dict[str, str], workers: int = 2, threads: int = 8,
-                  stream_ttl_s: int = 15, chat_max_concurrent: int = 16) -> Iterator[PrivateStack]:
+                  stream_ttl_s: int = 15, chat_max_concurrent: int = 16, kv_pool_mb: int = 64
+                  ) -> Iterator[PrivateStack]:
     """Redis, `workers` Celery workers for the pair and daphne, all the soak's own; short heartbeats
     and requeue delays so a fault shows within seconds."""
     with tempfile.TemporaryDirectory(prefix="specchat-soak-") as tmp:
@@ -318,7 +321,7 @@ def private_stack(*, pair: ModelPair, base_env: dict[str, str], workers: int = 2
                "SPECCHAT_REQUEUE_AFTER_S": "3", "SPECCHAT_STREAM_TTL_S": str(stream_ttl_s),
                "SPECCHAT_CHAT_MAX_CONCURRENT": str(chat_max_concurrent), "SPECCHAT_CHAT_ABANDON_GRACE_S": "5",
                # a small KV pool: the blocks a soak's answers leave cached count in the worker's memory, up to this
-               "SPECCHAT_KV_POOL_MB": "64",
+               "SPECCHAT_KV_POOL_MB": str(kv_pool_mb),
                "PGAPPNAME": STACK_APPLICATION_NAME,  # a database outage ends these connections, not the soak's own
                "PYTHONPATH": os.pathsep.join(filter(None, [str(settings.BASE_DIR), base_env.get("PYTHONPATH")]))}
         port = free_port()

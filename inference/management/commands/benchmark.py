@@ -80,6 +80,9 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=int, default=1,
                             help="workers the conversations' stack starts for the pair (each turn is routed to the "
                                  "one holding its conversation)")
+        parser.add_argument("--come-back-after", type=int, default=0, metavar="N",
+                            help="before each conversation's last turn, N chats away (the other conversations' "
+                                 "pastes in turn, each a chat of its own): what a user finds back in a chat")
         parser.add_argument("--conversations-at-once", type=int, default=1,
                             help="copies of each conversation run together, each its own user's")
         parser.add_argument("--out", type=Path, default=Path(settings.BASE_DIR) / "docs" / "benchmark",
@@ -100,8 +103,8 @@ class Command(BaseCommand):
         try:
             chats = conversation.conversations_from_file(o["conversations"])
             peers = self.peers(urls=o["compare_url"], model=o["compare_model"], key=o["compare_key"], stack=True)
-            if o["workers"] < 1 or o["conversations_at_once"] < 1:
-                raise ValueError("--workers and --conversations-at-once take 1 or more")
+            if o["workers"] < 1 or o["conversations_at_once"] < 1 or o["come_back_after"] < 0:
+                raise ValueError("--workers and --conversations-at-once take 1 or more, --come-back-after 0 or more")
             at_once = o["conversations_at_once"]
             stack = (nullcontext(o["url"]) if o["url"]
                      else local_stack(pair=pair, worker_threads=max(4, at_once), prefix_caching=True,
@@ -115,7 +118,8 @@ class Command(BaseCommand):
                         base_url=peer.base_url, model=peer.model, api_key=peer.api_key)
                 turns = conversation.run_conversations(
                     endpoints=endpoints, conversations=chats, repeats=o["conversation_repeats"],
-                    max_tokens=o["conversation_tokens"], pause_s=1.0, at_once=at_once, progress=self.stderr.write)
+                    max_tokens=o["conversation_tokens"], pause_s=1.0, at_once=at_once,
+                    come_back_after=o["come_back_after"], progress=self.stderr.write)
         except (ValueError, OSError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
         turns = conversation.served_by(turns, self.workers_of(turns))
@@ -124,7 +128,9 @@ class Command(BaseCommand):
         header = [(f"Pair `{pair.slug}`; host: {this_host().described}; conversations: {o['conversations'].name} "
                   f"({', '.join(chat.name for chat in chats)}); greedy, {o['conversation_tokens']} new tokens a turn "
                   f"(EOS ignored), {o['conversation_repeats']} repeats of {o['conversations_at_once']} at once, "
-                  f"lines interleaved; {o['workers']} worker(s); peers: {named or 'none'}.")]
+                  f"lines interleaved; {o['workers']} worker(s); peers: {named or 'none'}"
+                  + (f"; back in each conversation for its last turn after {o['come_back_after']} chats away"
+                     if o["come_back_after"] else "") + ".")]
         files = conversation.write_conversation_report(turns, o["out"], header=header)
         self.stdout.write("\n".join(["", *header, "", *conversation.report_lines(conversation.summarize(turns))]))
         self.stdout.write("\nWrote " + ", ".join(str(f) for f in files))

@@ -34,6 +34,8 @@ class Command(BaseCommand):
         parser.add_argument("--database-outage", type=float, default=defaults.database_outage_s, metavar="S",
                             help="seconds the database refuses connections (PostgreSQL) or stays write-locked "
                                  "(SQLite); 0: none")
+        parser.add_argument("--kv-pool-mb", type=int, default=defaults.kv_pool_mb,
+                            help="each worker's own-engine KV pool (a real pair at 16 streams needs about 1,024)")
         parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     def handle(self, *args, **o):
@@ -45,7 +47,8 @@ class Command(BaseCommand):
         options = replace(soak.SoakOptions(), generations=o["generations"], concurrency=o["concurrency"],
                           max_tokens=(min(o["max_tokens"]), max(o["max_tokens"])), seed=o["seed"],
                           kill_worker=not o["no_worker_kill"], restart_redis=not o["no_redis_restart"],
-                          freeze_steps_s=o["freeze_steps"], database_outage_s=o["database_outage"])
+                          freeze_steps_s=o["freeze_steps"], database_outage_s=o["database_outage"],
+                          kv_pool_mb=o["kv_pool_mb"])
         figures = run(pair=pair, options=options, base_env=dict(os.environ))
         if o["json"]:
             self.stdout.write(json.dumps(figures, indent=2))
@@ -61,7 +64,8 @@ def run(*, pair: ModelPair, options: soak.SoakOptions, base_env: dict[str, str])
     try:
         with stack_credentials(max_concurrent=level + 2) as credentials, private_stack(
                 pair=pair, base_env=base_env, threads=options.worker_threads, stream_ttl_s=options.stream_ttl_s,
-                chat_max_concurrent=level + 2) as stack, tqdm(total=options.generations, unit="gen") as bar:
+                chat_max_concurrent=level + 2, kv_pool_mb=options.kv_pool_mb) as stack, tqdm(
+                    total=options.generations, unit="gen") as bar:
             return soak.run_soak(stack=stack, credentials=credentials, options=options,
                                  progress=lambda n: bar.update(n - bar.n))
     except StackError as exc:

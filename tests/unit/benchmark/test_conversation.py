@@ -1,6 +1,8 @@
 """The conversation workload's report (inference/benchmark/conversation.py): each line's rate against
 `speculative: false` and against every peer asked, turns that looped left out of the rates and counted."""
 
+from dataclasses import replace
+
 from inference.benchmark.conversation import AS_SHIPPED, MAIN_ALONE, Turn, peer_line, report_lines, summarize
 
 LOOP = "\n".join(["    return self.items.get(key, default)"] * 4)
@@ -40,3 +42,16 @@ def test_a_line_whose_every_turn_looped_has_no_rate():
     [shipped, alone] = report_lines(summarize(turns))[2:]
     assert "| - | - | " in shipped and shipped.endswith("| 2/2 |")
     assert "| 16.0 | - | " in alone
+
+
+def test_turns_away_are_left_out_and_the_turn_that_came_back_is_shown_apart():
+    turns = [turn(AS_SHIPPED, 0, tokens=65, decode_s=2.0), turn(AS_SHIPPED, 1, tokens=65, decode_s=2.0),
+             replace(turn(AS_SHIPPED, 0, tokens=65, decode_s=9.0), conversation="other", ttft_s=9.0, away=True),
+             replace(turn(AS_SHIPPED, 2, tokens=65, decode_s=2.0), ttft_s=0.4, came_back=True)]
+    [summary] = summarize(turns)
+    assert summary.turns == 3 and summary.first_ttft_s == 4.0
+    assert summary.follow_up_ttft_s == 0.3 and summary.came_back_ttft_s == 0.4
+    assert summary.tokens_per_s == 32.0
+    header, _, row = report_lines([summary])
+    assert "| back after the chats away: first token (from the cache) |" in header
+    assert "| 0.30 s (0.30 s) | 0.40 s (99%) | 32.0 |" in row
