@@ -9,13 +9,17 @@
    over whole answers (first token included), greedy, 64 new tokens; and whether the engine's answers with the draft
    are the main alone's.
 
-    DJANGO_DEBUG=1 .venv/bin/python docs/benchmark/real-pair/paged_engine_bars.py
+    DJANGO_DEBUG=1 .venv/bin/python docs/benchmark/real-pair/paged_engine_bars.py [CONFIG ...]
+
+CONFIGs (serving/precision.py's names) narrow the library's lines to those, e.g. the fastest the host's calibration
+found; the own engine's configuration for the follow-up, K=4 and identity is the one whose token costs least here.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,7 +61,8 @@ def ms(seconds: list[float]) -> str:
     return f"{statistics.median(seconds) * 1000:.3g} ms"
 
 
-def step_costs(engine: OwnEngine, prompt: list[int]) -> str:
+def step_costs(engine: OwnEngine, prompt: list[int]) -> tuple[str, float]:
+    """The table's row, and the main alone's token in seconds."""
     main, draft = engine.main.sequence(exact=True), engine.draft.sequence()
     main.prefill(prompt)
     draft.prefill(prompt)
@@ -71,7 +76,7 @@ def step_costs(engine: OwnEngine, prompt: list[int]) -> str:
     main.close()
     draft.close()
     return (f"| {len(prompt):,} | {ms(one)} | {ms(verify)} | {statistics.median(rollback) * 1000:.4f} ms | "
-            f"{ms(after)} | {ms(drafted)} |")
+            f"{ms(after)} | {ms(drafted)} |"), statistics.median(one)
 
 
 def answer(engine: Engine, prompt_ids: list[int], *, k: int | None, scope: str = "", tokens: int = NEW_TOKENS
@@ -101,21 +106,26 @@ def main() -> None:
     pair = ModelPair.objects.get(slug="qwen2.5-coder-1.5b")
     spec = replace(pair_spec(pair=pair, route=Route.OWN_SPECULATIVE), kv_pool_mb=POOL_MB)
     capabilities = list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
-    configs = [config for config in precision.offered(capabilities) if config.name != "f32"]
+    configs = [config for config in precision.offered(capabilities) if config.name != "f32"
+               and (config.name in sys.argv[1:] or config.name in precision.EXACT_ON_OWN_ENGINE or not sys.argv[1:])]
     owns = {config.name: OwnEngine(replace(spec, prefix_caching=False, **config.fields))
             for config in configs if config.name in precision.EXACT_ON_OWN_ENGINE}
     own = owns["f32-dynamic"]
     encode = own.tokenizer.encode
     print(f"host: {this_host().described}; pool {own.main.pool.blocks} main blocks of {own.main.pool.block_tokens}")
     rng = np.random.default_rng(0)
+    token_s = {}
     for name, engine in owns.items():
         print(f"\nown engine, {name}\n| context | main alone's token | verify of 7 | taking back 3 | token after | draft token |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: |")
         for context in (50, 1000, 2000):
-            print(step_costs(engine, rng.integers(100, 30000, context).tolist()), flush=True)
+            row, token_s[name, context] = step_costs(engine, rng.integers(100, 30000, context).tolist())
+            print(row, flush=True)
 
-    fastest_own = owns.get("bf16", own)
-    cached = OwnEngine(replace(spec, **{"inference_precision": fastest_own.spec.inference_precision}))
+    fastest_own = owns[min(owns, key=lambda name: token_s[name, 2000])]
+    print(f"\nthe own engine's faster configuration here: {fastest_own.spec.inference_precision}"
+          f"{' with dynamic quantization' if fastest_own.spec.dynamic_quantization else ''}")
+    cached = OwnEngine(replace(fastest_own.spec, prefix_caching=True))
     conversation = encode("Here is a module:\n" + FILE[:6500] + "\nWhat does Decoding.run do?\n").input_ids.data[0].tolist()
     first_turn, _, _ = answer(cached, conversation, k=0, scope="user:alice")
     follow = conversation + first_turn + encode("\nAnd _emit?\n", add_special_tokens=False).input_ids.data[0].tolist()
