@@ -76,10 +76,15 @@ class Command(BaseCommand):
                                  "cache on), on a stack that keeps its prefix cache")
         parser.add_argument("--conversations-only", action="store_true", help="the conversations alone")
         parser.add_argument("--conversation-repeats", type=int, default=2)
-        parser.add_argument("--conversation-tokens", type=int, default=64, help="new tokens a turn (EOS ignored)")
+        parser.add_argument("--conversation-tokens", type=int, default=64,
+                            help="new tokens a turn (EOS ignored, unless --stop-at-eos)")
         parser.add_argument("--workers", type=int, default=1,
                             help="workers the conversations' stack starts for the pair (each turn is routed to the "
                                  "one holding its conversation)")
+        parser.add_argument("--stop-at-eos", action="store_true",
+                            help="conversations' answers end at the model's end of answer, as a chat's do (by "
+                                 "default each runs to --conversation-tokens, and a history holding text written past "
+                                 "an end of answer is tokenized otherwise than it was written: the cache misses there)")
         parser.add_argument("--come-back-after", type=int, default=0, metavar="N",
                             help="before each conversation's last turn, N chats away (the other conversations' "
                                  "pastes in turn, each a chat of its own): what a user finds back in a chat")
@@ -110,12 +115,13 @@ class Command(BaseCommand):
                      else local_stack(pair=pair, worker_threads=max(4, at_once), prefix_caching=True,
                                       workers=o["workers"]))
             with stack_credentials(max_concurrent=max(4, at_once)) as credentials, stack as base_url:
+                eos = {"ignore_eos": False} if o["stop_at_eos"] else {}
                 endpoints = {line: conversation.Endpoint(base_url=base_url.rstrip("/"), model=pair.slug,
-                                                         api_key=credentials.api_key, extra=extra)
+                                                         api_key=credentials.api_key, extra={**extra, **eos})
                              for line, extra in conversation.LINE_SETTINGS.items()}
                 for label, peer in peers.items():
                     endpoints[conversation.peer_line(label)] = conversation.Endpoint(
-                        base_url=peer.base_url, model=peer.model, api_key=peer.api_key)
+                        base_url=peer.base_url, model=peer.model, api_key=peer.api_key, extra=eos)
                 turns = conversation.run_conversations(
                     endpoints=endpoints, conversations=chats, repeats=o["conversation_repeats"],
                     max_tokens=o["conversation_tokens"], pause_s=1.0, at_once=at_once,
@@ -127,7 +133,8 @@ class Command(BaseCommand):
                           for label, peer in peers.items())
         header = [(f"Pair `{pair.slug}`; host: {this_host().described}; conversations: {o['conversations'].name} "
                   f"({', '.join(chat.name for chat in chats)}); greedy, {o['conversation_tokens']} new tokens a turn "
-                  f"(EOS ignored), {o['conversation_repeats']} repeats of {o['conversations_at_once']} at once, "
+                  f"{'at most (the answer ends at EOS)' if o['stop_at_eos'] else '(EOS ignored)'}, "
+                  f"{o['conversation_repeats']} repeats of {o['conversations_at_once']} at once, "
                   f"lines interleaved; {o['workers']} worker(s); peers: {named or 'none'}"
                   + (f"; back in each conversation for its last turn after {o['come_back_after']} chats away"
                      if o["come_back_after"] else "") + ".")]
