@@ -117,6 +117,23 @@ def test_a_follow_up_reads_only_its_new_tokens_and_answers_as_the_main_alone(eng
     assert answers[3] == answers[0] and answers[5] == answers[0]
 
 
+def test_an_answer_that_ended_inside_a_verify_leaves_the_conversation_cached_up_to_its_end(engine):
+    """An answer ends inside a verify's accepted run where an end of answer was among the proposals: the main has fed
+    tokens past the answer's end. Everything up to that end is still kept, so the next turn reads only its own
+    tokens (before, nothing the answer wrote was kept, and a speculating chat's follow-up read the answer again)."""
+    prompt = ids_of(engine, SYSTEM + FILE + "\nWhat does save() guard against?\n")
+    answer = ids_of(engine, "A crash in the middle of a write: the old file stays whole.")
+    sequence = engine.main.sequence(scope="user:ended", exact=True)
+    sequence.prefill(prompt)
+    sequence.feed([*answer, *ids_of(engine, " Also")])  # the answer's last token its end, then what came after it
+    sequence.close(keep_ids=prompt + answer)
+    follow_up = prompt + answer + ids_of(engine, "\nAnd what does put() save?\n")
+    again = engine.main.sequence(scope="user:ended", exact=True)
+    again.prefill(follow_up)
+    assert again.cached == len(prompt) + len(answer) > whole_blocks(len(prompt))
+    again.close()
+
+
 def test_regenerate_edit_and_continue_reuse_the_prefix_up_to_what_changed(engine):
     prompt = ids_of(engine, SYSTEM + FILE + "\nRename Store to JsonStore.\n")
     first, _, _ = run(engine, prompt, 3)

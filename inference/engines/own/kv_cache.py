@@ -118,7 +118,10 @@ class PagedSequence:
     def close(self, *, keep_ids: list[int] | None = None) -> None:
         """The answer is over: its full blocks cached (where `keep_ids`, the answer's tokens, say what they hold),
         every block given back."""
-        if keep_ids is not None and keep_ids[: self.position] == self.tokens:
+        if keep_ids is not None and self.tokens[: len(keep_ids)] == keep_ids[: self.position]:
+            # An answer can end inside a verify's accepted run (an end of answer among the proposals): what was fed
+            # past its end is not the conversation's
+            self.drop_last(max(self.position - len(keep_ids), 0))
             hashes = self.model.hashes(self.tokens, self.scope)
             self._cache_full_blocks(hashes)
             self._keep_tail(hashes)
