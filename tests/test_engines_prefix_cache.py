@@ -6,6 +6,7 @@ answers with the cache warm are the main alone's, greedy, at every K."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 
@@ -240,6 +241,34 @@ def test_a_long_prompt_says_how_far_it_got_and_the_draft_reads_it_after_the_answ
     speculated, _, events = run(engine, follow_up, 3)
     assert [e for e in events if isinstance(e, StepTokens) and e.drafter == Drafter.DRAFT and e.proposed]
     assert speculated == run(engine, follow_up, 0)[0]
+
+
+def test_the_draft_reads_a_conversation_after_its_answer_only_while_the_main_reads_no_prompt(engine):
+    """The draft left out of an answer reads its conversation once the answer is out; on a host's few cores it would
+    share them with the next user waiting for a first token. Its chunks wait while the main reads a prompt (here one
+    held after its first chunk), and go on once it is read, so the next turn still speculates with the draft."""
+    settled(engine)
+    scope = "catching-up"
+    first = ids_of(engine, SYSTEM + FILE * 4 + "\nWhich functions read from disk?\n")
+    held, go = threading.Event(), threading.Event()
+    reader = engine.main.sequence(scope="another user", exact=True)
+    reading = threading.Thread(target=reader.prefill, args=(ids_of(engine, FILE * 3),),
+                               kwargs={"on_chunk": lambda read, total: (held.set(), go.wait(60))})
+    reading.start()
+    try:
+        assert held.wait(60)
+        answer, _, _ = run(engine, first, 3, scope=scope)  # its draft left behind: it lacks the whole prompt
+        steps = engine.draft.scheduler.steps
+        time.sleep(1.0)
+        assert engine.draft.scheduler.steps == steps  # the conversation not read while the main reads a prompt
+    finally:
+        go.set()
+        reading.join(60)
+        reader.close()
+    engine.draft_caught_up()
+    assert engine.draft.scheduler.steps > steps
+    follow_up = first + answer + ids_of(engine, "\nAnd which write to it?\n")
+    assert engine.draft.cached_tokens(follow_up, scope) == full_blocks(len(first) + len(answer) - 1)
 
 
 def test_no_prefix_cache_reads_every_prompt_whole():

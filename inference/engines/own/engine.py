@@ -299,9 +299,13 @@ class Decoding:
                 self.drafting.draft.cache.close(keep_ids=kept)
 
     def catch_up_draft(self) -> None:
-        """After the answer is out: the draft left out of it reads the conversation so far, for the next turn."""
+        """After the answer is out: the draft left out of it reads the conversation so far, for the next turn. Its
+        chunks wait while the main reads a prompt: on a host's few cores they would share them with a user waiting for
+        a first token (the next turn's among them), whose answer needs no draft until then."""
         if self.behind is not None and self.emitted:
-            self.behind.prefill(self.prompt_ids + self.emitted[:-1])
+            main = self.engine.main
+            self.behind.cache.prefill(self.prompt_ids + self.emitted[:-1],
+                                      pause=lambda: main.prompts_read(timeout=CATCH_UP_WAIT_S))
             self.behind.cache.close()
 
     def _draft_missing(self) -> int:

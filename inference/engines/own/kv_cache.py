@@ -16,7 +16,9 @@ tokens it holds, and what a step asks of them. The main's and the draft's of an 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,6 +41,25 @@ class PagedModel:
         self.runner, self.pool, self.head = runner, runner.pool, head
         self.caching = caching  # full blocks kept for prompts to come (off: every prompt read whole)
         self.scheduler = Scheduler(runner)
+        self._reading = 0  # prompts being read now
+        self._read = threading.Condition()
+
+    @contextmanager
+    def reading_prompt(self) -> Iterator[None]:
+        with self._read:
+            self._reading += 1
+        try:
+            yield
+        finally:
+            with self._read:
+                self._reading -= 1
+                self._read.notify_all()
+
+    def prompts_read(self, *, timeout: float) -> None:
+        """Once no prompt of this model is being read (at most `timeout` seconds): work that can wait yields to a
+        user waiting for a first token."""
+        with self._read:
+            self._read.wait_for(lambda: not self._reading, timeout=timeout)
 
     def sequence(self, *, scope: str = "", exact: bool = False) -> PagedSequence:
         return PagedSequence(self, scope=scope, exact=exact)
@@ -66,8 +87,10 @@ class PagedSequence:
     def position(self) -> int:
         return len(self.tokens)
 
-    def prefill(self, prompt_ids: list[int], *, on_chunk: ProgressCallback | None = None) -> np.ndarray:
-        """The prompt after the blocks the pool holds for its start: the last token's logits [1, vocabulary]."""
+    def prefill(self, prompt_ids: list[int], *, on_chunk: ProgressCallback | None = None,
+                pause: Callable[[], object] | None = None) -> np.ndarray:
+        """The prompt after the blocks the pool holds for its start: the last token's logits [1, vocabulary].
+        `pause`, called before each chunk, holds back a read that can wait."""
         if self.tokens:
             raise ValueError("a sequence reads one prompt, first")
         pool, n = self.model.pool, len(prompt_ids)
@@ -84,10 +107,13 @@ class PagedSequence:
         self.reserve(n)  # the whole prompt's blocks at once: one that cannot fit fails before it evicts anything
         budget = self.model.scheduler.chunk_tokens
         logits = None
-        while self.position < n:
-            logits = self.feed(prompt_ids[self.position:self.position + budget], rows=1)
-            if on_chunk is not None:
-                on_chunk(self.position, n)
+        with self.model.reading_prompt():
+            while self.position < n:
+                if pause is not None:
+                    pause()
+                logits = self.feed(prompt_ids[self.position:self.position + budget], rows=1)
+                if on_chunk is not None:
+                    on_chunk(self.position, n)
         self._cache_full_blocks(hashes)
         assert logits is not None
         return logits

@@ -98,11 +98,12 @@ def no_draft(s: Situation) -> Choice | None:
 
 
 def under_grammar(s: Situation) -> Choice | None:
-    """Under a grammar the library's speculation measured slower than the main alone: only a named K speculates."""
+    """Under a grammar the library's speculation measured slower than the main alone: only a named K speculates. The
+    own engine masks the draft's proposals too, which then pay: a lone answer there speculates at the pair's K."""
     named = s.asked.k is not None or s.asked.threshold is not None
-    if s.asked.constrained and not named and not s.asked.sampled:
-        return _alone(Reason.CONSTRAINED, under_grammar=True)
-    return None
+    if not s.asked.constrained or named or s.asked.sampled:
+        return None
+    return _drafting(pair_k(s.pair), Reason.OWN_CONSTRAINED) if s.lone else _alone(Reason.CONSTRAINED)
 
 
 def prompt_lookup(s: Situation) -> Choice | None:

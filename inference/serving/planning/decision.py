@@ -21,7 +21,6 @@ class Choice:
     lookup_only: bool = False  # the own engine's proposals come from the conversation alone, no draft inference
     why: tuple[Why, ...] = ()
     measured_here: bool = False  # this worker's recent figures show this path clearly faster at the load
-    under_grammar: bool = False  # the main alone because a grammar holds the answer and no K was named
 
 
 @dataclass(frozen=True, kw_only=True)

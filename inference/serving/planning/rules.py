@@ -98,14 +98,6 @@ def own_batch(s: Situation, choice: Choice) -> Plan | None:
     return _served(s, Route.OWN_MAIN_ALONE, why=(*why, Why(Reason.OWN_BATCH)))
 
 
-def own_engine_under_grammar(s: Situation, choice: Choice) -> Plan | None:
-    """Under a grammar the own engine masks the draft too, which then pays: the pair's K."""
-    if not s.lone or not choice.under_grammar:
-        return None
-    return _served(s, Route.OWN_SPECULATIVE, k=pair_k(s.pair),
-                   why=(Why(Reason.OWN_CONSTRAINED), Why(Reason.OWN_ENGINE)))
-
-
 def own_engine(s: Situation, choice: Choice) -> Plan | None:
     """Within the answers the pair speculates for, its own engine: speculating, or its main alone on the same kernels,
     so that switching speculation off never changes a greedy answer."""
@@ -139,7 +131,7 @@ def library_main_alone(s: Situation, choice: Choice) -> Plan:
 
 
 RULES: tuple[Callable[[Situation, Choice], Plan | None], ...] = (
-    top_logprobs, prompt_lookup, library_threshold, inexact_sampling, own_batch, own_engine_under_grammar, own_engine,
+    top_logprobs, prompt_lookup, library_threshold, inexact_sampling, own_batch, own_engine,
     exact_sampling, library_speculation, library_main_alone,
 )
 
