@@ -1,7 +1,8 @@
 """The own engine's rows of logits (engines/own/kv_cache.py on the PagedAttention op), on the demo pair's main as the
 engine compiles it (dynamic quantization on): each case computes the same logits two ways, which must be bitwise
-equal. Greedy speculation gives the main alone's tokens, a warm prompt the cold one's, an answer under load its answer
-alone, only as long as these hold (docs/exactness.md). A control case shows the comparison tells logits apart."""
+equal, in either arrangement of the main's rows. Greedy speculation gives the main alone's tokens, a warm prompt the
+cold one's, an answer under load its answer alone, only as long as these hold (docs/exactness.md). A control case
+shows the comparison tells logits apart."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.engine import OwnEngine
 from inference.engines.own.kv_cache import PagedModel, PagedSequence
 from inference.engines.own.model_runner import ModelRunner
+from inference.engines.own.scheduler import Scheduler
 from inference.engines.spec import PairSpec
 from inference.limits import Route
 from tests.test_engines_prefix_cache import FILE
@@ -34,9 +36,15 @@ ANSWER = [1012, 2203, 318, 64, 1500, 2857, 911, 4001]
 REJECTED = [[7, 8, 9], [3001, 3002], [17]]
 
 
-@pytest.fixture(scope="module")
-def engine() -> OwnEngine:
-    return OwnEngine(SPEC)
+@pytest.fixture(scope="module", params=["queries", "one-token sequences"])
+def engine(request) -> OwnEngine:
+    """The engine in each arrangement of the main's rows (engines/own/model_runner.py, `arranged`), whichever this
+    host's costs pick: every case holds in both."""
+    engine = OwnEngine(SPEC)
+    runner = engine.main.runner
+    runner.steady = runner.arranged(token_rows=request.param == "one-token sequences")
+    engine.main.scheduler = Scheduler(runner)  # its chunks within the arrangement's sizes
+    return engine
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from inference.calibration.measure import CALIBRATION_PROMPTS
 from inference.engines.decoding import DecodingParams
 from inference.engines.interface import Finished
 from inference.engines.own.engine import OwnEngine
+from inference.engines.own.scheduler import Scheduler
 from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import Route
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
@@ -544,12 +545,13 @@ def test_a_worker_holds_one_copy_of_the_main_at_every_load(stack_env, redis_clie
 
 
 # ------------------------------------------------------------------ the own engine's rows, bitwise
+@pytest.mark.parametrize("token_rows", [False, True], ids=["queries", "one-token sequences"])
 @pytest.mark.parametrize("config", EXACT_ON_OWN_ENGINE)
-def test_the_real_mains_rows_computed_two_ways_are_bitwise_equal(real_folder, config):
-    """The table of tests/test_engines_own_rows.py on the real main, in each arrangement the own engine compiles
-    (f32 with dynamic quantization; bf16 with bf16 blocks where the CPU has bf16): a verify's rows are the main alone's
-    tokens', chunks the whole prompt's, a step shared the step alone's, rejected tokens leave no trace, cached blocks
-    and a fork compute the cold prompt (docs/exactness.md#one-kernel-path)."""
+def test_the_real_mains_rows_computed_two_ways_are_bitwise_equal(real_folder, config, token_rows):
+    """The table of tests/test_engines_own_rows.py on the real main, in each precision the own engine compiles
+    (f32 with dynamic quantization; bf16 with bf16 blocks where the CPU has bf16) and each arrangement of its rows: a
+    verify's rows are the main alone's tokens', chunks the whole prompt's, a step shared the step alone's, rejected
+    tokens leave no trace, cached blocks and a fork compute the cold prompt (docs/exactness.md#one-kernel-path)."""
     needs = CONFIGS[config].needs
     if needs and needs not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
         pytest.skip(f"this CPU has no {needs}")
@@ -557,5 +559,8 @@ def test_the_real_mains_rows_computed_two_ways_are_bitwise_equal(real_folder, co
                                 draft_dir=str(real_folder / "draft"), route=Route.OWN_SPECULATIVE,
                                 pair_default=Route.OWN_SPECULATIVE, kv_pool_mb=256, **CONFIGS[config].fields))
     prompt = engine.tokenizer.encode(rows.CODE * 3).input_ids.data[0].tolist()[: 2 * engine.main.pool.block_tokens - 4]
+    runner = engine.main.runner
+    runner.steady = runner.arranged(token_rows=token_rows)
+    engine.main.scheduler = Scheduler(runner)
     for case, equal in rows.CASES:
         rows.check_rows(engine, *case(engine, prompt), equal=equal)

@@ -291,8 +291,7 @@ def verdicts(figures: dict) -> list[tuple[str, bool, str]]:
          memory["worker_growth_mb"] <= max(64, 0.1 * memory["baseline_worker_pss_mb"]) + memory["kv_pool_mb"],
          f"{memory['baseline_worker_pss_mb']:.0f} -> {memory['end_worker_pss_mb']:.0f} MB"),
         (f"worker memory within {IR_AND_POOL_MARGIN}x its models' IR and KV pool (a pair over {SMALL_PAIR_MB} MB)",
-         memory["ir_mb"] < SMALL_PAIR_MB or memory["end_worker_pss_mb"] <= IR_AND_POOL_MARGIN * (
-             memory["ir_mb"] + memory["kv_pool_mb"]),
+         memory["ir_mb"] < SMALL_PAIR_MB or _over_ir_and_pool(memory) <= IR_AND_POOL_MARGIN,
          (f"{memory['end_worker_pss_mb']:.0f} MB = {_over_ir_and_pool(memory):.2f}x the IR's {memory['ir_mb']:.0f} "
           f"MB and the pool's {memory['kv_pool_mb']} MB")),
         ("0 KV blocks held once every answer ended", figures["kv_blocks_held"] == 0,

@@ -115,11 +115,12 @@ def own_engine_precision(spec: PairSpec) -> PairSpec:
 
 
 def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str]) -> Steady:
-    """The sizes a step of the main needs for its rows to come out alike (ModelRunner.steady_rows), probed once per
-    host and configuration (seconds on the real main) and kept beside the main's files where they are writable."""
+    """The arrangement of the main's rows and the sizes a step needs for them to come out alike
+    (ModelRunner.arranged), probed once per host and configuration (seconds on the real main) and kept beside the
+    main's files where they are writable, so that every worker of the pair on the host computes alike."""
     weights = Path(main_dir) / "openvino_model.bin"
     key = hashlib.sha256(json.dumps([this_host().signature, properties, weights.stat().st_size,
-                                     weights.stat().st_mtime_ns]).encode()).hexdigest()
+                                     weights.stat().st_mtime_ns, "arranged"]).encode()).hexdigest()
     kept = Path(main_dir) / STEADY_ROWS_FILE
     try:
         known = json.loads(kept.read_text())
@@ -127,7 +128,7 @@ def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str
         known = {}
     if isinstance(known.get(key), list):
         return Steady(*known[key])
-    steady = runner.steady_rows()
+    steady = runner.arranged()
     try:
         written = kept.with_name(f"{kept.name}.{os.getpid()}")
         written.write_text(json.dumps({**known, key: list(steady)}))

@@ -8,8 +8,9 @@ tokens it holds, and what a step asks of them. The main's and the draft's of an 
   their slots).
 - The main's sequence is `exact`: every query it makes holds two tokens at least (a lone token re-feeds the one
   before it), so the main alone's tokens, a verify's rows and a prompt's last row all run on the op's multi-token
-  kernel and are bitwise alike whoever shares the step (docs/exactness.md#one-kernel-path). The draft only proposes:
-  its steps feed what they have.
+  kernel and are bitwise alike whoever shares the step (docs/exactness.md#one-kernel-path); or, on a host where that
+  costs less (engines/own/model_runner.py, `arranged`), its decodes and verifies feed every token as a one-token
+  sequence, alike too, and its prompts stay queries. The draft only proposes: its steps feed what they have.
 - When the answer ends, its full blocks are cached under their hashes for the conversation's next turn, and every
   block goes back to the pool.
 """
@@ -119,14 +120,17 @@ class PagedSequence:
         return logits
 
     def feed(self, token_ids: list[int], *, rows: int | None = None) -> np.ndarray:
-        """Logits for the last `rows` fed tokens (each one's on the main, the last one's on the draft)."""
+        """Logits for the last `rows` fed tokens (each one's on the main, the last one's on the draft; a prompt's
+        chunk names its one row)."""
+        token_rows = self.exact and rows is None and self.model.runner.steady.token_rows
         rows = rows or (len(token_ids) if self.exact else 1)
         past, fed = self.position, token_ids
-        if self.exact and len(token_ids) == 1 and past:
+        if self.exact and len(token_ids) == 1 and past and not token_rows:
             past, fed = past - 1, [self.tokens[-1], *token_ids]  # re-fed: the multi-token kernel, as a verify's
         self.reserve(self.position + len(token_ids))
         scheduler = self.model.scheduler
-        logits = scheduler.infer(Work(self.block_table, past, fed, rows), member=self, drafting=self.drafting)
+        logits = scheduler.infer(Work(self.block_table, past, fed, rows, token_rows), member=self,
+                                 drafting=self.drafting)
         self.tokens += token_ids
         head = self.model.head
         return logits if head is None else np.stack([head.widen(row) for row in logits])

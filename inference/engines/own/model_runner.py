@@ -9,10 +9,19 @@ no dynamic quantization) the main's matrix products round one way for 2-4 tokens
 one way for one row and another for several, so a verify of K+1 would part from the main alone's 2-token query.
 `steady_rows` finds, at load, the fewest tokens and rows from which a row's bits stop changing, and `run` pads a
 smaller step up to them with a filler nobody reads (docs/exactness.md#avx2-hosts).
+
+The main's rows can be arranged two exact ways (docs/exactness.md#one-kernel-path): each step of an answer one
+sequence (the main alone's token as a 2-token query, a verify as one query of K+1), or every token a one-token sequence
+of its own on the answer's blocks (`Work.token_rows`). Their costs differ by host: `arranged` probes both at load and
+keeps the second where it costs less (on AVX2 a lone token 0.85x, four answers' tokens at once 0.6x, a verify of 9
+1.07x).
 """
 
 from __future__ import annotations
 
+import logging
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -23,12 +32,16 @@ import openvino as ov
 from inference.engines.own.block_pool import BlockPool
 from inference.engines.own.paged_model import LOGITS_INDICES, cache_layout
 
+log = logging.getLogger(__name__)
 # The step sizes `steady_rows` compares a row at; the largest is the reference (well below a verify beside a few
 # others): tokens fed, and rows of logits read (through the head)
-PROBED_TOKENS = (2, 3, 4, 5, 6, 8, 12, 16, 32)
+PROBED_TOKENS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)
 PROBED_ROWS = (1, 2, 3, 4, 6, 8)
 # ... and from there up, the steps a prompt's chunk makes (where the fewest are not 1: the kernels depend on the size)
 PROBED_MOST = (48, 64, 80, 96, 128, 256, 512)
+# How `arranged` times the two arrangements: after this many tokens of context, medians of so many interleaved rounds
+# of a lone answer's token, four answers' tokens at once and a verify of VERIFIED tokens
+ARRANGEMENT_CONTEXT, ARRANGEMENT_ROUNDS, VERIFIED = 256, 5, 9
 
 
 class Steady(NamedTuple):
@@ -38,6 +51,7 @@ class Steady(NamedTuple):
     tokens: int = 1
     rows: int = 1
     most_tokens: int = 0
+    token_rows: bool = False  # the main's decodes and verifies feed every token as a one-token sequence (Work)
 
 
 ANY_SIZE = Steady()  # one computation at every step size (AVX-512 hosts)
@@ -52,6 +66,15 @@ class Work:
     past: int
     tokens: list[int]
     rows: int = 1
+    token_rows: bool = False  # each token a one-token sequence of its own on these blocks, the last `rows` read
+
+    def split(self) -> list[Work]:
+        """The sequences the op is given for it."""
+        if not self.token_rows:
+            return [self]
+        n = len(self.tokens)
+        return [Work(self.block_table, self.past + i, [token], int(i >= n - self.rows))
+                for i, token in enumerate(self.tokens)]
 
 
 class ModelRunner:
@@ -71,21 +94,70 @@ class ModelRunner:
             self.request.set_tensor(name, tensor)
         self.steady = steady  # a step feeds and reads at least so many (padded): see steady_rows
 
-    def steady_rows(self) -> Steady:
+    def arranged(self, *, token_rows: bool | None = None) -> Steady:
+        """The arrangement of the main's rows this host runs cheaper, with its steady sizes: one-token sequences where
+        a lone answer's token, four answers' tokens at once and a verify cost 5% less together than as queries, the
+        verify (what a lone answer speculates with) no more than 10% dearer (asked at load, before any answer);
+        `token_rows` says which, whatever the costs."""
+        query, tokens = self.steady_rows(token_rows=False), self.steady_rows(token_rows=True)
+        if token_rows is None:
+            costs = self._arrangement_costs(query, tokens)
+            shown = [[round(cost, 4) for cost in costs[each]] for each in (query, tokens)]
+            log.info("the main's rows as queries, as one-token sequences: %s, %s s (a lone answer's token, four "
+                     "answers' at once, a verify of %d)", *shown, VERIFIED)
+            token_rows = sum(costs[tokens]) < 0.95 * sum(costs[query]) and costs[tokens][2] <= 1.1 * costs[query][2]
+        if not token_rows:
+            return query
+        # the prompts' chunks stay queries: they too must come out alike at the sizes they run at
+        most = min((each.most_tokens for each in (query, tokens) if each.most_tokens), default=0)
+        return Steady(max(query.tokens, tokens.tokens), max(query.rows, tokens.rows), most, token_rows=True)
+
+    def _arrangement_costs(self, *arrangements: Steady) -> dict[Steady, list[float]]:
+        """Median seconds of a lone answer's token, four answers' tokens and a verify of VERIFIED, in each."""
+        per_answer = -(-(ARRANGEMENT_CONTEXT + VERIFIED) // self.block_tokens)
+        blocks = self.pool.allocate(min(4 * per_answer, self.pool.blocks))
+        tables = [blocks[i * per_answer:(i + 1) * per_answer] for i in range(len(blocks) // per_answer)] or [blocks]
+        past = min(ARRANGEMENT_CONTEXT, len(tables[0]) * self.block_tokens - VERIFIED)
+        kept = self.steady
+
+        def steps(arranged: Steady) -> list[list[Work]]:
+            one = [9] if arranged.token_rows else [9, 9]  # a token, or as a query with the one before it re-fed
+            start = past - len(one) + 1
+            return [[Work(tables[0], start, one, 1, arranged.token_rows)],
+                    [Work(table, start, one, 1, arranged.token_rows) for table in tables],
+                    [Work(tables[0], past, [9] * VERIFIED, VERIFIED, arranged.token_rows)]]
+
+        seconds: dict[Steady, list[list[float]]] = {arranged: [[], [], []] for arranged in arrangements}
+        try:
+            for _ in range(ARRANGEMENT_ROUNDS + 1):  # the first round compiles the shapes: not counted
+                for arranged in arrangements:
+                    self.steady = arranged
+                    for timed, works in zip(seconds[arranged], steps(arranged), strict=True):
+                        began = time.perf_counter()
+                        self.run(works)
+                        timed.append(time.perf_counter() - began)
+        finally:
+            self.steady = kept
+            self.pool.release(blocks)
+        return {arranged: [statistics.median(each[1:]) for each in timed] for arranged, timed in seconds.items()}
+
+    def steady_rows(self, *, token_rows: bool = False) -> Steady:
         """The fewest tokens and rows an inference must hold for a sequence's row to come out bitwise alike at any
-        size up to the largest probed, and where the steps holding more than that change it: a 2-token query, the
-        rest a filler, in blocks of the pool (asked at load, before any answer)."""
+        size up to the largest probed, and where the steps holding more than that change it: a 2-token query (or one
+        token, its own sequence), the rest a filler, in blocks of the pool (asked at load, before any answer)."""
         blocks = self.pool.allocate(min(1 + -(-PROBED_MOST[-1] // self.block_tokens), self.pool.blocks))
         try:
-            return self._steady(blocks[0], blocks[1:])
+            return self._steady(blocks[0], blocks[1:], first=[11] if token_rows else [11, 13])
         finally:
             self.pool.release(blocks)
 
-    def _steady(self, probe: int, filler: list[int]) -> Steady:
+    def _steady(self, probe: int, filler: list[int], *, first: list[int]) -> Steady:
+        token_rows = len(first) == 1
+
         def row(tokens: int, rows: int) -> bytes:
-            works = [Work([probe], 0, [11, 13], 1)]
-            if tokens > 2:
-                works.append(Work(filler, 0, [17] * (tokens - 2), min(rows - 1, tokens - 2)))
+            works = [Work([probe], 0, first, 1)]
+            if tokens > len(first):
+                works.append(Work(filler, 0, [17] * (tokens - len(first)), min(rows - 1, tokens - len(first))))
             return self._infer(works)[0].tobytes()
 
         def fewest(sizes: tuple[int, ...], at: Callable[[int], bytes]) -> int:
@@ -97,15 +169,15 @@ class ModelRunner:
             return 1 if steady == sizes[0] else steady
 
         rows = fewest(PROBED_ROWS, lambda rows: row(PROBED_TOKENS[-1], rows))
-        tokens = fewest(PROBED_TOKENS, lambda tokens: row(tokens, rows))
+        tokens = fewest(tuple(n for n in PROBED_TOKENS if n >= len(first)), lambda tokens: row(tokens, rows))
         if (tokens, rows) == (1, 1):
-            return ANY_SIZE  # prompts are read in full chunks
+            return Steady(token_rows=token_rows)  # one computation at every size: prompts are read in full chunks
         reference, most = row(PROBED_TOKENS[-1], rows), PROBED_TOKENS[-1]
         for size in PROBED_MOST:
-            if size - 2 > self.block_tokens * len(filler) or row(size, rows) != reference:
+            if size - len(first) > self.block_tokens * len(filler) or row(size, rows) != reference:
                 break
             most = size
-        return Steady(tokens=tokens, rows=rows, most_tokens=most)
+        return Steady(tokens=tokens, rows=rows, most_tokens=most, token_rows=token_rows)
 
     @property
     def block_tokens(self) -> int:
@@ -115,9 +187,16 @@ class ModelRunner:
         """Each work's rows of logits [rows, vocabulary], from one inference holding the steady tokens and rows."""
         rows = self.steady.rows - sum(work.rows for work in works)
         tokens = max(self.steady.tokens - sum(len(work.tokens) for work in works), rows, 0)
+        split = [part for work in works for part in work.split()]
         if tokens:
-            return self._infer([*works, Work([self.scratch], 0, [0] * tokens, max(rows, 0))])[:-1]
-        return self._infer(works)
+            split.append(Work([self.scratch], 0, [0] * tokens, max(rows, 0)))
+        answers, first = self._infer(split), 0
+        joined = []
+        for work in works:
+            parts = len(work.tokens) if work.token_rows else 1
+            joined.append(answers[first] if parts == 1 else np.concatenate(answers[first:first + parts]))
+            first += parts
+        return joined
 
     def _infer(self, works: list[Work]) -> list[np.ndarray]:
         size = self.block_tokens
