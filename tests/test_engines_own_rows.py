@@ -180,6 +180,21 @@ def fork_vs_cold(engine: OwnEngine, prompt: list[int]) -> Rows:
                                                                               strict=True) for row in pair)]
 
 
+def answered_vs_read_cold(engine: OwnEngine, prompt: list[int]) -> Rows:
+    """An answer's tokens, fed as it went, leave the keys and values a prompt holding them leaves when read cold (a
+    conversation's next turn from the cache or on a worker that never saw it): the rows after them alike."""
+    answered = engine.main.sequence(scope="answered", exact=True)
+    answered.prefill(prompt)
+    for token in ANSWER[:4]:
+        answered.feed([token])
+    got = [*answered.feed(ANSWER[4:7])]
+    answered.close()
+    cold = fresh_main(engine).sequence(exact=True)
+    expected = [cold.prefill(prompt + ANSWER[:5])[-1], *cold.feed(ANSWER[5:7])]
+    cold.close()
+    return got, expected
+
+
 def control_another_prompt(engine: OwnEngine, prompt: list[int]) -> Rows:
     """The control: a prompt one token apart, in its first block, gives other rows (the comparison can fail)."""
     changed = [prompt[0] + 1, *prompt[1:]]
@@ -194,6 +209,7 @@ CASES: list[tuple[Callable[[OwnEngine, list[int]], Rows], bool]] = [
     (rejected_vs_never_fed, True),
     (cached_vs_cold, True),
     (fork_vs_cold, True),
+    (answered_vs_read_cold, True),
     (control_another_prompt, False),
 ]
 

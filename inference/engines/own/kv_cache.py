@@ -9,8 +9,8 @@ tokens it holds, and what a step asks of them. The main's and the draft's of an 
 - The main's sequence is `exact`: every query it makes holds two tokens at least (a lone token re-feeds the one
   before it), so the main alone's tokens, a verify's rows and a prompt's last row all run on the op's multi-token
   kernel and are bitwise alike whoever shares the step (docs/exactness.md#one-kernel-path); or, on a host where that
-  costs less (engines/own/model_runner.py, `arranged`), its decodes and verifies feed every token as a one-token
-  sequence, alike too, and its prompts stay queries. The draft only proposes: its steps feed what they have.
+  costs less (engines/own/model_runner.py, `arranged`), every token it feeds is a one-token sequence (a verify's, the
+  main alone's, a prompt's), alike too. The draft only proposes: its steps feed what they have.
 - When the answer ends, its full blocks are cached under their hashes for the conversation's next turn, and every
   block goes back to the pool.
 """
@@ -122,7 +122,7 @@ class PagedSequence:
     def feed(self, token_ids: list[int], *, rows: int | None = None) -> np.ndarray:
         """Logits for the last `rows` fed tokens (each one's on the main, the last one's on the draft; a prompt's
         chunk names its one row)."""
-        token_rows = self.exact and rows is None and self.model.runner.steady.token_rows
+        token_rows = self.exact and self.model.runner.steady.token_rows
         rows = rows or (len(token_ids) if self.exact else 1)
         past, fed = self.position, token_ids
         if self.exact and len(token_ids) == 1 and past and not token_rows:

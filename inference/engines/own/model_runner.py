@@ -11,10 +11,12 @@ one way for one row and another for several, so a verify of K+1 would part from 
 smaller step up to them with a filler nobody reads (docs/exactness.md#avx2-hosts).
 
 The main's rows can be arranged two exact ways (docs/exactness.md#one-kernel-path): each step of an answer one
-sequence (the main alone's token as a 2-token query, a verify as one query of K+1), or every token a one-token sequence
-of its own on the answer's blocks (`Work.token_rows`). Their costs differ by host: `arranged` probes both at load and
-keeps the second where it costs less (on AVX2 a lone token 0.85x, four answers' tokens at once 0.6x, a verify of 9
-1.07x).
+sequence (the main alone's token as a 2-token query, a verify as one query of K+1, a prompt's chunk as one query), or
+every token a one-token sequence of its own on the answer's blocks (`Work.token_rows`), a prompt's tokens too: a
+token's keys and values depend on the kernel its attention ran on, so a conversation read again from the cache and
+read cold stay alike only if every token of both ran on the same one. Their costs differ by host: `arranged` probes
+both at load and keeps the second where it costs less (on AVX2 a lone token 0.85x, four answers' tokens at once 0.6x,
+a verify of 9 1.07x, a prompt 1.1x).
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ PROBED_ROWS = (1, 2, 3, 4, 6, 8)
 # ... and from there up, the steps a prompt's chunk makes (where the fewest are not 1: the kernels depend on the size)
 PROBED_MOST = (48, 64, 80, 96, 128, 256, 512)
 # How `arranged` times the two arrangements: after this many tokens of context, medians of so many interleaved rounds
-# of a lone answer's token, four answers' tokens at once and a verify of VERIFIED tokens
-ARRANGEMENT_CONTEXT, ARRANGEMENT_ROUNDS, VERIFIED = 256, 5, 9
+# of a lone answer's token, four answers' tokens at once, a verify of VERIFIED tokens and a prompt's chunk (of at most
+# PROMPT_CHUNK tokens)
+ARRANGEMENT_CONTEXT, ARRANGEMENT_ROUNDS, VERIFIED, PROMPT_CHUNK = 256, 7, 9, 64
 
 
 class Steady(NamedTuple):
@@ -96,16 +99,17 @@ class ModelRunner:
 
     def arranged(self, *, token_rows: bool | None = None) -> Steady:
         """The arrangement of the main's rows this host runs cheaper, with its steady sizes: one-token sequences where
-        a lone answer's token, four answers' tokens at once and a verify cost 5% less together than as queries, the
-        verify (what a lone answer speculates with) no more than 10% dearer (asked at load, before any answer);
-        `token_rows` says which, whatever the costs."""
+        four answers' tokens at once cost 10% less than as queries, a lone answer's token and a verify (what it
+        speculates with) no more than 10% more, and a prompt no more than 15% more: margins wider than a shared host's
+        drift between two probes (asked at load, before any answer); `token_rows` says which, whatever the costs."""
         query, tokens = self.steady_rows(token_rows=False), self.steady_rows(token_rows=True)
         if token_rows is None:
             costs = self._arrangement_costs(query, tokens)
             shown = [[round(cost, 4) for cost in costs[each]] for each in (query, tokens)]
             log.info("the main's rows as queries, as one-token sequences: %s, %s s (a lone answer's token, four "
-                     "answers' at once, a verify of %d)", *shown, VERIFIED)
-            token_rows = sum(costs[tokens]) < 0.95 * sum(costs[query]) and costs[tokens][2] <= 1.1 * costs[query][2]
+                     "answers' at once, a verify of %d, a prompt's chunk)", *shown, VERIFIED)
+            lone, batch, verify, prompt = (costs[tokens][i] / costs[query][i] for i in range(4))
+            token_rows = batch < 0.9 and lone <= 1.1 and verify <= 1.1 and prompt <= 1.15
         if not token_rows:
             return query
         # the prompts' chunks stay queries: they too must come out alike at the sizes they run at
@@ -113,21 +117,23 @@ class ModelRunner:
         return Steady(max(query.tokens, tokens.tokens), max(query.rows, tokens.rows), most, token_rows=True)
 
     def _arrangement_costs(self, *arrangements: Steady) -> dict[Steady, list[float]]:
-        """Median seconds of a lone answer's token, four answers' tokens and a verify of VERIFIED, in each."""
-        per_answer = -(-(ARRANGEMENT_CONTEXT + VERIFIED) // self.block_tokens)
+        """Median seconds of a lone answer's token, four answers' tokens, a verify of VERIFIED and a prompt's chunk,
+        in each."""
+        per_answer = -(-(ARRANGEMENT_CONTEXT + max(VERIFIED, PROMPT_CHUNK)) // self.block_tokens)
         blocks = self.pool.allocate(min(4 * per_answer, self.pool.blocks))
         tables = [blocks[i * per_answer:(i + 1) * per_answer] for i in range(len(blocks) // per_answer)] or [blocks]
-        past = min(ARRANGEMENT_CONTEXT, len(tables[0]) * self.block_tokens - VERIFIED)
+        past = min(ARRANGEMENT_CONTEXT, len(tables[0]) * self.block_tokens - max(VERIFIED, PROMPT_CHUNK))
         kept = self.steady
 
         def steps(arranged: Steady) -> list[list[Work]]:
             one = [9] if arranged.token_rows else [9, 9]  # a token, or as a query with the one before it re-fed
-            start = past - len(one) + 1
+            start, chunk = past - len(one) + 1, min(PROMPT_CHUNK, arranged.most_tokens // 2 or PROMPT_CHUNK)
             return [[Work(tables[0], start, one, 1, arranged.token_rows)],
                     [Work(table, start, one, 1, arranged.token_rows) for table in tables],
-                    [Work(tables[0], past, [9] * VERIFIED, VERIFIED, arranged.token_rows)]]
+                    [Work(tables[0], past, [9] * VERIFIED, VERIFIED, arranged.token_rows)],
+                    [Work(tables[0], past, [9] * chunk, 1, arranged.token_rows)]]
 
-        seconds: dict[Steady, list[list[float]]] = {arranged: [[], [], []] for arranged in arrangements}
+        seconds: dict[Steady, list[list[float]]] = {arranged: [[], [], [], []] for arranged in arrangements}
         try:
             for _ in range(ARRANGEMENT_ROUNDS + 1):  # the first round compiles the shapes: not counted
                 for arranged in arrangements:
@@ -187,15 +193,13 @@ class ModelRunner:
         """Each work's rows of logits [rows, vocabulary], from one inference holding the steady tokens and rows."""
         rows = self.steady.rows - sum(work.rows for work in works)
         tokens = max(self.steady.tokens - sum(len(work.tokens) for work in works), rows, 0)
-        split = [part for work in works for part in work.split()]
-        if tokens:
-            split.append(Work([self.scratch], 0, [0] * tokens, max(rows, 0)))
-        answers, first = self._infer(split), 0
+        splits = [work.split() for work in works]
+        filler = [Work([self.scratch], 0, [0] * tokens, max(rows, 0))] if tokens else []
+        answers, first = self._infer([part for split in splits for part in split] + filler), 0
         joined = []
-        for work in works:
-            parts = len(work.tokens) if work.token_rows else 1
-            joined.append(answers[first] if parts == 1 else np.concatenate(answers[first:first + parts]))
-            first += parts
+        for split in splits:
+            joined.append(answers[first] if len(split) == 1 else np.concatenate(answers[first:first + len(split)]))
+            first += len(split)
         return joined
 
     def _infer(self, works: list[Work]) -> list[np.ndarray]:
