@@ -54,7 +54,7 @@ class Steady(NamedTuple):
     tokens: int = 1
     rows: int = 1
     most_tokens: int = 0
-    token_rows: bool = False  # the main's decodes and verifies feed every token as a one-token sequence (Work)
+    token_rows: bool = False  # every token the main feeds is a one-token sequence (Work.token_rows)
 
 
 ANY_SIZE = Steady()  # one computation at every step size (AVX-512 hosts)
@@ -112,7 +112,7 @@ class ModelRunner:
             token_rows = batch < 0.9 and lone <= 1.1 and verify <= 1.1 and prompt <= 1.15
         if not token_rows:
             return query
-        # the prompts' chunks stay queries: they too must come out alike at the sizes they run at
+        # a step holds one-token sequences and a filler's query: the sizes that keep both kinds of row alike
         most = min((each.most_tokens for each in (query, tokens) if each.most_tokens), default=0)
         return Steady(max(query.tokens, tokens.tokens), max(query.rows, tokens.rows), most, token_rows=True)
 
