@@ -148,8 +148,10 @@ async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation,
     `away`, before its last turn the user opens a chat of each (its first turn, the paste, under a system prompt of its
     own), and then comes back."""
     def system(of: Conversation, *where: str) -> dict:
+        """The conversation's system prompt after what sets this chat apart, within its first block of the cache:
+        no chat starts as another (the run's lines, repeats and chats away each read their own prompt)."""
         return {"role": "system",
-                "content": f"{of.system}\n(Session {run}: {', '.join((line, f'repeat {repeat}', *where))}.)".strip()}
+                "content": f"({', '.join((*where, line, f'repeat {repeat}'))}; session {run}.)\n{of.system}".strip()}
 
     messages = [system(conversation)]
     turns = []
