@@ -64,7 +64,7 @@ class Route(StrEnum):
     PROMPT_LOOKUP = "prompt-lookup"  # openvino-genai's pipeline drafting from the prompt's own n-grams
     LIBRARY_MAIN_ALONE = "library-main-alone"  # openvino-genai's pipeline of the main alone
     OWN_SPECULATIVE = "own-speculative"  # the own engine (engines/own/engine.py): exact speculation, greedy or sampled
-    OWN_MAIN_ALONE = "own-main-alone"  # the own engine with no proposer (K=0), its steps shared with the other answers'
+    OWN_MAIN_ALONE = "own-main-alone"  # the own engine handed no speculation, its steps shared with the other answers'
 
     def is_own_engine(self) -> bool:
         return self in (Route.OWN_SPECULATIVE, Route.OWN_MAIN_ALONE)

@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 
 from inference import pair_checks, selectors
 from inference.benchmark.servers import free_port
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.devices import DeviceUnavailable, runtime_devices
 from inference.engines.interface import Finished
 from inference.engines.library.pipeline import LibraryEngine
@@ -43,7 +43,7 @@ def pair_form(**overrides) -> dict:
 def answer(engine, *, k: int = 3) -> tuple[list[int], list[float]]:
     """A greedy answer's tokens and their log probabilities."""
     request = engine.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=24, ignore_eos=True, logprobs=True,
-                                                                 num_assistant_tokens=k))
+                                                                 speculation=Speculation(k=k) if k else None))
     tokens: list[int] = []
     logprobs: list[float] = []
     while not isinstance(event := request.events.get(timeout=120), Finished):

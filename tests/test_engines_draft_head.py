@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 
 from inference.benchmark.modes import compare_modes, draft_cost
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.grammar.constraint import vocabulary
 from inference.engines.own.draft_head import cut_head, load_head_ids
 from inference.engines.own.engine import OwnEngine
@@ -103,7 +103,7 @@ def test_greedy_answers_with_the_cut_draft_are_the_main_alones_and_it_still_spec
         alone = answer(engine, prompt, 0)
         assert answer(engine, prompt, 5) == alone, prompt
         drafted = steps_of(engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=40, ignore_eos=True,
-                                                                              num_assistant_tokens=3)))
+                                                                              speculation=Speculation(k=3))))
         assert [token for step in drafted for token in step] == alone, prompt
         steps, tokens = steps + len(drafted), tokens + len(alone)
     assert tokens / steps > 2.2, "the draft's proposals are not the kept tokens' own ids"

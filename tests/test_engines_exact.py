@@ -18,7 +18,7 @@ from django.conf import settings
 
 from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.interface import Finished, JoinedBatch
 from inference.engines.own.engine import OwnEngine
 from inference.engines.own.payoff import WINDOW
@@ -45,8 +45,9 @@ def engine():
 
 
 def answer(engine, prompt: str, k: int, **held) -> list[int]:
+    """An answer at K (0: the main alone)."""
     request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=40, ignore_eos=not held,
-                                                                 num_assistant_tokens=k, **held))
+                                                                 speculation=Speculation(k=k) if k else None, **held))
     tokens: list[int] = []
     while not isinstance(event := request.events.get(timeout=120), Finished):
         tokens += event.token_ids
@@ -161,15 +162,15 @@ def test_rows_feeding_several_tokens_compute_what_each_would_alone(engine):
 
 @pytest.mark.no_database
 def test_answers_speculating_in_the_batch_are_the_main_alones(engine):
-    """Beyond the pair's speculating streams, with a K for the batch (DecodingParams.batch_k), three answers at once
+    """Beyond the pair's speculating streams, with a K for the batch (Speculation.batch_k), three answers at once
     go on speculating: one inference of the main a step for all (their K+1 tokens each), of the draft too; each
     answer is the main alone's, greedy, and every block of both pools is back once they finished."""
     busy = OwnEngine(replace(SPEC, slug="batched", speculating_streams=1))
-    params = DecodingParams(max_new_tokens=60, ignore_eos=True, num_assistant_tokens=3, batch_k=3)
+    params = DecodingParams(max_new_tokens=60, ignore_eos=True, speculation=Speculation(k=3, batch_k=3))
     requests_ = [busy.submit(prompt=prompt, params=params) for prompt in PROMPTS]
     steps = [steps_of(request) for request in requests_]
     assert max(len(step) for answer_steps in steps for step in answer_steps[3:]) > 1, "none speculated in the batch"
-    alone = replace(params, num_assistant_tokens=0)
+    alone = replace(params, speculation=None)
     for prompt, answer_steps in zip(PROMPTS, steps, strict=True):
         assert flat(answer_steps) == flat(steps_of(engine.submit(prompt=prompt, params=alone))), prompt
     assert busy.active_count == 0 and pools_empty(busy)  # an answer's sequences close before its Finished
@@ -209,10 +210,11 @@ COPYING = ("Repeat this code and add a docstring:\n" + FUNCTION + "\n" + FUNCTIO
            "# Fix the off-by-one error.\n" + FUNCTION + "\n# Fixed:\n" + FUNCTION[:120])
 
 
-def drafted(engine, prompt: str, k: int, **held) -> tuple[list[int], dict[Drafter | None, int]]:
+def drafted(engine, prompt: str, k: int, lookup_only: bool = False, **held
+            ) -> tuple[list[int], dict[Drafter | None, int]]:
     """An answer's tokens, and the tokens each drafter proposed for it."""
     request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=64, ignore_eos=not held,
-                                                                 num_assistant_tokens=k, **held))
+        speculation=Speculation(k=k, lookup_only=lookup_only) if k else None, **held))
     tokens: list[int] = []
     proposed: dict[Drafter | None, int] = {}
     while not isinstance(event := request.events.get(timeout=120), Finished):
@@ -276,7 +278,7 @@ def test_a_draft_that_stops_where_it_is_unsure_leaves_the_answer_the_main_alones
     for prompt in PROMPTS:
         for held in ({}, LOWER_CASE_CODE):
             request = unchained.submit(prompt=prompt, params=DecodingParams(
-                max_new_tokens=64, ignore_eos=not held, num_assistant_tokens=6, draft_stop_below=0.9, **held))
+                max_new_tokens=64, ignore_eos=not held, speculation=Speculation(k=6, draft_stop_below=0.9), **held))
             steps = []
             while not isinstance(event := request.events.get(timeout=120), Finished):
                 steps.append(event)
@@ -292,7 +294,7 @@ def test_a_draft_that_does_not_pay_sits_out_and_the_answer_stays_the_main_alones
     widened 4x, function-preserving) slows every step it proposes for: within a few steps it sits out and the main
     goes on alone, tried again now and then (engines/own/payoff.py). The answer is the main alone's, token for token."""
     costly = OwnEngine(replace(SPEC, slug="costly-draft", draft_dir=str(PAIR / "main-large"), chained_lookup=False))
-    params = DecodingParams(max_new_tokens=128, ignore_eos=True, num_assistant_tokens=3)
+    params = DecodingParams(max_new_tokens=128, ignore_eos=True, speculation=Speculation(k=3))
     events = []
     request = costly.submit(prompt=PROMPTS[0], params=params)
     while not isinstance(event := request.events.get(timeout=120), Finished):
@@ -302,7 +304,7 @@ def test_a_draft_that_does_not_pay_sits_out_and_the_answer_stays_the_main_alones
     assert proposing.index(0) <= WINDOW, proposing  # a step that times the main alone, then it sits out
     assert proposing.count(0) > len(proposing) // 2, proposing
     assert flat([event.token_ids for event in events]) == flat(steps_of(
-        engine.submit(prompt=PROMPTS[0], params=replace(params, num_assistant_tokens=0))))
+        engine.submit(prompt=PROMPTS[0], params=replace(params, speculation=None))))
 
 
 @pytest.mark.no_database
@@ -317,7 +319,7 @@ def test_the_draft_is_fed_every_token_of_the_answer_once_whatever_proposed_it(en
     copy = [int(rng.integers(100, 1000)) if rng.random() < 0.1 else token
             for token in encode(FUNCTION, add_special_tokens=False).input_ids.data[0].tolist()]
     drafting = Drafting(engine.draft.sequence(), lookup=PromptLookup(history),
-                        params=DecodingParams(max_new_tokens=99), rng=rng, constraint=None)
+                        params=DecodingParams(max_new_tokens=99), speculation=Speculation(k=3), rng=rng, constraint=None)
     drafting.prefill(history)
     answer = copy[:1]
     drafting.lookup.extend(answer)
@@ -360,7 +362,7 @@ def test_a_k_per_answer_follows_the_hosts_costs_and_leaves_the_answer_the_main_a
         alone = drafted(engine, prompt, 0)[0]
         for costs, lengths in ((steep, {1}), (cheap, {4})):
             request = unchained.submit(prompt=prompt, params=DecodingParams(
-                max_new_tokens=64, ignore_eos=True, num_assistant_tokens=4, step_costs=costs))
+                max_new_tokens=64, ignore_eos=True, speculation=Speculation(k=4, step_costs=costs)))
             steps = []
             while not isinstance(event := request.events.get(timeout=120), Finished):
                 steps.append(event)
@@ -392,17 +394,17 @@ def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
     anyway): from then on one token a step, and the same greedy answer; the engine says when it joined the batch and
     that its K fell to 0 there."""
     busy = OwnEngine(replace(SPEC, slug="busy", speculating_streams=1))
-    params = DecodingParams(max_new_tokens=160, ignore_eos=True, num_assistant_tokens=3)
+    params = DecodingParams(max_new_tokens=160, ignore_eos=True, speculation=Speculation(k=3))
     speculating = busy.submit(prompt=PROMPTS[0], params=params)
     before = [speculating.events.get(timeout=120) for _ in range(4)]  # its prefill's token, then three steps
-    joining = busy.submit(prompt=PROMPTS[1], params=replace(params, num_assistant_tokens=0))
+    joining = busy.submit(prompt=PROMPTS[1], params=replace(params, speculation=None))
     said: list[JoinedBatch] = []
     after, other = steps_of(speculating, said), steps_of(joining)
     assert max(len(step.token_ids) for step in before) > 1, "it did not speculate while alone"
     assert [(joined.k, joined.k_before) for joined in said] == [(0, 3)]
     assert said[0].token >= len(flat([step.token_ids for step in before]))
     assert {len(step) for step in after[1:]} == {1}, "it speculated beside the batch"  # one step may be under way
-    alone = replace(params, num_assistant_tokens=0)
+    alone = replace(params, speculation=None)
     assert flat([step.token_ids for step in before] + after) == flat(steps_of(engine.submit(prompt=PROMPTS[0],
                                                                                            params=alone)))
     assert flat(other) == flat(steps_of(engine.submit(prompt=PROMPTS[1], params=alone)))

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 
 from inference.benchmark.memory import mapped_weight_bytes
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.interface import Finished, StepTokens
 from inference.engines.spec import PairSpec
 from inference.limits import Route
@@ -41,7 +41,7 @@ def test_a_crashed_step_process_fails_its_requests_and_the_next_request_loads_it
     registry = EngineRegistry()
     engine = registry.get(SPEC)
     running = engine.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=2000, ignore_eos=True,
-                                                                 num_assistant_tokens=3))
+                                                                 speculation=Speculation(k=3)))
     assert isinstance(running.events.get(timeout=60), StepTokens)
     os.kill(engine._process.pid, signal.SIGKILL)
     _, finished = drain(running, timeout=10)
@@ -50,7 +50,7 @@ def test_a_crashed_step_process_fails_its_requests_and_the_next_request_loads_it
     again = registry.get(SPEC)
     assert again is not engine and again.alive
     tokens, finished = drain(again.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=24,
-                                                                               num_assistant_tokens=3)))
+                                                                               speculation=Speculation(k=3))))
     assert finished.finish_reason in ("stop", "length")
     assert again.tokenizer.decode(tokens) == main_alone_greedy(PROMPT, 24)  # greedy: exactly the main's answer
     again.close()
@@ -60,7 +60,7 @@ def test_a_stop_signalled_to_the_process_group_lets_the_running_answer_finish(ma
     """systemd and compose signal a worker's whole group: its warm shutdown waits for the answers, and the step
     process must outlive the signal to finish them (issue 66 saw `the engine process exited (code -15)`)."""
     engine = EngineRegistry().get(SPEC)
-    running = engine.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=48, num_assistant_tokens=3))
+    running = engine.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=48, speculation=Speculation(k=3)))
     first = running.events.get(timeout=60)
     assert isinstance(first, StepTokens)
     for stop in (signal.SIGTERM, signal.SIGINT):
@@ -105,7 +105,7 @@ def test_a_smaller_scheduler_budget_prefills_in_chunks_and_keeps_the_answer(main
     prompt = PROMPT + ('    """Return the moving averages of `values` over `window` items, for every full\n'
                        '    window, as floats; raise ValueError when the window is not positive."""\n')
     engine = EngineRegistry().get(replace(SPEC, max_num_batched_tokens=32))
-    request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=24, num_assistant_tokens=3))
+    request = engine.submit(prompt=prompt, params=DecodingParams(max_new_tokens=24, speculation=Speculation(k=3)))
     assert request.prompt_tokens > 32
     tokens, finished = drain(request)
     assert finished.finish_reason in ("stop", "length")
@@ -120,10 +120,10 @@ def test_prefilling_whole_prompts_first_takes_a_prompt_longer_than_the_default_b
     long_prompt = "".join(f"def helper_{i}(values):\n    return sorted(values)[{i}]\n\n" for i in range(20)) + PROMPT
     engine = EngineRegistry().get(replace(SPEC, prefill_first=True))
     assert engine.spec.step_budget == 1024  # the demo main's context
-    running = engine.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=48, num_assistant_tokens=3))
+    running = engine.submit(prompt=PROMPT, params=DecodingParams(max_new_tokens=48, speculation=Speculation(k=3)))
     first = running.events.get(timeout=60)
     assert isinstance(first, StepTokens)
-    joining = engine.submit(prompt=long_prompt, params=DecodingParams(max_new_tokens=24, num_assistant_tokens=3))
+    joining = engine.submit(prompt=long_prompt, params=DecodingParams(max_new_tokens=24, speculation=Speculation(k=3)))
     assert joining.prompt_tokens > 256
     joined_tokens, joined_end = drain(joining)
     running_tokens, running_end = drain(running)

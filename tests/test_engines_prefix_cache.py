@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.interface import Finished, PromptRead, StepTokens
 from inference.engines.own.block_pool import PoolFull
 from inference.engines.own.engine import DRAFT_CATCH_UP_TOKENS, OwnEngine
@@ -74,7 +74,7 @@ def ids_of(engine: OwnEngine, text: str) -> list[int]:
 def run(engine: OwnEngine, prompt_ids: list[int], k: int, tokens: int = 40, scope: str = ""):
     """The answer's tokens, its request (cached_tokens), and its events; `scope`: the user's cache scope."""
     request = engine.submit(prompt_ids=prompt_ids, params=DecodingParams(
-        max_new_tokens=tokens, ignore_eos=True, num_assistant_tokens=k, cache_scope=scope))
+        max_new_tokens=tokens, ignore_eos=True, speculation=Speculation(k=k) if k else None, cache_scope=scope))
     events = []
     while not isinstance(event := request.events.get(timeout=120), Finished):
         events.append(event)

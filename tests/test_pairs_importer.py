@@ -108,7 +108,7 @@ def assert_nothing_left(models_root: Path, *, error: str) -> ImportJob:
 
 
 def test_import_registers_a_pair_that_generates(db, hf, models_root):
-    from inference.engines.decoding import DecodingParams
+    from inference.engines.decoding import DecodingParams, Speculation
     from inference.engines.interface import Finished
     from inference.engines.library.pipeline import LibraryEngine
     from inference.pair_checks import REQUIRED_FILES
@@ -134,7 +134,7 @@ def test_import_registers_a_pair_that_generates(db, hf, models_root):
     assert "exporting the draft (fp16)" in job.log
 
     engine = LibraryEngine(pair_spec(pair=pair))
-    request = engine.submit(prompt="def scale(x):", params=DecodingParams(max_new_tokens=8, num_assistant_tokens=3))
+    request = engine.submit(prompt="def scale(x):", params=DecodingParams(max_new_tokens=8, speculation=Speculation(k=3)))
     while not isinstance(event := request.events.get(timeout=60), Finished):
         pass
     assert event.finish_reason in {"length", "stop"}, event

@@ -21,10 +21,9 @@ from django.conf import settings
 from django.core.management import call_command
 
 from inference.calibration.measure import CALIBRATION_PROMPTS
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.interface import Finished
 from inference.engines.own.engine import OwnEngine
-from inference.engines.own.scheduler import Scheduler
 from inference.engines.spec import HEAD_IDS_FILE, PairSpec
 from inference.limits import Route
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
@@ -184,7 +183,7 @@ def test_the_own_engines_draft_with_its_head_cut_speculates_and_changes_no_greed
         answers = {}
         for k in (0, 3):
             submitted = engine.submit(prompt=prompt, add_special_tokens=False,
-                                      params=DecodingParams(max_new_tokens=48, num_assistant_tokens=k))
+                                      params=DecodingParams(max_new_tokens=48, speculation=Speculation(k=k) if k else None))
             answers[k] = []
             while not isinstance(event := submitted.next_step(timeout=300), Finished):
                 answers[k].append(event.token_ids)
@@ -559,8 +558,6 @@ def test_the_real_mains_rows_computed_two_ways_are_bitwise_equal(real_folder, co
                                 draft_dir=str(real_folder / "draft"), route=Route.OWN_SPECULATIVE,
                                 pair_default=Route.OWN_SPECULATIVE, kv_pool_mb=256, **CONFIGS[config].fields))
     prompt = engine.tokenizer.encode(rows.CODE * 3).input_ids.data[0].tolist()[: 2 * engine.main.pool.block_tokens - 4]
-    runner = engine.main.runner
-    runner.steady = runner.arranged(token_rows=token_rows)
-    engine.main.scheduler = Scheduler(runner)
+    rows.arrange(engine, token_rows=token_rows)
     for case, equal in rows.CASES:
         rows.check_rows(engine, *case(engine, prompt), equal=equal)

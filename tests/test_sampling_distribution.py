@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.interface import Finished
 from inference.engines.library.pipeline import LibraryEngine
 from inference.engines.own.draft_head import load_head_ids
@@ -65,11 +65,11 @@ def exact_cut_head(demo_head_ids):
 
 
 SETTINGS = [
-    pytest.param({"temperature": 0.7, "num_assistant_tokens": 3}, id="T0.7-K3"),
-    pytest.param({"temperature": 1.0, "num_assistant_tokens": 2}, id="T1.0-K2"),
-    pytest.param({"temperature": 1.0, "top_p": 0.9, "num_assistant_tokens": 4}, id="T1.0-top_p0.9-K4"),
+    pytest.param({"temperature": 0.7, "speculation": Speculation(k=3)}, id="T0.7-K3"),
+    pytest.param({"temperature": 1.0, "speculation": Speculation(k=2)}, id="T1.0-K2"),
+    pytest.param({"temperature": 1.0, "top_p": 0.9, "speculation": Speculation(k=4)}, id="T1.0-top_p0.9-K4"),
     # Qwen's advice for its coder models, the real pair's chat defaults (ModelPair.chat_sampling)
-    pytest.param({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05, "num_assistant_tokens": 3},
+    pytest.param({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05, "speculation": Speculation(k=3)},
                  id="T0.7-top_p0.8-top_k20-rp1.05-K3"),
 ]
 
@@ -77,7 +77,7 @@ SETTINGS = [
 @pytest.mark.parametrize("sampling", SETTINGS)
 @pytest.mark.no_database
 def test_exact_engine_samples_follow_the_main_alone(main_alone, exact, sampling):
-    reference_settings = {name: value for name, value in sampling.items() if name != "num_assistant_tokens"}
+    reference_settings = {name: value for name, value in sampling.items() if name != "speculation"}
     reference = samples(sampler(main_alone, **reference_settings), range(N), threads=16)
     tested = samples(sampler(exact, **sampling), range(10_000, 10_000 + N))
     report = compare(tested, reference)
@@ -92,7 +92,7 @@ LONG_PROMPT = "".join(f"def step_{n}(values):\n    return [v * {n} for v in valu
 def test_samples_on_a_warm_prefix_follow_the_main_alone(main_alone, exact):
     """A prompt of several blocks: every sample after the first reads them from the own engine's prefix cache
     (engines/own/block_pool.py) and prefills only its last tokens; the samples still follow the main alone's."""
-    sampling = {"temperature": 1.0, "num_assistant_tokens": 3}
+    sampling = {"temperature": 1.0, "speculation": Speculation(k=3)}
     pool = exact.main.pool
     hits = pool.stats.hits
     reference = samples(sampler(main_alone, prompt=LONG_PROMPT, temperature=1.0), range(N), threads=16)
@@ -116,7 +116,7 @@ def test_samples_chained_with_the_prompt_lookup_follow_the_main_alone(main_alone
     sampling = {"temperature": 0.8}
     steps: list[tuple[Drafter, int, int]] = []
     reference = samples(sampler(main_alone, new_tokens=4, prompt=REPEATING, **sampling), range(N), threads=16)
-    tested = samples(sampler(exact, new_tokens=4, prompt=REPEATING, steps=steps, num_assistant_tokens=3,
+    tested = samples(sampler(exact, new_tokens=4, prompt=REPEATING, steps=steps, speculation=Speculation(k=3),
                              **sampling), range(50_000, 50_000 + N))
     report = compare(tested, reference, positions=4)
     assert not differs(report), report
@@ -138,7 +138,7 @@ def test_samples_under_a_repetition_penalty_follow_the_main_alones(main_alone, e
     unpenalised = samples(sampler(main_alone, new_tokens=4, prompt=REPEATING, temperature=1.0), range(N), threads=16)
     assert differs(compare(unpenalised, reference, positions=4)), "the penalty moved nothing: the test proves little"
     steps: list[tuple[Drafter, int, int]] = []
-    tested = samples(sampler(exact, new_tokens=4, prompt=REPEATING, steps=steps, num_assistant_tokens=3, **sampling),
+    tested = samples(sampler(exact, new_tokens=4, prompt=REPEATING, steps=steps, speculation=Speculation(k=3), **sampling),
                      range(60_000, 60_000 + N))
     report = compare(tested, reference, positions=4)
     assert not differs(report), report
@@ -153,7 +153,7 @@ def test_samples_with_the_draft_stopping_where_unsure_follow_the_main_alone(main
     sampling = {"temperature": 1.0}
     steps: list[tuple[Drafter, int, int]] = []
     reference = samples(sampler(main_alone, **sampling), range(N), threads=16)
-    tested = samples(sampler(exact, steps=steps, num_assistant_tokens=4, draft_stop_below=0.5, **sampling),
+    tested = samples(sampler(exact, steps=steps, speculation=Speculation(k=4, draft_stop_below=0.5), **sampling),
                      range(70_000, 70_000 + N))
     report = compare(tested, reference)
     assert not differs(report), report
@@ -170,8 +170,8 @@ def test_samples_with_a_k_per_answer_follow_the_main_alone(main_alone, exact):
     sampling = {"temperature": 1.0}
     steps: list[tuple[Drafter, int, int]] = []
     reference = samples(sampler(main_alone, new_tokens=6, **sampling), range(N), threads=16)
-    tested = samples(sampler(exact, new_tokens=6, steps=steps, num_assistant_tokens=4,
-                             step_costs=(0.25, 0.95, 1.05, 1.2, 1.4), **sampling), range(80_000, 80_000 + N))
+    tested = samples(sampler(exact, new_tokens=6, steps=steps, speculation=Speculation(
+        k=4, step_costs=(0.25, 0.95, 1.05, 1.2, 1.4)), **sampling), range(80_000, 80_000 + N))
     report = compare(tested, reference, positions=6)
     assert not differs(report), report
     drafted = {proposed for drafter, proposed, _ in steps if drafter == Drafter.DRAFT}
@@ -183,7 +183,7 @@ def test_samples_with_a_k_per_answer_follow_the_main_alone(main_alone, exact):
 def test_samples_with_the_draft_head_cut_follow_the_main_alone(main_alone, exact_cut_head, sampling):
     """The draft never proposes a token outside its head (its q is 0 there): about a quarter of the main's sampled
     tokens here, which the exact rule still draws as often as the main alone does."""
-    reference_settings = {name: value for name, value in sampling.items() if name != "num_assistant_tokens"}
+    reference_settings = {name: value for name, value in sampling.items() if name != "speculation"}
     reference = samples(sampler(main_alone, **reference_settings), range(N), threads=16)
     tested = samples(sampler(exact_cut_head, **sampling), range(50_000, 50_000 + N))
     report = compare(tested, reference)
@@ -203,7 +203,7 @@ def test_an_answer_handed_over_from_the_exact_engine_to_the_main_alone_follows_t
 
     def handed_over(seed: int) -> tuple[int, ...]:
         begun = exact.submit(prompt=PROMPT, params=DecodingParams(
-            max_new_tokens=2, ignore_eos=True, seed=seed, num_assistant_tokens=3, **sampling))
+            max_new_tokens=2, ignore_eos=True, seed=seed, speculation=Speculation(k=3), **sampling))
         so_far = drain(begun)
         return so_far + drain(main_alone.submit(prompt_ids=begun.prompt_ids + list(so_far), params=DecodingParams(
             max_new_tokens=2, ignore_eos=True, seed=seed, **sampling)))
@@ -224,7 +224,7 @@ def test_the_librarys_own_sampling_with_a_draft_is_still_inexact(main_alone):
     library_draft = LibraryEngine(SPEC)
     sampling = {"temperature": 0.7}
     reference = samples(sampler(main_alone, **sampling), range(N), threads=16)
-    tested = samples(sampler(library_draft, num_assistant_tokens=3, **sampling), range(10_000, 10_000 + N),
+    tested = samples(sampler(library_draft, speculation=Speculation(k=3), **sampling), range(10_000, 10_000 + N),
                      threads=16)
     assert differs(compare(tested, reference)), "the library's sampling with a draft now matches the main alone"
 
@@ -264,7 +264,7 @@ def test_exact_engine_samples_under_a_grammar_follow_the_main_alone_under_it(mai
     letters = {"grammar_kind": "regex", "grammar_text": "[a-z_ ]{40,80}"}  # too long to end within 3 tokens
     sampling = {"temperature": 0.8, **letters}
     reference = samples(sampler(main_alone, **sampling), range(N), threads=16)
-    tested = samples(sampler(exact, num_assistant_tokens=3, **sampling), range(40_000, 40_000 + N))
+    tested = samples(sampler(exact, speculation=Speculation(k=3), **sampling), range(40_000, 40_000 + N))
     report = compare(tested, reference)
     assert not differs(report), report
     assert len(set(tested)) > 20

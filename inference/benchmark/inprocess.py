@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from inference.benchmark.prompts import Prompt
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.interface import Engine, Finished
 from inference.engines.spec import PairSpec, library_route
 from inference.engines.speculation_stats import SpeculationStats
@@ -43,11 +43,17 @@ class Variant:
     temperature: float = 0.0
     seed: int | None = None
 
+    @property
+    def speculation(self) -> Speculation | None:
+        """How its answers speculate in-process (none: the main alone; a K of 0, the own engine's main alone)."""
+        if not self.speculative or not (self.num_assistant_tokens or self.assistant_confidence_threshold):
+            return None
+        return Speculation(k=self.num_assistant_tokens, threshold=self.assistant_confidence_threshold)
+
     def params(self, max_new_tokens: int) -> DecodingParams:
         """A fixed number of tokens (EOS ignored) so every variant does the same work."""
         return DecodingParams(max_new_tokens=max_new_tokens, ignore_eos=True, temperature=self.temperature,
-                              seed=self.seed, num_assistant_tokens=self.num_assistant_tokens,
-                              assistant_confidence_threshold=self.assistant_confidence_threshold)
+                              seed=self.seed, speculation=self.speculation)
 
     def request_settings(self, max_new_tokens: int) -> dict:
         """The same request as chat settings / API body fields."""
@@ -246,7 +252,7 @@ TOKEN_TIMEOUT_S = 300  # a generation silent this long is not coming back
 def run_once(engine: Engine, *, prompt: str, params: DecodingParams) -> tuple[str, SpeculationStats, float]:
     """One generation on an engine: its text, step stats, and when it was submitted."""
     speculative = engine.spec.uses_draft or engine.spec.uses_prompt_lookup
-    fixed_k = params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
+    fixed_k = params.speculation.k if params.speculation else None
     stats = SpeculationStats(num_assistant_tokens=fixed_k if speculative else None, speculative=speculative,
                              max_new_tokens=params.max_new_tokens, drafter=engine.spec.drafter)
     text = TextAssembler(engine.tokenizer)
@@ -276,7 +282,7 @@ class InProcessPath:
         decode_s = (stats.last_token_at or started) - (stats.first_token_at or started)
         speculative = engine.spec.uses_draft or engine.spec.uses_prompt_lookup
         route = engine.spec.route
-        if route == Route.OWN_SPECULATIVE and variant.num_assistant_tokens == 0:
+        if route == Route.OWN_SPECULATIVE and variant.speculation is None:
             route = Route.OWN_MAIN_ALONE
         return Sample(
             prompt=prompt, text=text, tokens=stats.tokens, started_at=started,

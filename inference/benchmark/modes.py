@@ -22,7 +22,7 @@ import numpy as np
 import openvino as ov
 
 from inference.benchmark.prompts import repeated_ngram_share
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.grammar.grammar import Grammar
 from inference.engines.interface import Engine, Finished
 from inference.engines.own.draft_head import DraftHead, compile_draft
@@ -122,9 +122,10 @@ class Line(Tally):
             return f"{self.mode} as shipped (K={self.k} for {self.speculating}, the rest the main alone)"
         return f"{self.mode} {'main alone' if not self.k else f'K={self.k}'}{'' if self.lookup else ' draft only'}"
 
-    def k_of(self, index: int) -> int:
-        """The K of a round's index-th answer."""
-        return self.k if not self.speculating or self.batch_k or index < self.speculating else 0
+    def speculation_of(self, index: int) -> Speculation | None:
+        """How a round's index-th answer speculates (None: the main alone)."""
+        k = self.k if not self.speculating or self.batch_k or index < self.speculating else 0
+        return Speculation(k=k, batch_k=self.batch_k or None) if k else None
 
 
 def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_streams: int = 0,
@@ -136,21 +137,18 @@ def mode_spec(spec: PairSpec, mode: str, *, speculative: bool, speculating_strea
     return replace(spec, speculating_streams=speculating_streams, chained_lookup=lookup, **fields)
 
 
-def answer(engine: Engine, prompt: str, *, k: int, max_new_tokens: int, grammar: Grammar | None = None,
-           temperature: float = 0.0, seed: int = 0, draft_stop_below: float | None = None,
-           step_costs: tuple[float, ...] = (), batch_k: int = 0, lookup_only: bool = False
+def answer(engine: Engine, prompt: str, *, speculation: Speculation | None, max_new_tokens: int,
+           grammar: Grammar | None = None, temperature: float = 0.0, seed: int = 0
            ) -> tuple[list[int], float, SpeculationStats]:
-    """Token ids, seconds from submit to the end, and the steps' figures; `lookup_only`: on the own engine, the
-    conversation's lookup alone proposes (no draft inference)."""
+    """Token ids, seconds from submit to the end, and the steps' figures."""
     started = time.perf_counter()
     request = engine.submit(prompt=prompt, add_special_tokens=False,
-                            params=DecodingParams(max_new_tokens=max_new_tokens, num_assistant_tokens=k,
+                            params=DecodingParams(max_new_tokens=max_new_tokens, speculation=speculation,
                                                   temperature=temperature, seed=seed,
-                                                  draft_stop_below=draft_stop_below, step_costs=step_costs,
-                                                  batch_k=batch_k, lookup_only=lookup_only,
                                                   grammar_kind=grammar.kind if grammar else "",
                                                   grammar_text=grammar.text if grammar else ""))
-    stats = SpeculationStats(num_assistant_tokens=k, speculative=bool(k), max_new_tokens=max_new_tokens)
+    stats = SpeculationStats(num_assistant_tokens=speculation.k if speculation else None,
+                             speculative=speculation is not None, max_new_tokens=max_new_tokens)
     tokens: list[int] = []
     while not isinstance(event := request.next_step(timeout=600), Finished):
         tokens += event.token_ids
@@ -170,7 +168,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
     streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
     burst: that many speculate, the rest run on the main alone, batched (serving/planning, Route.OWN_MAIN_ALONE),
     and so do the speculating ones once the others have come (engines/own/engine.py); `batch_ks`: lines where the
-    rest speculate in the batch at each of these Ks instead (DecodingParams.batch_k). `draft_only`: each own K also
+    rest speculate in the batch at each of these Ks instead (Speculation.batch_k). `draft_only`: each own K also
     with the prompt lookup off. `temperature` > 0: sampled answers (seeded; identical then means little)."""
     lines = [Line(mode, k) for mode in modes for k in (0, *ks)]
     if "own" in modes and 0 < own_engine_streams < streams:
@@ -210,8 +208,8 @@ def _run_round(line: Line, engine: Engine, prompts: list[str], *, max_new_tokens
                grammar: Grammar | None, temperature: float) -> list[list[int]]:
     """The line's answers to `prompts`, all at once; its figures take them in."""
     return line.run_round(engine, prompts, lambda index: {
-        "k": line.k_of(index), "max_new_tokens": max_new_tokens, "grammar": grammar, "temperature": temperature,
-        "seed": index, "batch_k": line.batch_k})
+        "speculation": line.speculation_of(index), "max_new_tokens": max_new_tokens, "grammar": grammar,
+        "temperature": temperature, "seed": index})
 
 
 def mode_props(*, main_dir: str, mode: str) -> dict[str, str]:

@@ -7,7 +7,7 @@
    tokens/s, acceptance and identity; where the pair keeps its draft in two weight formats, first a draft token of
    each in that configuration, and the Ks with the cheaper (int4 kernels are the cheaper with AVX-512, int8 ones
    with AVX2), which the own engine then loads on this host; and at several at once, the answers speculating in its
-   batch at each of a few Ks (DecodingParams.batch_k) beside its batched main alone;
+   batch at each of a few Ks (Speculation.batch_k) beside its batched main alone;
 3. the main's cost of one inference of n = 1..8 tokens in that configuration (what K can pay);
 4. a lone answer at the K chosen, the draft chained after the conversation's lookup, against the lookup alone and
    the main alone (the own engine's and the fastest) after a long prompt (LONG_CONTEXT tokens, a pasted file, read
@@ -39,6 +39,7 @@ import openvino as ov
 from inference.benchmark.modes import Tally, answer, infer_cost, measuring_model
 from inference.benchmark.prompts import heldout_prompts, prompts_from_file
 from inference.calibration.verdicts import LIBRARY_MARGIN, best_batch_k, best_k, library_alone, long_context_from
+from inference.engines.decoding import Speculation
 from inference.engines.interface import Engine
 from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.engine import OwnEngine, own_engine_precision
@@ -93,10 +94,16 @@ class Line(Tally):
     lookup_only: bool = False  # the conversation's lookup alone proposes, up to K (no draft inference)
     rounds: int = 0
 
+    @property
+    def speculation(self) -> Speculation | None:
+        if not self.k:
+            return None
+        return Speculation(k=self.k, draft_stop_below=self.draft_stop_below, batch_k=self.batch_k or None,
+                           lookup_only=self.lookup_only)
+
     def run(self, prompts: list[str], *, max_new_tokens: int) -> None:
-        self.run_round(self.engine, prompts, lambda _: {
-            "k": self.k, "max_new_tokens": max_new_tokens, "draft_stop_below": self.draft_stop_below,
-            "batch_k": self.batch_k, "lookup_only": self.lookup_only})
+        self.run_round(self.engine, prompts, lambda _: {"speculation": self.speculation,
+                                                         "max_new_tokens": max_new_tokens})
         self.rounds += 1
 
     def figures(self, *, alone: Line | None = None) -> dict:
@@ -143,7 +150,7 @@ def calibrate(*, spec: PairSpec, capabilities: list[str], budget: Budget, progre
     engines = {name: build_engine(each) for name, each in alone.items()}
     try:
         for engine in engines.values():  # untimed, as the own engine warms itself: first inferences repack weights
-            answer(engine, prompts[0], k=0, max_new_tokens=4)
+            answer(engine, prompts[0], speculation=None, max_new_tokens=4)
         lines = {name: (Line(engine), Line(engine, streams=budget.streams)) for name, engine in engines.items()}
         steps.next("the main alone in each configuration")
         results["rounds"]["configs"] = _rounds([line for pair in lines.values() for line in pair], prompts=prompts,
@@ -244,10 +251,11 @@ def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
     tokens = min(LONG_CONTEXT, context_length(Path(spec.main_dir)) - budget.max_new_tokens - LONG_QUESTION_ROOM)
     prompts = long_prompts(spec.main_dir, tokens)
     try:
-        answer(own, prompts[0], k=k, max_new_tokens=2)  # the file read and kept by both models (the draft after the
-        # answer: it is left out of an answer whose prompt it lacks), untimed
+        # the file read and kept by both models (the draft after the answer: it is left out of an answer whose prompt
+        # it lacks), untimed
+        answer(own, prompts[0], speculation=Speculation(k=k), max_new_tokens=2)
         own.draft_caught_up()
-        answer(library, prompts[0], k=0, max_new_tokens=1)
+        answer(library, prompts[0], speculation=None, max_new_tokens=1)
         drafted, alone, library_alone = Line(own, k=k, draft_stop_below=stop), Line(own), Line(library)
         looked_up = Line(own, k=k, lookup_only=True)
         lines = [drafted, looked_up, alone, library_alone]

@@ -35,12 +35,12 @@ class Sampling:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecodingParams(Sampling):
-    """One request's resolved pipeline settings."""
+class Speculation:
+    """How an answer speculates: the one value its plan hands an engine (serving/planning/rules.py). An answer with
+    none runs the main alone."""
 
-    max_new_tokens: int
-    num_assistant_tokens: int | None = None
-    assistant_confidence_threshold: float | None = None  # the library's dynamic K (OVMS's parameter)
+    k: int | None = None  # the most tokens proposed a step; None: the library's confidence threshold sets each step's
+    threshold: float | None = None  # the library's dynamic K (OVMS's assistant_confidence_threshold)
     # The own engine's draft proposes up to K but holds back a token it gives a probability below this (the planner
     # sets it where the host's calibration measured the Ks so; engines/own/proposers/draft_model.py).
     draft_stop_below: float | None = None
@@ -49,12 +49,24 @@ class DecodingParams(Sampling):
     # (engines/own/step_length.py; the planner sets them where the request left K to the pair).
     step_costs: tuple[float, ...] = ()
     # Beyond the pair's speculating streams the own engine's answers run in one batch: there this answer speculates
-    # at this K (0: as the main alone; engines/own/engine.py, the planner sets it where the host's calibration measured
-    # speculating in the batch faster than the main alone's batch).
-    batch_k: int = 0
+    # at this K, or with None goes on as the main alone (engines/own/engine.py; the planner sets it where the host's
+    # calibration measured speculating in the batch faster than the main alone's batch, or the request named a K).
+    batch_k: int | None = None
     # The own engine proposes from the conversation alone, no draft inference (engines/own/proposers/chain.py): after
     # a long prompt where the host's calibration measured the draft not paying (the planner sets it).
     lookup_only: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.k is None) == (self.threshold is None):
+            raise ValueError(f"speculation takes a K or a confidence threshold, one of them: {self}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodingParams(Sampling):
+    """One request's resolved pipeline settings."""
+
+    max_new_tokens: int
+    speculation: Speculation | None = None  # None: the main alone
     max_ngram_size: int = 3
     # Whose cached blocks the own engine may give this answer (engines/own/block_pool.py): "" shares with every request
     # that says "" (SPECCHAT_PREFIX_CACHE_SCOPE=server). The web side sets it: serving/web.py, cache_scope.

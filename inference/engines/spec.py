@@ -22,8 +22,8 @@ HEAD_IDS_FILE = "head_vocabulary.npy"  # beside a draft's IR: the ids its head k
 
 
 # Which of a pair's engines a spec builds: a worker keeps one engine per (slug, role). The own engine serves both own
-# routes, its main alone at K=0 (engines/own/engine.py), so the two share one role; the library's draft
-# and its prompt lookup are the pair's one speculative pipeline (an edited pair's replaces the other).
+# routes, its main alone an answer handed no speculation (engines/own/engine.py), so the two share one role; the
+# library's draft and its prompt lookup are the pair's one speculative pipeline (an edited pair's replaces the other).
 ROLES: dict[Route, str] = {
     Route.LIBRARY_SPECULATIVE: "library-speculative",
     Route.PROMPT_LOOKUP: "library-speculative",
@@ -38,8 +38,8 @@ class PairSpec:
     """Everything needed to build one of a pair's engines, the route it serves included: the library's pipeline
     with its draft or its prompt lookup, its main alone (the honest baseline, and the per-request opt-out, on the
     same backend and scheduler settings), or the own engine. The own engine's spec says Route.OWN_SPECULATIVE: that
-    one engine serves the pair's own main alone too (at K=0), so serving/records.py's pair_spec gives both own
-    routes the same spec."""
+    one engine serves the pair's own main alone too (an answer handed no speculation), so serving/records.py's
+    pair_spec gives both own routes the same spec."""
 
     slug: str
     main_dir: str

@@ -79,11 +79,8 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE,
 
 
 def planned_decoding(params: DecodingParams, planned: Plan) -> DecodingParams:
-    """A request's decoding settings with the K or threshold its plan chose (K=0: the own engine's main alone)."""
-    k = 0 if planned.route == Route.OWN_MAIN_ALONE else planned.k
-    return replace(params, num_assistant_tokens=k, assistant_confidence_threshold=planned.threshold,
-                   draft_stop_below=planned.draft_stop_below, step_costs=planned.step_costs, batch_k=planned.batch_k,
-                   lookup_only=planned.lookup_only)
+    """A request's decoding settings with the speculation its plan chose (none: the main alone)."""
+    return replace(params, speculation=planned.speculation)
 
 
 def with_fresh_connections(write: Callable[[], T], *, what: str) -> T:

@@ -154,9 +154,7 @@ def decoding_params(*, pair: ModelPair, options: GenerationOptions, prompt_token
             param="prompt",
         )
     return DecodingParams(
-        max_new_tokens=min(max_new, context - prompt_tokens),
-        num_assistant_tokens=k,  # None: the worker's plan decides (serving/planning)
-        assistant_confidence_threshold=threshold,
+        max_new_tokens=min(max_new, context - prompt_tokens),  # how it speculates, the worker's plan decides
         max_ngram_size=pair.max_ngram_size,
         **options.sampling(),
     )

@@ -10,7 +10,7 @@ import queue
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -131,7 +131,8 @@ def _serve(*, generation: Generation, asked: planning.Asked, planned: planning.P
                         message=f"Pair '{generation.pair.slug}' failed to load on its worker: an admin can see why "
                                 "on the pair's page.")
         return
-    decoding = generation.params["decoding"]
+    # the plan sets how it speculates; a record queued before an upgrade may hold fields since gone
+    decoding = {name: value for name, value in generation.params["decoding"].items() if name in RECORDED_DECODING}
     params = planned_decoding(DecodingParams(**{**decoding, "stop": tuple(decoding["stop"])}), planned)
     request = None
     STATE.submitting[str(generation.id)] = time.perf_counter()
@@ -211,11 +212,14 @@ REPLAN_EVERY_S = 0.2  # how often a running answer asks whether to move to anoth
 OVERRUN_GRACE_S = 10  # an answer past settings.MAX_ANSWER_S whose engine has not stopped it ends anyway
 
 
+RECORDED_DECODING = {each.name for each in fields(DecodingParams)} - {"speculation"}
+
+
 def _fixed_k(engine: Engine, params: DecodingParams) -> int | None:
-    """The K every step of the answer drafts, for its figures (None: the engine does not draft, or a threshold)."""
-    if not (engine.spec.uses_draft or engine.spec.uses_prompt_lookup):
+    """The K every step of the answer drafts, for its figures (None: the main alone, or a threshold)."""
+    if not (engine.spec.uses_draft or engine.spec.uses_prompt_lookup) or params.speculation is None:
         return None
-    return params.num_assistant_tokens if params.assistant_confidence_threshold is None else None
+    return params.speculation.k
 
 
 def _scored(engine: Engine, item: StepTokens) -> list[list]:
@@ -242,7 +246,7 @@ class Answer:
         self.prompt_ids, self.started_at = request.prompt_ids, request.added_at
         self.stats = SpeculationStats(num_assistant_tokens=_fixed_k(engine, params),
                                       speculative=(engine.spec.uses_draft or engine.spec.uses_prompt_lookup)
-                                      and params.num_assistant_tokens != 0,
+                                      and params.speculation is not None,
                                       max_new_tokens=params.max_new_tokens, drafter=engine.spec.drafter)
         self.text = TextAssembler(engine.tokenizer)
         # [draft text, main text] per step; a third element when asked: [[token, logprob(, alternatives)], ..]

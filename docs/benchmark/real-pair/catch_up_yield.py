@@ -20,7 +20,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 django.setup()
 
-from inference.engines.decoding import DecodingParams  # noqa: E402
+from inference.engines.decoding import DecodingParams, Speculation  # noqa: E402
 from inference.engines.interface import Finished, StepTokens  # noqa: E402
 from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.limits import Route  # noqa: E402
@@ -36,7 +36,7 @@ USER_READS_S = 1.0  # between the answer and the follow-up
 def ask(engine: OwnEngine, ids: list[int], scope: str) -> tuple[list[int], float, float, int]:
     """The answer's tokens, its first token's and its end's seconds, and its prompt tokens found cached."""
     started = time.perf_counter()
-    request = engine.submit(prompt_ids=ids, params=DecodingParams(max_new_tokens=TOKENS, num_assistant_tokens=3,
+    request = engine.submit(prompt_ids=ids, params=DecodingParams(max_new_tokens=TOKENS, speculation=Speculation(k=3),
                                                                   cache_scope=scope))
     tokens: list[int] = []
     first = None

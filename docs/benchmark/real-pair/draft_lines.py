@@ -15,6 +15,7 @@ django.setup()
 
 from inference.benchmark.modes import answer  # noqa: E402
 from inference.benchmark.prompts import prompts_from_file  # noqa: E402
+from inference.engines.decoding import Speculation  # noqa: E402
 from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.engines.tokenizer import load_tokenizer  # noqa: E402
 from inference.limits import Route  # noqa: E402
@@ -40,13 +41,13 @@ engines[None] = next(iter(engines.values()))
 figures = {name: {"tokens": 0, "seconds": 0.0, "accepted": 0, "proposed": 0, "undrafted": 0, "steps": 0,
                   "identical": 0} for name, _, _ in lines}
 for name, engine, k in lines:
-    answer(engines[engine], prompts[0], k=k, max_new_tokens=16)  # warm-up
+    answer(engines[engine], prompts[0], speculation=Speculation(k=k) if k else None, max_new_tokens=16)  # warm up
 for round_ in range(ROUNDS):
     for index, prompt in enumerate(prompts):
         answers = {}
         for name, engine, k in (lines if (index + round_) % 2 == 0 else lines[::-1]):
-            tokens, seconds, stats = answer(engines[engine], prompt, k=k, max_new_tokens=TOKENS,
-                                            temperature=TEMPERATURE, seed=index)
+            tokens, seconds, stats = answer(engines[engine], prompt, speculation=Speculation(k=k) if k else None,
+                                            max_new_tokens=TOKENS, temperature=TEMPERATURE, seed=index)
             line = figures[name]
             line["tokens"] += len(tokens)
             line["seconds"] += seconds

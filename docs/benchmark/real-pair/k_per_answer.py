@@ -15,6 +15,7 @@ django.setup()
 
 from inference.benchmark.modes import answer  # noqa: E402
 from inference.benchmark.prompts import prompts_from_file  # noqa: E402
+from inference.engines.decoding import Speculation  # noqa: E402
 from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.engines.tokenizer import load_tokenizer  # noqa: E402
 from inference.limits import Route  # noqa: E402
@@ -41,14 +42,18 @@ lines = [("main alone", 0, (), None), (f"K={K} every step{stopping}", K, (), STO
          (f"K<={K} per answer", K, figures.step_costs, None)]
 stats_of = {name: {"tokens": 0, "seconds": 0.0, "accepted": 0, "proposed": 0, "drafted": 0, "identical": 0}
             for name, *_ in lines}
+def speculation(k: int, costs: tuple[float, ...], stop: float | None) -> Speculation | None:
+    return Speculation(k=k, step_costs=costs, draft_stop_below=stop) if k else None
+
+
 for _, k, costs, stop in lines:
-    answer(engine, prompts[0], k=k, max_new_tokens=16, step_costs=costs, draft_stop_below=stop)  # warm-up
+    answer(engine, prompts[0], speculation=speculation(k, costs, stop), max_new_tokens=16)  # warm-up
 for round_ in range(ROUNDS):
     for index, prompt in enumerate(prompts):
         answers = {}
         for name, k, costs, stop in (lines if (index + round_) % 2 == 0 else lines[::-1]):
-            tokens, seconds, stats = answer(engine, prompt, k=k, max_new_tokens=TOKENS, temperature=TEMPERATURE,
-                                            seed=index, step_costs=costs, draft_stop_below=stop)
+            tokens, seconds, stats = answer(engine, prompt, speculation=speculation(k, costs, stop),
+                                            max_new_tokens=TOKENS, temperature=TEMPERATURE, seed=index)
             line = stats_of[name]
             line["tokens"] += len(tokens)
             line["seconds"] += seconds

@@ -29,7 +29,7 @@ django.setup()
 
 from inference.benchmark.modes import LOOPING  # noqa: E402
 from inference.benchmark.prompts import repeated_ngram_share  # noqa: E402
-from inference.engines.decoding import DecodingParams  # noqa: E402
+from inference.engines.decoding import DecodingParams, Speculation  # noqa: E402
 from inference.engines.interface import Finished, StepTokens  # noqa: E402
 from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.engines.own.proposers import prompt_lookup  # noqa: E402
@@ -54,7 +54,8 @@ def run(engine: OwnEngine, prompt: str, *, k: int, lookup_only: bool) -> tuple[l
     engine.draft_caught_up(timeout=900)  # a draft left out of the last answer reads it first: not in this line's time
     started = time.perf_counter()
     request = engine.submit(prompt=prompt, add_special_tokens=False, params=DecodingParams(
-        max_new_tokens=TOKENS, num_assistant_tokens=k, lookup_only=lookup_only, cache_scope="lines"))
+        max_new_tokens=TOKENS, speculation=Speculation(k=k, lookup_only=lookup_only) if k else None,
+        cache_scope="lines"))
     tokens: list[int] = []
     first = None
     drafters: dict[str, list[int]] = {}

@@ -31,11 +31,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 django.setup()
 
 import numpy as np  # noqa: E402
-
 import openvino as ov  # noqa: E402
 
 from inference.calibration.measure import chat_prompts  # noqa: E402
-from inference.engines.decoding import DecodingParams  # noqa: E402
+from inference.engines.decoding import DecodingParams, Speculation  # noqa: E402
 from inference.engines.interface import Engine, Finished, StepTokens  # noqa: E402
 from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.limits import Route  # noqa: E402
@@ -81,9 +80,9 @@ def step_costs(engine: OwnEngine, prompt: list[int]) -> tuple[str, float]:
 
 def answer(engine: Engine, prompt_ids: list[int], *, k: int | None, scope: str = "", tokens: int = NEW_TOKENS
            ) -> tuple[list[int], float, float]:
-    """Tokens, seconds to the first token, seconds in all."""
+    """Tokens, seconds to the first token, seconds in all (k 0 or None: the main alone)."""
     params = DecodingParams(max_new_tokens=tokens, ignore_eos=True, cache_scope=scope,
-                            **({"num_assistant_tokens": k} if k is not None else {}))
+                            speculation=Speculation(k=k) if k else None)
     request = engine.submit(prompt_ids=prompt_ids, params=params)
     out, first = [], None
     while not isinstance(event := request.events.get(timeout=600), Finished):

@@ -31,11 +31,14 @@ def generation_config(params: DecodingParams, spec: PairSpec) -> og.GenerationCo
         if params.seed is not None:
             cfg.rng_seed = params.seed
     if spec.uses_draft or spec.uses_prompt_lookup:
-        # A speculative pipeline fails inside step() when neither is set.
-        if params.assistant_confidence_threshold is not None and spec.uses_draft:
-            cfg.assistant_confidence_threshold = params.assistant_confidence_threshold
+        # A speculative pipeline fails inside step() when neither is set: the plan always sets one.
+        speculation = params.speculation
+        if speculation is None or (speculation.k is None and not spec.uses_draft):
+            raise ValueError(f"{spec.slug} speculates: its requests name a K (a confidence threshold with a draft)")
+        if speculation.threshold is not None:
+            cfg.assistant_confidence_threshold = speculation.threshold
         else:
-            cfg.num_assistant_tokens = params.num_assistant_tokens or 5
+            cfg.num_assistant_tokens = speculation.k
         if spec.uses_prompt_lookup:
             cfg.max_ngram_size = params.max_ngram_size
     return cfg

@@ -140,8 +140,8 @@ class LibraryEngine:
         if not self._active:
             self._progress_at = time.monotonic()  # idle time is not a stall
         self._active[request_id] = request
-        self._k[request_id] = (params.num_assistant_tokens if params.assistant_confidence_threshold is None else None) \
-            if self.spec.uses_draft else 0
+        speculation = params.speculation if self.spec.uses_draft else None
+        self._k[request_id] = speculation.k if speculation else 0
         try:
             self._send(("add", request_id, prompt_ids, params))
         except (OSError, EOFError) as exc:

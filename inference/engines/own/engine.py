@@ -31,7 +31,7 @@ import llguidance as llg
 import numpy as np
 import openvino as ov
 
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.grammar.constraint import TokenConstraint, load_vocabulary, masked
 from inference.engines.interface import ActiveRequest, Finished, JoinedBatch, PromptRead, StepTokens
 from inference.engines.own.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
@@ -47,7 +47,7 @@ from inference.engines.own.proposers.prompt_lookup import PromptLookup
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.spec import PairSpec
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
-from inference.limits import DEFAULT_K, Drafter, FinishReason
+from inference.limits import Drafter, FinishReason
 from inference.serving.host import this_host
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str
     main's files where they are writable, so that every worker of the pair on the host computes alike."""
     weights = Path(main_dir) / "openvino_model.bin"
     key = hashlib.sha256(json.dumps([this_host().signature, properties, weights.stat().st_size,
-                                     weights.stat().st_mtime_ns, "arranged"]).encode()).hexdigest()
+                                     weights.stat().st_mtime_ns, "arranged, checked alike"]).encode()).hexdigest()
     kept = Path(main_dir) / STEADY_ROWS_FILE
     try:
         known = json.loads(kept.read_text())
@@ -177,9 +177,9 @@ class OwnEngine:
         """Two short answers, speculating and batched, on load: the first inferences of a shape compile kernels and
         repack weights, seconds the first user's answer would otherwise wait."""
         ids = prompt_token_ids(self.tokenizer, prompt="def main():", add_special_tokens=False, prompt_ids=None)
-        for k in (2, 0):
+        for speculation in (Speculation(k=2), None):
             Decoding(self, ActiveRequest(-1, ids, time.perf_counter()), ids,
-                     DecodingParams(max_new_tokens=4, num_assistant_tokens=k)).run()
+                     DecodingParams(max_new_tokens=4, speculation=speculation)).run()
 
     def draft_caught_up(self, *, timeout: float = CATCH_UP_WAIT_S) -> None:
         """Once the draft has read the last conversation it was left out of (at most `timeout` seconds)."""
@@ -260,7 +260,10 @@ class Decoding:
     def __init__(self, engine: OwnEngine, request: ActiveRequest, prompt_ids: list[int], params: DecodingParams):
         self.engine, self.request, self.params = engine, request, params
         self.rng = np.random.default_rng(params.seed)
-        self.k = DEFAULT_K if params.num_assistant_tokens is None else params.num_assistant_tokens  # 0: the main alone
+        self.speculation = params.speculation
+        if self.speculation is not None and self.speculation.k is None:
+            raise ValueError("the own engine speculates at a K (a confidence threshold is the library's)")
+        self.k: int = (self.speculation.k or 0) if self.speculation else 0  # the most tokens proposed a step
         self.scope = params.cache_scope
         self.main: PagedSequence = engine.main.sequence(scope=self.scope, exact=True)
         self.prompt_ids = prompt_ids
@@ -269,17 +272,17 @@ class Decoding:
                         if params.repetition_penalty != 1.0 else None)
         grammar = params.grammar
         self.constraint = TokenConstraint(engine.grammar_vocabulary(), grammar) if grammar else None
-        self.drafting = self._drafting() if self.k else None
+        self.drafting = self._drafting(self.speculation) if self.speculation else None
         self.main.drafting = bool(self.drafting and self.drafting.draft)  # its steps come between the draft's
         self.behind: DraftModel | None = None  # a draft left out of this answer, to read the conversation after it
         self.joined = False  # it went on at its K for the batch
 
-    def _drafting(self) -> Drafting:
+    def _drafting(self, speculation: Speculation) -> Drafting:
         """The answer's proposers: the lookup where the pair chains it, and the draft unless the lookup goes alone."""
         lookup = self._lookup()
-        draft = None if self.params.lookup_only and lookup else self.engine.draft.sequence(scope=self.scope)
-        return Drafting(draft, lookup=lookup, params=self.params, rng=self.rng, constraint=self.constraint,
-                        penalty=self.penalty, judged=self.engine.spec.drafters_judged)
+        draft = None if speculation.lookup_only and lookup else self.engine.draft.sequence(scope=self.scope)
+        return Drafting(draft, lookup=lookup, params=self.params, speculation=speculation, rng=self.rng,
+                        constraint=self.constraint, penalty=self.penalty, judged=self.engine.spec.drafters_judged)
 
     def _lookup(self) -> PromptLookup | None:
         """The prompt lookup, tried before the draft where the pair chains it."""
@@ -345,17 +348,17 @@ class Decoding:
 
     def _join_batch_if_busy(self) -> None:
         """Beyond the pair's speculating streams, an answer speculating goes on at its K for the batch
-        (`DecodingParams.batch_k`, 0: the main alone): its steps share every inference with the other answers' anyway
+        (`Speculation.batch_k`; None: the main alone): its steps share every inference with the other answers' anyway
         (engines/own/scheduler.py), and there a verify of many tokens costs more than the draft saves
         (docs/speculation.md#speculating-in-the-batch). It stays there, and says so (JoinedBatch: on the record)."""
         limit = self.engine.spec.speculating_streams
-        if not (self.drafting and limit and self.engine.active_count > limit) or self.joined:
+        if not (self.drafting and self.speculation and limit and self.engine.active_count > limit) or self.joined:
             return
         self.joined = True
-        k_before = self.k
-        self.k = min(self.k, self.params.batch_k)
+        k_before, batch_k = self.k, self.speculation.batch_k
+        self.k = min(self.k, batch_k) if batch_k else 0
         self.request.events.put(JoinedBatch(token=len(self.emitted), k=self.k, k_before=k_before))
-        if not self.k:
+        if not batch_k:
             self.drafting.stop()
             self.drafting = None
             self.main.drafting = False

@@ -34,7 +34,7 @@ class Command(BaseCommand):
         parser.add_argument("--streams", type=int, default=1, help="answers each line runs at once")
         parser.add_argument("--batch-ks", type=int_list, default=(),
                             help="with --streams beyond the pair's own engine streams: lines where the answers beyond "
-                                 "them speculate in the batch at each of these Ks (DecodingParams.batch_k)")
+                                 "them speculate in the batch at each of these Ks (Speculation.batch_k)")
         parser.add_argument("--draft-only", action="store_true",
                             help="each own K also with the prompt lookup off (the draft alone proposes)")
         parser.add_argument("--temperature", type=float, default=0.0,

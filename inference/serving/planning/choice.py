@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from inference.limits import DEFAULT_K
 from inference.models import ModelPair
@@ -95,6 +96,22 @@ def asked_off(s: Situation) -> Choice | None:
 
 def no_draft(s: Situation) -> Choice | None:
     return _alone(Reason.NO_DRAFT) if not s.pair.is_speculative else None
+
+
+def in_own_batch(s: Situation) -> Choice | None:
+    """Beyond the answers the pair speculates for, its own engine's one batch, where a verify of many tokens costs
+    more than the draft saves: speculating at the K the host measured faster there than any main alone under load,
+    else the main alone there (docs/speculation.md#speculating-in-the-batch). What the request named, its
+    alternatives and the library's inexact sampling choose as anywhere."""
+    asked = s.asked
+    named = asked.k is not None or (asked.threshold is not None and not s.exact)
+    inexact = asked.sampled and not s.exact
+    if not s.beyond_own_streams or not s.pair.draft_dir or named or asked.alternatives or inexact:
+        return None
+    beyond = Why(Reason.BEYOND_OWN_STREAMS, {"load": s.streams})
+    if s.calibrated and s.host is not None and (k := s.host.batch_k):
+        return Choice(k=k, batch_k=k, why=(beyond, Why(Reason.OWN_BATCH_SPECULATING, {"k": k})))
+    return Choice(alone=True, why=(beyond,))
 
 
 def under_grammar(s: Situation) -> Choice | None:
@@ -202,26 +219,40 @@ def pair_default(s: Situation) -> Choice:
 
 
 CHOICES: tuple[Callable[[Situation], Choice | None], ...] = (
-    asked_off, no_draft, under_grammar, prompt_lookup, named, measured_lately, exploring, calibrated_long_context,
-    calibrated, profiled, pair_default,
+    asked_off, no_draft, in_own_batch, under_grammar, prompt_lookup, named, measured_lately, exploring,
+    calibrated_long_context, calibrated, profiled, pair_default,
 )
 
 
 def choose(s: Situation) -> Choice:
-    """The first of CHOICES that answers, then the batch running here (`_joining`)."""
+    """The first of CHOICES that answers, then the batch running here (`_joining`), and its K once more answers come
+    (`_in_batch`)."""
     for rule in CHOICES:
         choice = rule(s)
         if choice is not None:
-            return _joining(s, choice)
+            return _in_batch(s, _joining(s, choice))
     raise AssertionError("pair_default always answers")
+
+
+def _in_batch(s: Situation, choice: Choice) -> Choice:
+    """A speculating answer's K should it run in the own engine's batch: the K the request named holds there too,
+    else the host's K for the batch, where its calibration measured one; none: the main alone there."""
+    if choice.alone or choice.batch_k is not None:
+        return choice
+    if s.asked.k is not None:
+        return replace(choice, batch_k=s.asked.k)
+    if s.calibrated and s.host is not None and s.host.batch_k:
+        return replace(choice, batch_k=s.host.batch_k)
+    return choice
 
 
 def _joining(s: Situation, choice: Choice) -> Choice:
     """A pair's speculative pipeline and its main alone are two step processes on the same cores: run together they
     contend, slower than either alone (docs/benchmark-log.md, "Under load"). So a greedy request left to the pair
     joins whichever of the two is running, when only one is: the main alone's batch, or the speculative one at the
-    profile's highest-load K. A choice from this worker's own recent figures stands."""
-    if not s.asked.left_to_the_pair or choice.measured_here or not s.pair.draft_dir:
+    profile's highest-load K. A choice from this worker's own recent figures stands, and so does the own engine's
+    batch (one step process)."""
+    if not s.asked.left_to_the_pair or choice.measured_here or not s.pair.draft_dir or s.beyond_own_streams:
         return choice
     speculative, alone = s.load.running_speculative, s.load.running_alone
     if choice.alone and speculative and not alone and (k := highest_load_k(s.pair)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inference.engines.decoding import Speculation
 from inference.limits import Route, SpeculativeMode
 from inference.serving.reasons import Reason, Why, sentence
 
@@ -19,6 +20,7 @@ class Choice:
     threshold: float | None = None
     draft_stop_below: float | None = None  # the own engine's draft holds back a token it is this unsure of
     lookup_only: bool = False  # the own engine's proposals come from the conversation alone, no draft inference
+    batch_k: int | None = None  # its K once it runs in the own engine's batch (None: the main alone there)
     why: tuple[Why, ...] = ()
     measured_here: bool = False  # this worker's recent figures show this path clearly faster at the load
 
@@ -33,7 +35,7 @@ class Plan:
     threshold: float | None = None
     draft_stop_below: float | None = None
     step_costs: tuple[float, ...] = ()  # the own engine's draft proposes up to K, what the answer's acceptance pays for
-    batch_k: int = 0  # the K it speculates at once it runs in the own engine's batch (0: the main alone there)
+    batch_k: int | None = None  # the K it speculates at once it runs in the own engine's batch (None: the main alone)
     lookup_only: bool = False  # the own engine's proposals come from the conversation alone, no draft inference
     why: tuple[Why, ...] = ()
     measured_here: bool = False
@@ -49,6 +51,14 @@ class Plan:
         if not self.sampled:
             return SpeculativeMode.DRAFT
         return SpeculativeMode.EXACT_SAMPLING if self.route.is_own_engine() else SpeculativeMode.INEXACT_SAMPLING
+
+    @property
+    def speculation(self) -> Speculation | None:
+        """The one value an engine is handed: how the answer speculates, none for a main alone."""
+        if self.route.is_main_alone():
+            return None
+        return Speculation(k=self.k, threshold=self.threshold, draft_stop_below=self.draft_stop_below,
+                           step_costs=self.step_costs, batch_k=self.batch_k, lookup_only=self.lookup_only)
 
     @property
     def reasons(self) -> tuple[Reason, ...]:

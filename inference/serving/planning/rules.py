@@ -26,14 +26,12 @@ def _fast_mode(s: Situation) -> tuple[Why, ...]:
 def _served(s: Situation, route: Route, *, why: tuple[Why, ...], k: int | None = None,
             threshold: float | None = None, draft_stop_below: float | None = None, batch_k: int | None = None,
             lookup_only: bool = False, measured_here: bool = False) -> Plan:
-    """The plan of a route, with its K in the own engine's batch (the K named, else the host's for the batch), and
-    what the host's calibration adds to it: a K per answer (a lone answer at a K it did not name, where the host's
-    step costs were timed), the configuration a main alone is fastest in; or that the host is not calibrated yet."""
+    """The plan of a route, and what the host's calibration adds to it: a K per answer (a lone answer at a K it did not
+    name, where the host's step costs were timed), the configuration a main alone is fastest in; or that the host is
+    not calibrated yet."""
     host = s.host
     step_costs: tuple[float, ...] = ()
     adds: tuple[Why, ...] = ()
-    if route == Route.OWN_SPECULATIVE and batch_k is None:  # a K named holds in the batch too
-        batch_k = s.asked.k if s.asked.k is not None else host.batch_k if host is not None and s.calibrated else 0
     if host is not None and not host.calibrated:
         adds = (Why(Reason.NOT_CALIBRATED),)
     elif host is not None and route == Route.OWN_SPECULATIVE:
@@ -43,8 +41,8 @@ def _served(s: Situation, route: Route, *, why: tuple[Why, ...], k: int | None =
         config = host.own_config if route.is_own_engine() else host.main_alone_config
         adds = (Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[config].label}),)
     return Plan(route=route, sampled=s.asked.sampled, k=k, threshold=threshold, draft_stop_below=draft_stop_below,
-                step_costs=step_costs, batch_k=batch_k or 0, lookup_only=lookup_only, why=(*why, *adds),
-                measured_here=measured_here)
+                step_costs=step_costs, batch_k=batch_k if route == Route.OWN_SPECULATIVE else None,
+                lookup_only=lookup_only, why=(*why, *adds), measured_here=measured_here)
 
 
 def top_logprobs(s: Situation, choice: Choice) -> Plan | None:
@@ -53,7 +51,7 @@ def top_logprobs(s: Situation, choice: Choice) -> Plan | None:
         return None
     if choice.alone:
         return _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.ALTERNATIVES)))
-    return _served(s, Route.OWN_SPECULATIVE, k=choice.k or pair_k(s.pair),
+    return _served(s, Route.OWN_SPECULATIVE, k=choice.k or pair_k(s.pair), batch_k=choice.batch_k,
                    why=(*choice.why, *_fast_mode(s), Why(Reason.ALTERNATIVES)))
 
 
@@ -81,21 +79,18 @@ def inexact_sampling(s: Situation, choice: Choice) -> Plan | None:
 
 
 def own_batch(s: Situation, choice: Choice) -> Plan | None:
-    """Beyond the answers the pair speculates for, its own engine's batch, one copy of the weights: speculating at
-    the K the request named, or where the host measured a K there faster than any main alone under load; else the
-    main alone there, the same computation as speculation's (engines/own/kv_cache.py), so the same answer."""
+    """Beyond the answers the pair speculates for, its own engine's batch, one copy of the weights, as the choice
+    says (choice.py's `in_own_batch`, or the K the request named); its main alone there is the same computation as
+    speculation's (engines/own/kv_cache.py), so the same answer."""
     if not s.beyond_own_streams:
         return None
-    asked, beyond = s.asked, Why(Reason.BEYOND_OWN_STREAMS, {"load": s.streams})
-    why = choice.why if not asked.speculative else (*choice.why, beyond) if asked.k is not None else (beyond,)
-    if asked.speculative and asked.k is not None:
-        return _served(s, Route.OWN_SPECULATIVE, k=asked.k, batch_k=asked.k,
-                       why=(*why, Why(Reason.OWN_BATCH_K_ASKED, {"k": asked.k})))
-    if asked.speculative and s.calibrated and s.host is not None and s.host.batch_k:
-        k = s.host.batch_k
-        return _served(s, Route.OWN_SPECULATIVE, k=k, batch_k=k,
-                       why=(*why, Why(Reason.OWN_BATCH_SPECULATING, {"k": k})))
-    return _served(s, Route.OWN_MAIN_ALONE, why=(*why, Why(Reason.OWN_BATCH)))
+    if choice.alone:
+        return _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.OWN_BATCH)))
+    why = choice.why
+    if s.asked.k is not None:
+        why = (*why, Why(Reason.BEYOND_OWN_STREAMS, {"load": s.streams}),
+               Why(Reason.OWN_BATCH_K_ASKED, {"k": s.asked.k}))
+    return _served(s, Route.OWN_SPECULATIVE, k=choice.k, batch_k=choice.batch_k, why=why)
 
 
 def own_engine(s: Situation, choice: Choice) -> Plan | None:
@@ -105,7 +100,7 @@ def own_engine(s: Situation, choice: Choice) -> Plan | None:
         return None
     if not choice.alone:
         return _served(s, Route.OWN_SPECULATIVE, k=choice.k, draft_stop_below=choice.draft_stop_below,
-                       lookup_only=choice.lookup_only, measured_here=choice.measured_here,
+                       batch_k=choice.batch_k, lookup_only=choice.lookup_only, measured_here=choice.measured_here,
                        why=(*choice.why, *_fast_mode(s), Why(Reason.OWN_ENGINE)))
     return _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.OWN_ENGINE)),
                    measured_here=choice.measured_here)
@@ -116,7 +111,7 @@ def exact_sampling(s: Situation, choice: Choice) -> Plan | None:
     with a draft is not)."""
     if not s.exact or choice.alone:
         return None
-    return _served(s, Route.OWN_SPECULATIVE, k=choice.k, why=choice.why)
+    return _served(s, Route.OWN_SPECULATIVE, k=choice.k, batch_k=choice.batch_k, why=choice.why)
 
 
 def library_speculation(s: Situation, choice: Choice) -> Plan | None:

@@ -47,177 +47,177 @@ R = Reason
 #   is its K in the batch too (changed 2026-11-28: it fell to the host's batch K, 0 where none, once more answers came)
 TABLE = [
     # greedy, K left to the pair: the profile at the worker's load, else the pair's default
-    (PROFILED, Asked(), Load(streams=1), None, None, LIB, 4, 0, (R.PROFILE_BEST_K,)),
-    (PROFILED, Asked(), Load(streams=3), None, None, LIB, 4, 0, (R.PROFILE_BEST_K,)),
-    (PROFILED, Asked(), Load(streams=4), None, None, LIB, 2, 0, (R.PROFILE_BEST_K,)),
-    (PROFILED, Asked(), Load(streams=15), None, None, LIB, 2, 0, (R.PROFILE_BEST_K,)),
-    (PROFILED, Asked(), Load(streams=16), None, None, ALONE, None, 0, (R.PROFILE_MAIN_ALONE_FASTER,)),
-    (PROFILED, Asked(), Load(streams=40), None, None, ALONE, None, 0, (R.PROFILE_MAIN_ALONE_FASTER,)),
-    ({}, Asked(), Load(streams=8), None, None, LIB, 5, 0, (R.PAIR_DEFAULT_K,)),
+    (PROFILED, Asked(), Load(streams=1), None, None, LIB, 4, None, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=3), None, None, LIB, 4, None, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=4), None, None, LIB, 2, None, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=15), None, None, LIB, 2, None, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=16), None, None, ALONE, None, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
+    (PROFILED, Asked(), Load(streams=40), None, None, ALONE, None, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
+    ({}, Asked(), Load(streams=8), None, None, LIB, 5, None, (R.PAIR_DEFAULT_K,)),
     ({"speculation_profile": {"greedy": {"1": -1}}}, Asked(), Load(streams=1), None, None,
-     LIB, 5, 0, (R.PAIR_DEFAULT_K_INVALID_PROFILE,)),
+     LIB, 5, None, (R.PAIR_DEFAULT_K_INVALID_PROFILE,)),
     ({"num_assistant_tokens": None, "assistant_confidence_threshold": 0.4}, Asked(), Load(streams=1), None, None,
-     LIB, None, 0, (R.PAIR_DEFAULT_THRESHOLD,)),
+     LIB, None, None, (R.PAIR_DEFAULT_THRESHOLD,)),
     # what a request names, it gets, whatever the load
-    (PROFILED, Asked(k=7), Load(streams=16), None, None, LIB, 7, 0, (R.K_ASKED,)),
-    (PROFILED, Asked(threshold=0.3), Load(streams=1), None, None, LIB, None, 0, (R.THRESHOLD_ASKED,)),
-    (PROFILED, Asked(speculative=False), Load(streams=1), None, None, ALONE, None, 0, (R.ASKED_OFF,)),
-    ({"draft_dir": ""}, Asked(), Load(streams=1), None, None, ALONE, None, 0, (R.NO_DRAFT,)),
-    (LOOKUP, Asked(sampled=True), Load(streams=1), None, None, LOOKS, 5, 0, (R.PROMPT_LOOKUP,)),
-    (LOOKUP, Asked(k=2), Load(streams=1), None, None, LOOKS, 2, 0, (R.K_ASKED,)),
+    (PROFILED, Asked(k=7), Load(streams=16), None, None, LIB, 7, None, (R.K_ASKED,)),
+    (PROFILED, Asked(threshold=0.3), Load(streams=1), None, None, LIB, None, None, (R.THRESHOLD_ASKED,)),
+    (PROFILED, Asked(speculative=False), Load(streams=1), None, None, ALONE, None, None, (R.ASKED_OFF,)),
+    ({"draft_dir": ""}, Asked(), Load(streams=1), None, None, ALONE, None, None, (R.NO_DRAFT,)),
+    (LOOKUP, Asked(sampled=True), Load(streams=1), None, None, LOOKS, 5, None, (R.PROMPT_LOOKUP,)),
+    (LOOKUP, Asked(k=2), Load(streams=1), None, None, LOOKS, 2, None, (R.K_ASKED,)),
     # sampling runs on the own engine with the sampled profile, never the library's inexact sampling unless allowed
-    (PROFILED, Asked(sampled=True), Load(streams=1), None, None, OWN_K, 3, 0, (R.PROFILE_BEST_K,)),
-    (PROFILED, Asked(sampled=True), Load(streams=7), None, None, OWN_K, 3, 0, (R.PROFILE_BEST_K,)),
-    (PROFILED, Asked(sampled=True), Load(streams=8), None, None, ALONE, None, 0, (R.PROFILE_MAIN_ALONE_FASTER,)),
+    (PROFILED, Asked(sampled=True), Load(streams=1), None, None, OWN_K, 3, None, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(sampled=True), Load(streams=7), None, None, OWN_K, 3, None, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(sampled=True), Load(streams=8), None, None, ALONE, None, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
     ({}, Asked(sampled=True, k=2), Load(streams=1), None, None, OWN_K, 2, 2, (R.K_ASKED,)),
-    ({}, Asked(sampled=True, threshold=0.3), Load(streams=1), None, None, OWN_K, 5, 0, (R.EXACT_THRESHOLD,)),
+    ({}, Asked(sampled=True, threshold=0.3), Load(streams=1), None, None, OWN_K, 5, None, (R.EXACT_THRESHOLD,)),
     ({"allow_inexact_sampling": True}, Asked(sampled=True), Load(streams=1), None, None,
-     LIB, 5, 0, (R.INEXACT_ALLOWED, R.PAIR_DEFAULT_K)),
+     LIB, 5, None, (R.INEXACT_ALLOWED, R.PAIR_DEFAULT_K)),
     # under a grammar the library speculates only when K is named; sampled answers stay on the own engine
-    (PROFILED, Asked(constrained=True), Load(streams=1), None, None, ALONE, None, 0, (R.CONSTRAINED,)),
-    ({}, Asked(constrained=True, k=3), Load(streams=1), None, None, LIB, 3, 0, (R.K_ASKED,)),
+    (PROFILED, Asked(constrained=True), Load(streams=1), None, None, ALONE, None, None, (R.CONSTRAINED,)),
+    ({}, Asked(constrained=True, k=3), Load(streams=1), None, None, LIB, 3, None, (R.K_ASKED,)),
     ({}, Asked(sampled=True, constrained=True, k=3), Load(streams=1), None, None, OWN_K, 3, 3, (R.K_ASKED,)),
-    (PROFILED, Asked(sampled=True, constrained=True), Load(streams=1), None, None, OWN_K, 3, 0, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(sampled=True, constrained=True), Load(streams=1), None, None, OWN_K, 3, None, (R.PROFILE_BEST_K,)),
     ({"allow_inexact_sampling": True}, Asked(sampled=True, constrained=True), Load(streams=1), None, None,
-     LIB, 5, 0, (R.INEXACT_ALLOWED, R.PAIR_DEFAULT_K)),
+     LIB, 5, None, (R.INEXACT_ALLOWED, R.PAIR_DEFAULT_K)),
     # this worker's recent figures at the load outrank the profile (which says K=2 at 8 streams)
-    (PROFILED, Asked(), Load(streams=8), None, live({0: 80.0, 5: 70.0}), ALONE, None, 0, (R.LIVE_MAIN_ALONE_FASTER,)),
-    (PROFILED, Asked(), Load(streams=8), None, live({0: 80.0, 5: 82.0}), ALONE, None, 0, (R.LIVE_NEITHER_FASTER,)),
-    (PROFILED, Asked(), Load(streams=8), None, live({0: 80.0, 5: 90.0, 3: 100.0}), LIB, 3, 0, (R.LIVE_K_FASTEST,)),
+    (PROFILED, Asked(), Load(streams=8), None, live({0: 80.0, 5: 70.0}), ALONE, None, None, (R.LIVE_MAIN_ALONE_FASTER,)),
+    (PROFILED, Asked(), Load(streams=8), None, live({0: 80.0, 5: 82.0}), ALONE, None, None, (R.LIVE_NEITHER_FASTER,)),
+    (PROFILED, Asked(), Load(streams=8), None, live({0: 80.0, 5: 90.0, 3: 100.0}), LIB, 3, None, (R.LIVE_K_FASTEST,)),
     (PROFILED, Asked(), Load(streams=8), None, live({5: 90.0}),
-     LIB, 2, 0, (R.PROFILE_BEST_K,)),  # one path: the profile
-    (PROFILED, Asked(), Load(streams=8), None, live({0: 80.0}), LIB, 2, 0, (R.PROFILE_BEST_K,)),
-    (PROFILED, Asked(k=5), Load(streams=8), None, live({0: 80.0, 5: 70.0}), LIB, 5, 0, (R.K_ASKED,)),
+     LIB, 2, None, (R.PROFILE_BEST_K,)),  # one path: the profile
+    (PROFILED, Asked(), Load(streams=8), None, live({0: 80.0}), LIB, 2, None, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(k=5), Load(streams=8), None, live({0: 80.0, 5: 70.0}), LIB, 5, None, (R.K_ASKED,)),
     (PROFILED, Asked(sampled=True), Load(streams=8), None, live({0: 80.0, 5: 90.0}),
-     ALONE, None, 0, (R.PROFILE_MAIN_ALONE_FASTER,)),  # the library's greedy figures say nothing of the own engine
+     ALONE, None, None, (R.PROFILE_MAIN_ALONE_FASTER,)),  # the library's greedy figures say nothing of the own engine
     # a worker that measured one path at a load tries the other
     (PROFILED, Asked(), Load(streams=8), None, live({2: 240.0}, exploring=True),
-     ALONE, None, 0, (R.EXPLORING_MAIN_ALONE,)),
-    (PROFILED, Asked(), Load(streams=16), None, live({0: 80.0}, exploring=True), LIB, 2, 0, (R.EXPLORING_SPECULATION,)),
+     ALONE, None, None, (R.EXPLORING_MAIN_ALONE,)),
+    (PROFILED, Asked(), Load(streams=16), None, live({0: 80.0}, exploring=True), LIB, 2, None, (R.EXPLORING_SPECULATION,)),
     (PROFILED, Asked(sampled=True), Load(streams=8), None, live({0: 80.0}, exploring=True),
-     ALONE, None, 0, (R.PROFILE_MAIN_ALONE_FASTER,)),
+     ALONE, None, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
     # a greedy request joins the batch that runs (the speculative one at the profile's highest-load K)
     (PROFILED, Asked(), Load(streams=16, running_speculative=3), None, None,
-     LIB, 2, 0, (R.PROFILE_MAIN_ALONE_FASTER, R.JOINS_SPECULATIVE_BATCH)),
+     LIB, 2, None, (R.PROFILE_MAIN_ALONE_FASTER, R.JOINS_SPECULATIVE_BATCH)),
     (PROFILED, Asked(), Load(streams=2, running_alone=3), None, None,
-     ALONE, None, 0, (R.PROFILE_BEST_K, R.JOINS_MAIN_ALONE_BATCH)),
-    (PROFILED, Asked(), Load(streams=16, running_alone=3), None, None, ALONE, None, 0, (R.PROFILE_MAIN_ALONE_FASTER,)),
-    (PROFILED, Asked(), Load(streams=2, running_speculative=3), None, None, LIB, 4, 0, (R.PROFILE_BEST_K,)),
+     ALONE, None, None, (R.PROFILE_BEST_K, R.JOINS_MAIN_ALONE_BATCH)),
+    (PROFILED, Asked(), Load(streams=16, running_alone=3), None, None, ALONE, None, None, (R.PROFILE_MAIN_ALONE_FASTER,)),
+    (PROFILED, Asked(), Load(streams=2, running_speculative=3), None, None, LIB, 4, None, (R.PROFILE_BEST_K,)),
     (PROFILED, Asked(), Load(streams=16, running_speculative=3, running_alone=3), None, None,
-     ALONE, None, 0, (R.PROFILE_MAIN_ALONE_FASTER,)),  # both run: the profile decides
+     ALONE, None, None, (R.PROFILE_MAIN_ALONE_FASTER,)),  # both run: the profile decides
     (PROFILED, Asked(speculative=False), Load(streams=1, running_speculative=3), None, None,
-     ALONE, None, 0, (R.ASKED_OFF,)),
-    (PROFILED, Asked(k=6), Load(streams=1, running_alone=3), None, None, LIB, 6, 0, (R.K_ASKED,)),
+     ALONE, None, None, (R.ASKED_OFF,)),
+    (PROFILED, Asked(k=6), Load(streams=1, running_alone=3), None, None, LIB, 6, None, (R.K_ASKED,)),
     (PROFILED, Asked(), Load(streams=8, running_speculative=5), None, live({0: 80.0, 5: 70.0}),
-     ALONE, None, 0, (R.LIVE_MAIN_ALONE_FASTER,)),  # a clear loser is not joined
+     ALONE, None, None, (R.LIVE_MAIN_ALONE_FASTER,)),  # a clear loser is not joined
     (PROFILED, Asked(), Load(streams=8, running_speculative=5), None, live({0: 80.0, 5: 82.0}),
-     LIB, 2, 0, (R.LIVE_NEITHER_FASTER, R.JOINS_SPECULATIVE_BATCH)),
+     LIB, 2, None, (R.LIVE_NEITHER_FASTER, R.JOINS_SPECULATIVE_BATCH)),
     # a pair with its own engine: up to own_engine_streams answers speculate there, beyond, its main alone batched
-    (OWN, Asked(), Load(streams=1), None, None, OWN_K, 4, 0, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
-    (OWN, Asked(), Load(streams=2), None, None, OWN_K, 4, 0, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
-    (OWN, Asked(), Load(streams=3), None, None, OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
-    (OWN, Asked(sampled=True), Load(streams=3), None, None, OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
+    (OWN, Asked(), Load(streams=1), None, None, OWN_K, 4, None, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=2), None, None, OWN_K, 4, None, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=3), None, None, OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
+    (OWN, Asked(sampled=True), Load(streams=3), None, None, OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
     (OWN, Asked(constrained=True), Load(streams=3), None, None,
-     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
-    (OWN, Asked(speculative=False), Load(streams=3), None, None, OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_BATCH)),
-    (OWN, Asked(speculative=False), Load(streams=1), None, None, OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE)),
+     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
+    (OWN, Asked(speculative=False), Load(streams=3), None, None, OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_BATCH)),
+    (OWN, Asked(speculative=False), Load(streams=1), None, None, OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_ENGINE)),
     # a K it named, honoured in the batch (changed 2026-11-28: the old planner set it aside and ran the main alone)
     (OWN, Asked(k=4), Load(streams=3), None, None, OWN_K, 4, 4, (R.K_ASKED, R.BEYOND_OWN_STREAMS, R.OWN_BATCH_K_ASKED)),
-    (OWN, Asked(constrained=True), Load(streams=1), None, None, OWN_K, 3, 0, (R.OWN_CONSTRAINED, R.OWN_ENGINE)),
-    (OWN, Asked(threshold=0.3), Load(streams=1), None, None, LIB, None, 0, (R.THRESHOLD_ASKED,)),  # only the library's
-    ({"own_engine_streams": 0}, Asked(), Load(streams=1), None, None, LIB, 5, 0, (R.PAIR_DEFAULT_K,)),
+    (OWN, Asked(constrained=True), Load(streams=1), None, None, OWN_K, 3, None, (R.OWN_CONSTRAINED, R.OWN_ENGINE)),
+    (OWN, Asked(threshold=0.3), Load(streams=1), None, None, LIB, None, None, (R.THRESHOLD_ASKED,)),  # only the library's
+    ({"own_engine_streams": 0}, Asked(), Load(streams=1), None, None, LIB, 5, None, (R.PAIR_DEFAULT_K,)),
     # alternatives (top_logprobs) only the own engine computes, at any load
     ({"allow_inexact_sampling": True}, Asked(sampled=True, alternatives=True), Load(streams=1), None, None,
-     OWN_K, 5, 0, (R.PAIR_DEFAULT_K, R.ALTERNATIVES)),
+     OWN_K, 5, None, (R.PAIR_DEFAULT_K, R.ALTERNATIVES)),
     (PROFILED, Asked(alternatives=True), Load(streams=16), None, None,
-     OWN_ALONE, None, 0, (R.PROFILE_MAIN_ALONE_FASTER, R.ALTERNATIVES)),
+     OWN_ALONE, None, None, (R.PROFILE_MAIN_ALONE_FASTER, R.ALTERNATIVES)),
     (PROFILED, Asked(speculative=False, alternatives=True), Load(streams=1), None, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.ALTERNATIVES)),
+     OWN_ALONE, None, None, (R.ASKED_OFF, R.ALTERNATIVES)),
     # a greedy answer with the draft on a pair in the fast mode says it may differ; the main alone and exact
     # sampling are the main's own output in either mode
-    (FAST, Asked(k=3), Load(streams=1), None, None, LIB, 3, 0, (R.K_ASKED, R.FAST_MODE)),
+    (FAST, Asked(k=3), Load(streams=1), None, None, LIB, 3, None, (R.K_ASKED, R.FAST_MODE)),
     (FAST, Asked(k=3, sampled=True), Load(streams=1), None, None, OWN_K, 3, 3, (R.K_ASKED,)),
-    (FAST, Asked(speculative=False), Load(streams=1), None, None, ALONE, None, 0, (R.ASKED_OFF,)),
+    (FAST, Asked(speculative=False), Load(streams=1), None, None, ALONE, None, None, (R.ASKED_OFF,)),
     # a lone greedy answer on a pair whose own engine serves it: the calibrated K, or the main alone where no K paid
-    (OWN, Asked(), Load(streams=1), SPECULATES, None, OWN_K, 2, 0, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=1), SPECULATES, None, OWN_K, 2, None, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=1), LOSES, None,
-     OWN_ALONE, None, 0, (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
-    (OWN, Asked(), Load(streams=1), LONG_STEPS, None, OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+     OWN_ALONE, None, None, (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+    (OWN, Asked(), Load(streams=1), LONG_STEPS, None, OWN_K, 8, None, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(k=3), Load(streams=1), LONG_STEPS, None, OWN_K, 3, 3, (R.K_ASKED, R.OWN_ENGINE)),  # a K named: no stop
     # a long conversation plans by the long-context line: the conversation's lookup alone where the draft did not pay
     # there (changed 2026-11-29: the main alone), else the K
     (OWN, Asked(prompt_tokens=1500), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
-     OWN_K, 8, 0, (R.CALIBRATED_LONG_CONTEXT_LOOKUP, R.OWN_ENGINE)),
+     OWN_K, 8, None, (R.CALIBRATED_LONG_CONTEXT_LOOKUP, R.OWN_ENGINE)),
     (OWN, Asked(prompt_tokens=1500), Load(streams=1), replace(LONG_STEPS, long_context_k=8), None,
-     OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+     OWN_K, 8, None, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(prompt_tokens=200), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
-     OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+     OWN_K, 8, None, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     # ... from the prompt length where the host's gain fell to nothing (calibration/verdicts.py, long_context_from)
     (OWN, Asked(prompt_tokens=1200), Load(streams=1), replace(LONG_STEPS, long_context_k=0, long_context_from=1400),
-     None, OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+     None, OWN_K, 8, None, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(prompt_tokens=800), Load(streams=1), replace(LONG_STEPS, long_context_k=0, long_context_from=700),
-     None, OWN_K, 8, 0, (R.CALIBRATED_LONG_CONTEXT_LOOKUP, R.OWN_ENGINE)),
+     None, OWN_K, 8, None, (R.CALIBRATED_LONG_CONTEXT_LOOKUP, R.OWN_ENGINE)),
     # ... on the own engine, speculation off too and beyond its streams: the same computation as its speculation
     # (changed 2026-11-29: where the library's main alone was faster after the long prompt, these ran there)
     (OWN, Asked(prompt_tokens=1500, speculative=False), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(prompt_tokens=1500), Load(streams=3), replace(LONG_STEPS, long_context_k=0), None,
-     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
     (OWN, Asked(prompt_tokens=1500, k=3), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
      OWN_K, 3, 3, (R.K_ASKED, R.OWN_ENGINE)),
     # where the host's costs were timed, the draft proposes up to K what each answer's acceptance pays for; not at a
     # K the request named, nor where the draft stops by its own confidence, nor on the main alone
-    (OWN, Asked(), Load(streams=1), COSTED, None, OWN_K, 4, 0, (R.CALIBRATED_BEST_K, R.OWN_ENGINE, R.K_PER_ANSWER)),
+    (OWN, Asked(), Load(streams=1), COSTED, None, OWN_K, 4, None, (R.CALIBRATED_BEST_K, R.OWN_ENGINE, R.K_PER_ANSWER)),
     (OWN, Asked(sampled=True), Load(streams=1), COSTED, None,
-     OWN_K, 3, 0, (R.PROFILE_BEST_K, R.OWN_ENGINE, R.K_PER_ANSWER)),
+     OWN_K, 3, None, (R.PROFILE_BEST_K, R.OWN_ENGINE, R.K_PER_ANSWER)),
     (OWN, Asked(k=3), Load(streams=1), COSTED, None, OWN_K, 3, 3, (R.K_ASKED, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=1), replace(LONG_STEPS, step_costs=COSTED.step_costs), None,
-     OWN_K, 8, 0, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
+     OWN_K, 8, None, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=3), COSTED, None,
-     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
-    (PROFILED, Asked(), Load(streams=1), COSTED, None, LIB, 4, 0, (R.PROFILE_BEST_K,)),
+     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+    (PROFILED, Asked(), Load(streams=1), COSTED, None, LIB, 4, None, (R.PROFILE_BEST_K,)),
     # beyond the load it measured, the profile decides as before; the main alone still runs in the fastest config
-    (OWN, Asked(), Load(streams=2), SPECULATES, None, OWN_K, 4, 0, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=2), SPECULATES, None, OWN_K, 4, None, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=3), SPECULATES, None,
-     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
     # what the request names outranks the calibration; speculation off runs in the host's fastest configuration
     (OWN, Asked(k=5), Load(streams=1), LOSES, None, OWN_K, 5, 5, (R.K_ASKED, R.OWN_ENGINE)),
     (OWN, Asked(speculative=False), Load(streams=1), SPECULATES, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (PROFILED, Asked(speculative=False), Load(streams=1), SPECULATES, None,
-     ALONE, None, 0, (R.ASKED_OFF, R.FASTEST_CONFIG)),
+     ALONE, None, None, (R.ASKED_OFF, R.FASTEST_CONFIG)),
     (PROFILED, Asked(constrained=True), Load(streams=1), SPECULATES, None,
-     ALONE, None, 0, (R.CONSTRAINED, R.FASTEST_CONFIG)),
+     ALONE, None, None, (R.CONSTRAINED, R.FASTEST_CONFIG)),
     # the calibration measured the own engine: a pair served by the library's pipeline keeps its profile's K
-    (PROFILED, Asked(), Load(streams=1), LOSES, None, LIB, 4, 0, (R.PROFILE_BEST_K,)),
+    (PROFILED, Asked(), Load(streams=1), LOSES, None, LIB, 4, None, (R.PROFILE_BEST_K,)),
     # this worker's live figures at the load outrank the calibration
-    (OWN, Asked(), Load(streams=1), LOSES, live({0: 10.0, 3: 20.0}), OWN_K, 3, 0, (R.LIVE_K_FASTEST, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=1), LOSES, live({0: 10.0, 3: 20.0}), OWN_K, 3, None, (R.LIVE_K_FASTEST, R.OWN_ENGINE)),
     # sampled answers keep their own profile (the calibration measures greedy answers)
-    (OWN, Asked(sampled=True), Load(streams=1), LOSES, None, OWN_K, 3, 0, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(sampled=True), Load(streams=1), LOSES, None, OWN_K, 3, None, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
     # where the library's pipeline ran the main alone faster (bf16), an own pair's main alone stays on its own engine,
     # lone or beyond its streams, in the configuration it is exact in: switching speculation off, or more answers
     # coming, never changes an answer (changed 2026-11-29: the rows beyond its streams, and the lone main alone where
     # the library was faster at one stream too, ran on the library's main alone)
-    (OWN, Asked(), Load(streams=1), LIBRARY_FASTER, None, OWN_K, 3, 0, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
+    (OWN, Asked(), Load(streams=1), LIBRARY_FASTER, None, OWN_K, 3, None, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=3), LIBRARY_FASTER, None,
-     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
     (OWN, Asked(), Load(streams=4), LIBRARY_FASTER, None,
-     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
     (OWN, Asked(sampled=True), Load(streams=3), LIBRARY_FASTER, None,
-     OWN_ALONE, None, 0, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
     (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_FASTER, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(speculative=False), Load(streams=2), LIBRARY_FASTER, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(speculative=False), Load(streams=3), LIBRARY_FASTER, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_BATCH, R.FASTEST_CONFIG)),
     (OWN, Asked(), Load(streams=1), replace(LIBRARY_FASTER, best_k={1: 0}), None,
-     OWN_ALONE, None, 0, (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.CALIBRATED_MAIN_ALONE_FASTER, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(alternatives=True, speculative=False), Load(streams=9), replace(LIBRARY_FASTER, best_k={1: 0}), None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.ALTERNATIVES, R.FASTEST_CONFIG)),  # only the own engine computes alternatives
+     OWN_ALONE, None, None, (R.ASKED_OFF, R.ALTERNATIVES, R.FASTEST_CONFIG)),  # only the own engine computes alternatives
     # a pair the library's pipeline serves runs its main alone there, in the configuration measured fastest
     (PROFILED, Asked(speculative=False), Load(streams=1), LIBRARY_FASTER, None,
-     ALONE, None, 0, (R.ASKED_OFF, R.FASTEST_CONFIG)),
+     ALONE, None, None, (R.ASKED_OFF, R.FASTEST_CONFIG)),
     # where speculating in the own engine's batch beat every main alone under load: a burst speculates there, greedy,
     # sampled, under a grammar or at a K named (set aside, and said); a lone answer speculates at its K until more
     # come, then at the batch's; an answer that asked for the main alone runs as one
@@ -230,11 +230,11 @@ TABLE = [
      OWN_K, 5, 5, (R.K_ASKED, R.BEYOND_OWN_STREAMS, R.OWN_BATCH_K_ASKED)),
     (OWN, Asked(), Load(streams=1), BATCHES, None, OWN_K, 4, 2, (R.CALIBRATED_BEST_K, R.OWN_ENGINE, R.K_PER_ANSWER)),
     (OWN, Asked(speculative=False), Load(streams=3), BATCHES, None,
-     OWN_ALONE, None, 0, (R.ASKED_OFF, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_BATCH, R.FASTEST_CONFIG)),
     # a host with no calibration yet: safe defaults, and the answer says so
-    (OWN, Asked(), Load(streams=1), NOT_YET, None, OWN_K, 4, 0, (R.PROFILE_BEST_K, R.OWN_ENGINE, R.NOT_CALIBRATED)),
+    (OWN, Asked(), Load(streams=1), NOT_YET, None, OWN_K, 4, None, (R.PROFILE_BEST_K, R.OWN_ENGINE, R.NOT_CALIBRATED)),
     ({"own_engine_streams": 1}, Asked(), Load(streams=1), NOT_YET, None,
-     OWN_K, 5, 0, (R.PAIR_DEFAULT_K, R.OWN_ENGINE, R.NOT_CALIBRATED)),
+     OWN_K, 5, None, (R.PAIR_DEFAULT_K, R.OWN_ENGINE, R.NOT_CALIBRATED)),
 ]
 
 
@@ -244,11 +244,15 @@ def test_the_planner_table(fields, asked, load, calibration, figures, route, k, 
     assert (planned.route, planned.k, planned.batch_k, planned.reasons) == (route, k, batch_k, codes)
     stops = R.CALIBRATED_BEST_K_STOPPED in codes  # the draft stops where unsure only at the K measured so
     assert planned.draft_stop_below == (calibration.draft_stop_below if stops else None)
-    decoding = planned_decoding(DecodingParams(max_new_tokens=8), planned)
-    assert decoding.draft_stop_below == planned.draft_stop_below and decoding.batch_k == batch_k
-    assert decoding.step_costs == (calibration.step_costs if R.K_PER_ANSWER in codes else ())
-    # the conversation's lookup alone proposes exactly where the long-context line says the draft did not pay
-    assert decoding.lookup_only == planned.lookup_only == (R.CALIBRATED_LONG_CONTEXT_LOOKUP in codes)
+    # the engine is handed one value: how the answer speculates, none for a main alone
+    handed = planned_decoding(DecodingParams(max_new_tokens=8), planned).speculation
+    assert (handed is None) == route.is_main_alone()
+    if handed is not None:
+        assert (handed.k, handed.threshold, handed.batch_k) == (k, planned.threshold, batch_k)
+        assert handed.draft_stop_below == planned.draft_stop_below
+        assert handed.step_costs == (calibration.step_costs if R.K_PER_ANSWER in codes else ())
+        # the conversation's lookup alone proposes exactly where the long-context line says the draft did not pay
+        assert handed.lookup_only == (R.CALIBRATED_LONG_CONTEXT_LOOKUP in codes)
 
 
 def test_the_docs_show_every_rule_and_every_reason_code():

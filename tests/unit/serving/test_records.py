@@ -2,23 +2,23 @@
 
 import pytest
 
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.limits import Route
 from inference.serving.planning import Plan, pair_default_route
 from inference.serving.records import pair_spec, planned_decoding
 from tests.unit.serving.planning import ALONE, LIB, LOOKS, LOOKUP, OWN, OWN_ALONE, OWN_K, pair
 
 
-@pytest.mark.parametrize(("route", "engine", "quantized", "k"), [
-    (Route.LIBRARY_SPECULATIVE, Route.LIBRARY_SPECULATIVE, False, 4),
-    (Route.LIBRARY_MAIN_ALONE, Route.LIBRARY_MAIN_ALONE, False, 4),
-    (Route.OWN_SPECULATIVE, Route.OWN_SPECULATIVE, True, 4),
-    (Route.OWN_MAIN_ALONE, Route.OWN_SPECULATIVE, True, 0),  # the own engine's batch of the main alone: K=0 there
+@pytest.mark.parametrize(("route", "engine", "quantized", "handed"), [
+    (Route.LIBRARY_SPECULATIVE, Route.LIBRARY_SPECULATIVE, False, Speculation(k=4)),
+    (Route.LIBRARY_MAIN_ALONE, Route.LIBRARY_MAIN_ALONE, False, None),
+    (Route.OWN_SPECULATIVE, Route.OWN_SPECULATIVE, True, Speculation(k=4)),
+    (Route.OWN_MAIN_ALONE, Route.OWN_SPECULATIVE, True, None),  # one engine: handed no speculation, the main alone
 ])
-def test_each_route_names_the_engine_that_serves_it(route, engine, quantized, k):
+def test_each_route_names_the_engine_that_serves_it(route, engine, quantized, handed):
     spec = pair_spec(pair=pair(own_engine_streams=2), route=route)
     assert (spec.route, spec.dynamic_quantization) == (engine, quantized)
-    assert planned_decoding(DecodingParams(max_new_tokens=8), Plan(route=route, k=4)).num_assistant_tokens == k
+    assert planned_decoding(DecodingParams(max_new_tokens=8), Plan(route=route, k=4)).speculation == handed
 
 
 @pytest.mark.parametrize(("fields", "engines"), [

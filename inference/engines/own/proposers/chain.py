@@ -7,7 +7,7 @@ Each drafter proposes only while it pays for itself in this answer (engines/own/
 host's costs, no more tokens a step than this answer's acceptance pays for (engines/own/step_length.py).
 
 An answer may speculate from its conversation alone, with no draft: after a long prompt where the host's calibration
-found the draft not paying (`DecodingParams.lookup_only`), or while the draft has yet to read a pasted file (it reads
+found the draft not paying (`Speculation.lookup_only`), or while the draft has yet to read a pasted file (it reads
 it once the answer is out: engines/own/engine.py). A lookup that misses costs nothing, so the step is the main alone's.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inference.engines.decoding import DecodingParams
+from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.grammar.constraint import TokenConstraint
 from inference.engines.own.kv_cache import PagedSequence
 from inference.engines.own.payoff import Payoff
@@ -32,15 +32,15 @@ class Drafting:
     speculates from its conversation alone."""
 
     def __init__(self, draft: PagedSequence | None, *, lookup: PromptLookup | None, params: DecodingParams,
-                 rng: np.random.Generator, constraint: TokenConstraint | None, penalty: RepetitionPenalty | None = None,
-                 judged: bool = True):
-        self.draft = (DraftModel(draft, params=params, rng=rng, constraint=constraint, penalty=penalty)
-                      if draft is not None else None)
+                 speculation: Speculation, rng: np.random.Generator, constraint: TokenConstraint | None,
+                 penalty: RepetitionPenalty | None = None, judged: bool = True):
+        self.draft = (DraftModel(draft, params=params, stop_below=speculation.draft_stop_below, rng=rng,
+                                 constraint=constraint, penalty=penalty) if draft is not None else None)
         self.lookup = LookupProposer(lookup, constraint) if lookup is not None else None
         self.payoff = Payoff(judging=judged)  # judged: drafters sit out where they do not pay
         # A K per answer where the plan gave the host's costs; a draft that stops where unsure shortens its own steps
-        self.step_length = (StepLength(params.step_costs)
-                            if judged and params.step_costs and params.draft_stop_below is None else None)
+        self.step_length = (StepLength(speculation.step_costs) if judged and speculation.step_costs
+                            and speculation.draft_stop_below is None else None)
 
     def proposers(self) -> list[Proposer]:
         """Those that follow the answer, the lookup first."""

@@ -1,7 +1,7 @@
 """The draft model as an answer's proposer (proposers/interface.py): up to K tokens drawn from its own distribution
 q, on its own cache. The main verifies them (engines/own/engine.py), so the answer stays the main's.
 
-With a stop (`DecodingParams.draft_stop_below`: the planner sets it where the host's calibration measured the Ks
+With a stop (`Speculation.draft_stop_below`: the planner sets it where the host's calibration measured the Ks
 with it) the draft proposes up to K tokens and stops at the first it gives a probability below it: that token is
 held back, as the main would likely refuse it and the tokens after it. A larger K then pays where the host's verify
 of many tokens costs little more than one (docs/speculation.md#where-the-draft-stops). Whether a step
@@ -27,11 +27,12 @@ from inference.limits import Drafter
 class DraftModel:
     """The draft on its own sequence of the draft's blocks, fed lazily."""
 
-    def __init__(self, cache: PagedSequence, *, params: DecodingParams, rng: np.random.Generator,
-                 constraint: TokenConstraint | None, penalty: RepetitionPenalty | None = None):
+    def __init__(self, cache: PagedSequence, *, params: DecodingParams, stop_below: float | None,
+                 rng: np.random.Generator, constraint: TokenConstraint | None,
+                 penalty: RepetitionPenalty | None = None):
         self.cache = cache
         self.penalty = penalty  # the answer's, shaping the draft's rows as the main's
-        self.stop_below = params.draft_stop_below
+        self.stop_below = stop_below
         self.params, self.rng, self.constraint = params, rng, constraint
         self.backlog: list[int] = []  # tokens the draft has not seen, before the last emitted one
 
