@@ -236,11 +236,10 @@ CALIBRATION_TOKENS = env_int("SPECCHAT_CALIBRATION_TOKENS", 48)
 CALIBRATION_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_KS", "1,2,3,4").split(","))
 # Larger Ks, measured with the draft stopping where it is unsure (calibration/measure.py, DRAFT_STOP_BELOW).
 CALIBRATION_STOPPED_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_STOPPED_KS", "6,8").split(",") if k)
-# The Ks answers beyond the pair's speculating streams are measured at, four at once in the own engine's batch: off
-# by default, as under the CPU's dynamic quantization those answers part from the main alone's at near-ties
-# (docs/speculation.md#speculating-in-the-batch), so that under load the main alone's batch serves unless an operator
-# asks.
-CALIBRATION_BATCH_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_BATCH_KS", "").split(",") if k)
+# The Ks answers beyond the pair's speculating streams are measured at, four at once in the own engine's batch:
+# where one beats the batched main alone (with its answers), they speculate there
+# (docs/speculation.md#speculating-in-the-batch; "" measures none).
+CALIBRATION_BATCH_KS = tuple(int(k) for k in os.environ.get("SPECCHAT_CALIBRATION_BATCH_KS", "2,3").split(",") if k)
 BENCHMARK_DIR = Path(os.environ.get("SPECCHAT_BENCHMARK_DIR", VAR_DIR / "benchmarks"))  # runs started from the admin
 CONTROL_QUEUE = "control"  # Celery queue of jobs tied to no pair (imports): consumed by a worker with the train extra
 IMPORT_DISK_RESERVE_GB = env_int("SPECCHAT_IMPORT_DISK_RESERVE_GB", 1)  # an import must leave this much free

@@ -27,12 +27,12 @@ def _lone_main_alone(results: dict) -> float:
 
 def best_batch_k(results: dict) -> int:
     """The K answers beyond the pair's speculating streams are fastest with in the own engine's batch, 0 where none
-    beat both the own engine's batched main alone and the fastest main alone at as many streams (the library's),
-    with every answer the batched main alone's."""
-    own, library = results.get("own_main_alone"), results.get("fastest_again")
-    if not own or not library:
+    beat the own engine's batched main alone, which serves them otherwise (the library's main alone computes another
+    answer: it serves no answer of an own-engine pair), with every answer the batched main alone's."""
+    own = results.get("own_main_alone")
+    if not own:
         return 0
-    alone = max(own["tokens_per_s_streams"], library["tokens_per_s_streams"])
+    alone = own["tokens_per_s_streams"]
     drafted = {int(k): line["tokens_per_s"] for k, line in results.get("batch_ks", {}).items()
                if line["identical"] == line["answers"] and line["tokens_per_s"] > alone}
     return max(drafted, key=drafted.__getitem__, default=0)
