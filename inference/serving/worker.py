@@ -67,6 +67,8 @@ NEVER_STARTED = ("The worker's engine did not take this answer within the server
                  "hung); send it again.")
 NOT_STOPPED = "The answer ran past the server's limit of {limit} s and its worker could not stop it; send it again."
 WORKER_FAILED = "The worker failed while writing this answer (the details are in its log); send it again."
+# A recorded request's decoding fields the worker reads back (the plan adds how it speculates)
+RECORDED_DECODING = {each.name for each in fields(DecodingParams)} - {"speculation"}
 
 
 def host_figures(*, pair: ModelPair) -> planning.HostFigures:
@@ -210,9 +212,6 @@ def stop_running(*, generation_id: str) -> None:
 
 REPLAN_EVERY_S = 0.2  # how often a running answer asks whether to move to another engine
 OVERRUN_GRACE_S = 10  # an answer past settings.MAX_ANSWER_S whose engine has not stopped it ends anyway
-
-
-RECORDED_DECODING = {each.name for each in fields(DecodingParams)} - {"speculation"}
 
 
 def _fixed_k(engine: Engine, params: DecodingParams) -> int | None:

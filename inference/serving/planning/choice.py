@@ -100,9 +100,9 @@ def no_draft(s: Situation) -> Choice | None:
 
 def in_own_batch(s: Situation) -> Choice | None:
     """Beyond the answers the pair speculates for, its own engine's one batch, where a verify of many tokens costs
-    more than the draft saves: speculating at the K the host measured faster there than any main alone under load,
-    else the main alone there (docs/speculation.md#speculating-in-the-batch). What the request named, its
-    alternatives and the library's inexact sampling choose as anywhere."""
+    more than the draft saves: speculating at the K the host measured faster there than the batched main alone (its
+    K in the batch too: `_in_batch`), else the main alone there (docs/speculation.md#speculating-in-the-batch). What
+    the request named, its alternatives and the library's inexact sampling choose as anywhere."""
     asked = s.asked
     named = asked.k is not None or (asked.threshold is not None and not s.exact)
     inexact = asked.sampled and not s.exact
@@ -110,7 +110,7 @@ def in_own_batch(s: Situation) -> Choice | None:
         return None
     beyond = Why(Reason.BEYOND_OWN_STREAMS, {"load": s.streams})
     if s.calibrated and s.host is not None and (k := s.host.batch_k):
-        return Choice(k=k, batch_k=k, why=(beyond, Why(Reason.OWN_BATCH_SPECULATING, {"k": k})))
+        return Choice(k=k, why=(beyond, Why(Reason.OWN_BATCH_SPECULATING, {"k": k})))
     return Choice(alone=True, why=(beyond,))
 
 
