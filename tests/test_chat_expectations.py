@@ -7,6 +7,7 @@ Screenshots go to /tmp/shots-57."""
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from chatsite.chat.models import Conversation, Message
 from chatsite.chat.services import TITLE_CHARS, first_message_title
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair
 from inference.serving.host import this_host
+from inference.transport import live_workers
 from tests.conftest import in_thread, log_in
 from tests.test_chat import PROMPT, connect, events_until_end, send_message
 
@@ -182,9 +184,10 @@ MAIN_ALONE_TOKENS_PER_S = 50.0
 
 
 @pytest.fixture
-def calibrated_demo(demo_pair) -> ModelPair:
+def calibrated_demo(demo_pair, redis_client, celery_worker) -> ModelPair:
     """The demo pair with this host's calibration as a worker records it: the fastest main alone's tokens/s, which
-    the admin's verdict quotes."""
+    the admin's verdict quotes; ready once the worker's heartbeat carries the K it plans from it (the chat shows the
+    plan as of the page's load)."""
     host = this_host(demo_pair.runs_on)  # the test worker's
     HostCalibration.objects.create(pair=demo_pair, host=host.signature, host_facts=host.facts,
                                    status=JobStatus.FINISHED, results={
@@ -192,6 +195,10 @@ def calibrated_demo(demo_pair) -> ModelPair:
                             "tokens_per_s_streams": 120.0}},
         "fastest": "f32", "own_config": "f32", "best_k": {"1": 2},
         "ks": {"2": {"tokens_per_s": 60.0, "identical": 4, "answers": 4}}})
+    deadline = time.monotonic() + 30
+    while not any(isinstance(beat["lone_k"].get(demo_pair.slug), int) for beat in live_workers(client=redis_client)):
+        assert time.monotonic() < deadline, "no heartbeat planned from the new calibration"
+        time.sleep(0.2)
     return demo_pair
 
 
