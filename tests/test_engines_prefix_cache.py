@@ -271,6 +271,45 @@ def test_the_draft_reads_a_conversation_after_its_answer_only_while_the_main_rea
     assert engine.draft.cached_tokens(follow_up, scope) == full_blocks(len(first) + len(answer) - 1)
 
 
+def test_a_follow_up_streams_while_the_draft_reads_the_turn_before_and_the_draft_joins_it_then(engine):
+    """A follow-up sent while the draft still reads the turn before (held here: another user's prompt is read) goes
+    on without the draft instead of waiting for it after its first token (before, it stood still until the catch-up
+    ended); once the catch-up is done, the draft joins the answer, which stays the main alone's."""
+    settled(engine)
+    scope = "joining"
+    first = ids_of(engine, SYSTEM + FILE * 4 + "\nWhich functions write to disk?\n")
+    held, go = threading.Event(), threading.Event()
+    reader = engine.main.sequence(scope="another user", exact=True)
+    reading = threading.Thread(target=reader.prefill, args=(ids_of(engine, FILE * 3),),
+                               kwargs={"on_chunk": lambda read, total: (held.set(), go.wait(60))})
+    reading.start()
+    try:
+        assert held.wait(60)
+        answer, _, _ = run(engine, first, 3, scope=scope)  # its draft left behind, its catch-up held
+        follow_up = first + answer + ids_of(engine, "\nAnd which read from it?\n")
+        request = engine.submit(prompt_ids=follow_up, params=DecodingParams(
+            max_new_tokens=160, ignore_eos=True, speculation=Speculation(k=3), cache_scope=scope))
+        before: list[StepTokens] = []
+        while sum(len(step.token_ids) for step in before) < 12:  # the answer streams, the catch-up still held
+            event = request.events.get(timeout=30)
+            assert not isinstance(event, Finished), event
+            if isinstance(event, StepTokens):
+                before.append(event)
+        assert engine.draft_reading
+        assert not [step for step in before if step.drafter == Drafter.DRAFT and step.proposed]
+    finally:
+        go.set()
+        reading.join(60)
+        reader.close()
+    after = []
+    while not isinstance(event := request.events.get(timeout=120), Finished):
+        if isinstance(event, StepTokens):
+            after.append(event)
+    assert event.finish_reason == "length", event
+    assert [step for step in after if step.drafter == Drafter.DRAFT and step.proposed]  # the draft joined
+    assert [t for step in before + after for t in step.token_ids] == run(engine, follow_up, 0, tokens=160)[0]
+
+
 def test_no_prefix_cache_reads_every_prompt_whole():
     engine = OwnEngine(replace(SPEC, slug="uncached", prefix_caching=False))
     prompt = ids_of(engine, SYSTEM + FILE)

@@ -53,12 +53,13 @@ from inference.serving.host import this_host
 log = logging.getLogger(__name__)
 # Beyond this many prompt tokens missing from the draft's prefix cache, the answer does not wait for the draft to read
 # them (its prefill would land in the stream, after the first token): it speculates from its conversation alone (the
-# main alone where the pair chains no lookup), and the draft reads the conversation once the answer is out, ready for
-# the next turn (docs/speculation.md#long-conversations).
+# main alone where the pair chains no lookup). The draft joins it once the turn before's catch-up has read the
+# conversation, else it reads the conversation once the answer is out, ready for the next turn
+# (docs/speculation.md#long-conversations).
 DRAFT_CATCH_UP_TOKENS = 256
 STEADY_ROWS_FILE = ".steady-rows.json"  # beside the main's IR: each host's probed step sizes (steady_rows)
 PROGRESS_MIN_TOKENS = 256  # prompts this long to read say how far they got
-CATCH_UP_WAIT_S = 30.0  # an answer whose draft lacks its history waits this long at most for a catch-up under way
+CATCH_UP_WAIT_S = 30.0  # a catch-up's chunk waits this long at most for the main to read a prompt
 
 
 def _logsumexp(row: np.ndarray) -> float:
@@ -187,6 +188,11 @@ class OwnEngine:
             self._draft_reading.release()
 
     @property
+    def draft_reading(self) -> bool:
+        """A catch-up is under way: the draft reads a conversation it was left out of."""
+        return self._draft_reading.locked()
+
+    @property
     def active_count(self) -> int:
         return len(self._active)
 
@@ -275,6 +281,7 @@ class Decoding:
         self.drafting = self._drafting(self.speculation) if self.speculation else None
         self.main.drafting = bool(self.drafting and self.drafting.draft)  # its steps come between the draft's
         self.behind: DraftModel | None = None  # a draft left out of this answer, to read the conversation after it
+        self.set_aside: DraftModel | None = None  # a draft waiting for the turn before's catch-up, to join this answer
         self.joined = False  # it went on at its K for the batch
 
     def _drafting(self, speculation: Speculation) -> Drafting:
@@ -295,6 +302,7 @@ class Decoding:
         kept = None
         try:
             finished = self._decode()
+            self.behind = self.behind or self.set_aside  # never joined: it reads the conversation after the answer
             kept = self.prompt_ids + self.emitted
             return finished
         finally:
@@ -329,13 +337,12 @@ class Decoding:
         finished = self._emit([first], token_scores([logits], [first], self.params))
         if self.drafting and self.drafting.draft and finished is None:  # after the first token: not in its wait
             if self._draft_missing() > DRAFT_CATCH_UP_TOKENS:
-                self.engine.draft_caught_up()  # the turn before's catch-up, if one is under way, holds most of it
-            if self._draft_missing() > DRAFT_CATCH_UP_TOKENS:
-                self.behind = self.drafting.leave_draft_behind()
+                self.set_aside = self.drafting.leave_draft_behind()
                 self.main.drafting = False
+                self._draft_joins_once_caught_up()
             else:
                 self.drafting.prefill(self.prompt_ids)
-        if self.drafting and not (self.drafting.draft or self.drafting.lookup):
+        if self.drafting and not (self.drafting.draft or self.drafting.lookup or self.set_aside):
             self.drafting = None  # no proposer left: the main alone
         if self.drafting and self.drafting.lookup:
             self.drafting.lookup.extend([first])
@@ -343,8 +350,24 @@ class Decoding:
             if self.request.stop_requested:
                 return Finished(FinishReason.STOPPED)
             self._join_batch_if_busy()
+            self._draft_joins_once_caught_up()
             finished = self._emit(*self._step())
         return finished
+
+    def _draft_joins_once_caught_up(self) -> None:
+        """A draft set aside joins the answer once no catch-up is under way (the turn before's, which reads most of
+        this conversation, runs beside the answer's steps instead of before them: the answer streams meanwhile), if
+        it then lacks at most DRAFT_CATCH_UP_TOKENS of the prompt (it reads them and the answer so far between two
+        steps); else it reads the conversation after the answer."""
+        if self.set_aside is None or self.engine.draft_reading or self.drafting is None:
+            return
+        draft, self.set_aside = self.set_aside, None
+        if self._draft_missing() > DRAFT_CATCH_UP_TOKENS:
+            self.behind = draft
+            return
+        draft.prefill(self.prompt_ids + self.emitted[:-1])  # the last emitted token: fed as its next step's first
+        self.drafting.rejoin(draft)
+        self.main.drafting = True
 
     def _join_batch_if_busy(self) -> None:
         """Beyond the pair's speculating streams, an answer speculating goes on at its K for the batch

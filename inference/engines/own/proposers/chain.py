@@ -56,6 +56,11 @@ class Drafting:
         draft, self.draft = self.draft, None
         return draft
 
+    def rejoin(self, draft: DraftModel) -> None:
+        """The draft set aside at the answer's start (engines/own/engine.py), having read the answer so far, proposes
+        from now on."""
+        self.draft = draft
+
     def propose(self, *, k: int, room: int, last: int) -> Proposal:
         """The lookup's proposals (up to `room`) where it has a match the grammar allows, else up to k of the
         draft's; none from a drafter sitting out (the step is the main's alone). `last`: the last emitted token,
