@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -243,13 +244,9 @@ def test_a_long_prompt_says_how_far_it_got_and_the_draft_reads_it_after_the_answ
     assert speculated == run(engine, follow_up, 0)[0]
 
 
-def test_the_draft_reads_a_conversation_after_its_answer_only_while_the_main_reads_no_prompt(engine):
-    """The draft left out of an answer reads its conversation once the answer is out; on a host's few cores it would
-    share them with the next user waiting for a first token. Its chunks wait while the main reads a prompt (here one
-    held after its first chunk), and go on once it is read, so the next turn still speculates with the draft."""
-    settled(engine)
-    scope = "catching-up"
-    first = ids_of(engine, SYSTEM + FILE * 4 + "\nWhich functions read from disk?\n")
+@contextmanager
+def another_prompt_held(engine: OwnEngine):
+    """Another user's prompt being read by the main, held after its first chunk for as long as the block runs."""
     held, go = threading.Event(), threading.Event()
     reader = engine.main.sequence(scope="another user", exact=True)
     reading = threading.Thread(target=reader.prefill, args=(ids_of(engine, FILE * 3),),
@@ -257,14 +254,25 @@ def test_the_draft_reads_a_conversation_after_its_answer_only_while_the_main_rea
     reading.start()
     try:
         assert held.wait(60)
-        answer, _, _ = run(engine, first, 3, scope=scope)  # its draft left behind: it lacks the whole prompt
-        steps = engine.draft.scheduler.steps
-        time.sleep(1.0)
-        assert engine.draft.scheduler.steps == steps  # the conversation not read while the main reads a prompt
+        yield
     finally:
         go.set()
         reading.join(60)
         reader.close()
+
+
+def test_the_draft_reads_a_conversation_after_its_answer_only_while_the_main_reads_no_prompt(engine):
+    """The draft left out of an answer reads its conversation once the answer is out; on a host's few cores it would
+    share them with the next user waiting for a first token. Its chunks wait while the main reads a prompt (here one
+    held after its first chunk), and go on once it is read, so the next turn still speculates with the draft."""
+    settled(engine)
+    scope = "catching-up"
+    first = ids_of(engine, SYSTEM + FILE * 4 + "\nWhich functions read from disk?\n")
+    with another_prompt_held(engine):
+        answer, _, _ = run(engine, first, 3, scope=scope)  # its draft left behind: it lacks the whole prompt
+        steps = engine.draft.scheduler.steps
+        time.sleep(1.0)
+        assert engine.draft.scheduler.steps == steps  # the conversation not read while the main reads a prompt
     engine.draft_caught_up()
     assert engine.draft.scheduler.steps > steps
     follow_up = first + answer + ids_of(engine, "\nAnd which write to it?\n")
@@ -278,13 +286,7 @@ def test_a_follow_up_streams_while_the_draft_reads_the_turn_before_and_the_draft
     settled(engine)
     scope = "joining"
     first = ids_of(engine, SYSTEM + FILE * 4 + "\nWhich functions write to disk?\n")
-    held, go = threading.Event(), threading.Event()
-    reader = engine.main.sequence(scope="another user", exact=True)
-    reading = threading.Thread(target=reader.prefill, args=(ids_of(engine, FILE * 3),),
-                               kwargs={"on_chunk": lambda read, total: (held.set(), go.wait(60))})
-    reading.start()
-    try:
-        assert held.wait(60)
+    with another_prompt_held(engine):
         answer, _, _ = run(engine, first, 3, scope=scope)  # its draft left behind, its catch-up held
         follow_up = first + answer + ids_of(engine, "\nAnd which read from it?\n")
         request = engine.submit(prompt_ids=follow_up, params=DecodingParams(
@@ -297,10 +299,6 @@ def test_a_follow_up_streams_while_the_draft_reads_the_turn_before_and_the_draft
                 before.append(event)
         assert engine.draft_reading
         assert not [step for step in before if step.drafter == Drafter.DRAFT and step.proposed]
-    finally:
-        go.set()
-        reading.join(60)
-        reader.close()
     after = []
     while not isinstance(event := request.events.get(timeout=120), Finished):
         if isinstance(event, StepTokens):

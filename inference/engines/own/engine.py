@@ -120,8 +120,9 @@ def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str
     (ModelRunner.arranged), probed once per host and configuration (seconds on the real main) and kept beside the
     main's files where they are writable, so that every worker of the pair on the host computes alike."""
     weights = Path(main_dir) / "openvino_model.bin"
-    key = hashlib.sha256(json.dumps([this_host().signature, properties, weights.stat().st_size,
-                                     weights.stat().st_mtime_ns, "arranged, checked alike"]).encode()).hexdigest()
+    probed = [this_host().signature, properties, weights.stat().st_size, weights.stat().st_mtime_ns,
+              "arranged, checked alike at every verify"]
+    key = hashlib.sha256(json.dumps(probed).encode()).hexdigest()
     kept = Path(main_dir) / STEADY_ROWS_FILE
     try:
         known = json.loads(kept.read_text())

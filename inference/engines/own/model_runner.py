@@ -121,27 +121,34 @@ class ModelRunner:
 
     def alike_as_tokens(self, tokens: Steady) -> bool:
         """Whether one-token sequences give a verify's tokens, and a token beside a verify, the rows the main alone
-        gives them, bitwise, after a prompt. Not on every host and configuration: on an Intel Xeon (family 6 model
-        167) with dynamic quantization they parted by up to 0.2 (docs/exactness.md); queries hold there."""
-        length = min(2 * self.block_tokens - 3, tokens.most_tokens or 2 * self.block_tokens)  # across a block's end
-        prompt, fed = [11 + i % 50 for i in range(length)], [21, 22, 23, 24, 25]
-        per_table = -(-(len(prompt) + len(fed)) // self.block_tokens)
+        gives them, bitwise: every verify up to VERIFIED tokens, after prompts of three lengths around the blocks'
+        ends. Not on every host and configuration: on an Intel Xeon (family 6 model 167) with dynamic quantization
+        they parted by up to 0.2; on an AMD EPYC Zen 4 in bf16, verifies of 4 tokens and more after some prompts and
+        not others (docs/exactness.md). Queries hold on both."""
+        size = self.block_tokens
+        lengths = [min(length, tokens.most_tokens or length) for length in (size + 8, 2 * size - 3, 3 * size + 4)]
+        per_table = -(-(max(lengths) + VERIFIED) // size)
         blocks = self.pool.allocate(min(3 * per_table, self.pool.blocks))
         if len(blocks) < 3 * per_table:
             self.pool.release(blocks)
             return False  # a pool too small to tell: the arrangement every host computes alike
         verified, alone, beside = (blocks[i * per_table:(i + 1) * per_table] for i in range(3))
+        fed = [21 + i for i in range(VERIFIED)]
         kept, self.steady = self.steady, tokens
         try:
-            for table in (verified, alone, beside):
-                self.run([Work(table, 0, prompt, 1, token_rows=True)])
-            past = len(prompt)
-            together = self.run([Work(verified, past, fed, len(fed), token_rows=True),
-                                 Work(beside, past, fed[:1], 1, token_rows=True)])
-            one_by_one = [self.run([Work(alone, past + i, [token], 1, token_rows=True)])[0]
-                          for i, token in enumerate(fed)]
-            return np.array_equal(together[0], np.concatenate(one_by_one)) and np.array_equal(together[1],
-                                                                                                one_by_one[0])
+            for length in lengths:
+                prompt = [11 + i % 50 for i in range(length)]
+                for table in (verified, alone, beside):
+                    self.run([Work(table, 0, prompt, 1, token_rows=True)])
+                one_by_one = np.concatenate([self.run([Work(alone, length + i, [token], 1, token_rows=True)])[0]
+                                             for i, token in enumerate(fed)])
+                for n in range(1, VERIFIED + 1):  # each verify writes over the one before: the same positions
+                    together = self.run([Work(verified, length, fed[:n], n, token_rows=True),
+                                         Work(beside, length, fed[:1], 1, token_rows=True)])
+                    if not (np.array_equal(together[0], one_by_one[:n])
+                            and np.array_equal(together[1], one_by_one[:1])):
+                        return False
+            return True
         finally:
             self.steady = kept
             self.pool.release(blocks)
