@@ -130,10 +130,13 @@ def validate_profile(*, stream: StreamFn, prompts: list[Prompt], options: Profil
 AT_LEAST_FIXED = 0.95  # adaptive keeps at least this share of the best fixed K's throughput (the issue's bar)
 
 
-def paired_ratio(line: list[float], other: list[float]) -> tuple[float, list[float]]:
+def paired_ratio(line: list[float], other: list[float]) -> tuple[float | None, list[float]]:
     """(median, [min, max]) over repeats of line / other in the same repeat: each repeat runs the lines
-    back to back, and the host's speed drifts from one minute to the next more than within one."""
-    ratios = [a / b for a, b in zip(line, other, strict=True) if b]
+    back to back, and the host's speed drifts from one minute to the next more than within one. None where no
+    repeat delivered tokens on both (their answers failed: the lines' rows say how)."""
+    ratios = [a / b for a, b in zip(line, other, strict=True) if a and b]
+    if not ratios:
+        return None, []
     return statistics.median(ratios), [min(ratios), max(ratios)]
 
 
@@ -149,14 +152,18 @@ def adaptive_bars(lines: dict) -> list[dict]:
             fixed = next(r for (name, lv), r in by.items() if lv == level and name.startswith("K="))
             vs_plain, plain_range = paired_ratio(adaptive["throughput_by_repeat"], plain["throughput_by_repeat"])
             vs_fixed, fixed_range = paired_ratio(adaptive["throughput_by_repeat"], fixed["throughput_by_repeat"])
-            bars_met = ((PLAIN.name, vs_plain >= 1.0), (fixed["variant"], vs_fixed >= AT_LEAST_FIXED))
-            short = [name for name, met in bars_met if not met]
-            same_path = bool(short) and all(set(adaptive["paths"]) == {name} for name in short)
+            if vs_plain is None or vs_fixed is None:
+                verdict = "unmeasured"  # a line's answers failed in every repeat: nothing to weigh
+            else:
+                bars_met = ((PLAIN.name, vs_plain >= 1.0), (fixed["variant"], vs_fixed >= AT_LEAST_FIXED))
+                short = [name for name, met in bars_met if not met]
+                same_path = bool(short) and all(set(adaptive["paths"]) == {name} for name in short)
+                verdict = "pass" if not short else "same path" if same_path else "miss"
             bars.append({"mode": mode, "streams": level, "adaptive": adaptive["throughput"],
                          "plain": plain["throughput"], "best_fixed": fixed["throughput"],
                          "fixed_variant": fixed["variant"], "vs_plain": vs_plain, "vs_plain_range": plain_range,
                          "vs_fixed": vs_fixed, "vs_fixed_range": fixed_range, "adaptive_paths": adaptive["paths"],
-                         "pass": not short, "verdict": "pass" if not short else "same path" if same_path else "miss"})
+                         "pass": verdict == "pass", "verdict": verdict})
     return bars
 
 

@@ -91,8 +91,8 @@ class Command(BaseCommand):
                 f"{_ratio(bar['vs_fixed'], bar['vs_fixed_range'])} fixed); adaptive served: {paths}")
 
 
-def _ratio(median: float, spread: list[float]) -> str:
-    return f"{median:.2f}x [{spread[0]:.2f}-{spread[1]:.2f}]"
+def _ratio(median: float | None, spread: list[float]) -> str:
+    return "no answers to weigh" if median is None else f"{median:.2f}x [{spread[0]:.2f}-{spread[1]:.2f}]"
 
 
 def _table(rows: list[dict]) -> str:

@@ -33,6 +33,14 @@ def test_a_cell_short_of_the_main_alone_is_a_miss_unless_adaptive_served_the_mai
     assert bars[0]["verdict"] == verdict and not bars[0]["pass"]
 
 
+def test_a_line_whose_answers_all_failed_is_unmeasured_not_a_crash_nor_a_verdict():
+    bars = adaptive_bars({"greedy": [
+        line("plain", [0.0, 0.0], {}),  # every burst's answers failed (the row counts them)
+        line("K=5", [90.0, 92.0], {"K=5": 16}),
+        line("adaptive", [96.0, 101.0], {"K=3": 16})]})
+    assert [(b["verdict"], b["pass"], b["vs_plain"]) for b in bars] == [("unmeasured", False, None)]
+
+
 def test_the_profile_takes_a_k_only_where_it_clearly_beats_the_main_alone():
     rows = [{"variant": v, "concurrency": c, "throughput": t} for v, c, t in [
         ("plain", 1, 25.0), ("K=3", 1, 66.0), ("K=5", 1, 84.0),
