@@ -132,9 +132,9 @@ AT_LEAST_FIXED = 0.95  # adaptive keeps at least this share of the best fixed K'
 
 def paired_ratio(line: list[float], other: list[float]) -> tuple[float | None, list[float]]:
     """(median, [min, max]) over repeats of line / other in the same repeat: each repeat runs the lines
-    back to back, and the host's speed drifts from one minute to the next more than within one. None where no
-    repeat delivered tokens on both (their answers failed: the lines' rows say how)."""
-    ratios = [a / b for a, b in zip(line, other, strict=True) if a and b]
+    back to back, and the host's speed drifts from one minute to the next more than within one. None where the
+    other line delivered no tokens in any repeat (its answers failed: its rows say how)."""
+    ratios = [a / b for a, b in zip(line, other, strict=True) if b]
     if not ratios:
         return None, []
     return statistics.median(ratios), [min(ratios), max(ratios)]

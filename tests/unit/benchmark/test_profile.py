@@ -39,6 +39,11 @@ def test_a_line_whose_answers_all_failed_is_unmeasured_not_a_crash_nor_a_verdict
         line("K=5", [90.0, 92.0], {"K=5": 16}),
         line("adaptive", [96.0, 101.0], {"K=3": 16})]})
     assert [(b["verdict"], b["pass"], b["vs_plain"]) for b in bars] == [("unmeasured", False, None)]
+    bars = adaptive_bars({"greedy": [  # adaptive's own answers failing is a miss, as before: 0x the main alone
+        line("plain", [100.0, 100.0], {"plain": 16}),
+        line("K=5", [90.0, 92.0], {"K=5": 16}),
+        line("adaptive", [0.0, 0.0], {})]})
+    assert [(b["verdict"], b["vs_plain"]) for b in bars] == [("miss", 0.0)]
 
 
 def test_the_profile_takes_a_k_only_where_it_clearly_beats_the_main_alone():
