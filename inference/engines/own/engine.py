@@ -60,6 +60,10 @@ DRAFT_CATCH_UP_TOKENS = 256
 STEADY_ROWS_FILE = ".steady-rows.json"  # beside the main's IR: each host's probed step sizes (steady_rows)
 PROGRESS_MIN_TOKENS = 256  # prompts this long to read say how far they got
 CATCH_UP_WAIT_S = 30.0  # a catch-up's chunk waits this long at most for the main to read a prompt
+# A catch-up's first chunk is this small: the next turn, sent as the answer ends, shares the cores with the rest of
+# that chunk before the catch-up yields to it. The rest is read in the scheduler's chunks: small ones all along cost
+# the next turn more than they saved, the draft joining it later (docs/speculation.md#long-conversations).
+CATCH_UP_FIRST_CHUNK_TOKENS = 64
 
 
 def _logsumexp(row: np.ndarray) -> float:
@@ -318,6 +322,7 @@ class Decoding:
         if self.behind is not None and self.emitted:
             main = self.engine.main
             self.behind.cache.prefill(self.prompt_ids + self.emitted[:-1],
+                                      first_chunk_tokens=CATCH_UP_FIRST_CHUNK_TOKENS,
                                       pause=lambda: main.prompts_read(timeout=CATCH_UP_WAIT_S))
             self.behind.cache.close()
 
