@@ -275,9 +275,13 @@ def test_the_draft_reads_a_conversation_after_its_answer_only_while_the_main_rea
         steps = engine.draft.scheduler.steps
         time.sleep(1.0)
         assert engine.draft.scheduler.steps == steps  # the conversation not read while the main reads a prompt
-        inferences: list[int] = []
+        inferences: list[int] = []  # the tokens of each of the draft's inferences from here
         running = engine.draft.runner.run
-        engine.draft.runner.run = lambda works: (inferences.append(sum(len(w.tokens) for w in works)), running(works))[1]
+
+        def counted(works):
+            inferences.append(sum(len(work.tokens) for work in works))
+            return running(works)
+        engine.draft.runner.run = counted
     try:
         engine.draft_caught_up()
     finally:

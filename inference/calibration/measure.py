@@ -122,9 +122,8 @@ class Line(Tally):
 
 def uncached(spec: PairSpec) -> PairSpec:
     """The engine as phases 1 and 2 time it: every prompt read whole, as a new prompt is. Their rounds answer the same
-    prompts again, and the library's main alone kept them in its prefix cache while the own engine read each: at four
-    streams its first tokens came 2.9x sooner (711 against 2,038 ms), at one stream it wrote 1.18x the own engine's
-    tokens/s; both reading whole, 1,917 against 1,769 ms and 1.01x (Intel model 207, 2026-11-30)."""
+    prompts again, so an engine keeping them cached would be timed on reads the other makes
+    (docs/calibration.md#what-a-calibration-measures)."""
     return replace(spec, prefix_caching=False)
 
 

@@ -3,11 +3,12 @@
 turn. As it ships, the draft reads a small first chunk (CATCH_UP_FIRST_CHUNK_TOKENS), then the scheduler's, each
 waiting while the main reads a prompt, and the follow-up goes on without the draft until the reading is done; four
 lines switch one of these on this engine instance only: the first chunk of 256 too (as before 2026-11-30's evening),
-every chunk of 64, the draft reading on through prompts, and the follow-up standing still after its first token until
-the draft has read (as the engine did before). `LINES` picks some (comma-separated); `USER_READS_S` the seconds
-between the answer and the follow-up (0: sent as the answer ends, as `manage.py benchmark --conversations` sends it).
-The held-out pasted chats of conversations.json and code-edit-conversations-b.json, greedy, K=3, answers ending at EOS
-or 48 tokens; the lines interleaved, each run under a cache scope of its own so that none finds another's blocks.
+the draft reading every prompt in chunks of 64, the draft reading on through prompts, and the follow-up standing
+still after its first token until the draft has read (as the engine did before). `LINES` picks some (comma-
+separated); `USER_READS_S` the seconds between the answer and the follow-up (0: sent as the answer ends, as
+`manage.py benchmark --conversations` sends it). The held-out pasted chats of conversations.json and code-edit-
+conversations-b.json, greedy, K=3, answers ending at EOS or 48 tokens; the lines interleaved, each run under a cache
+scope of its own so that none finds another's blocks.
 
     DJANGO_DEBUG=1 ROUNDS=2 USER_READS_S=1 .venv/bin/python docs/benchmark/real-pair/catch_up_yield.py
 """
@@ -75,6 +76,7 @@ def main() -> None:
     calibration = host_figures(pair=pair, host=this_host(pair.device))  # the configuration the pair is served in
     engine = OwnEngine(pair_spec(pair=pair, route=Route.OWN_SPECULATIVE, calibration=calibration))
     yields = engine.main.prompts_read
+    draft_chunk = engine.draft.scheduler.chunk_tokens
     joins = Decoding._draft_joins_once_caught_up
 
     def waits(decoding: Decoding) -> None:
@@ -94,8 +96,8 @@ def main() -> None:
             rotated = (repeat * len(chats) + number) % len(lines)
             for line in list(lines)[rotated:] + list(lines)[:rotated]:
                 engine.main.prompts_read = (lambda *, timeout: None) if line == READS_ON else yields
-                own_engine.CATCH_UP_FIRST_CHUNK_TOKENS = 256 if line == BIG_CHUNKS else SHIPPED_CHUNK
-                engine.draft.scheduler.chunk_tokens = 64 if line == SMALL_CHUNKS else 256
+                own_engine.CATCH_UP_FIRST_CHUNK_TOKENS = draft_chunk if line == BIG_CHUNKS else SHIPPED_CHUNK
+                engine.draft.scheduler.chunk_tokens = 64 if line == SMALL_CHUNKS else draft_chunk
                 Decoding._draft_joins_once_caught_up = waits if line == WAITS else joins  # type: ignore[method-assign]
                 scope = f"{line}-{repeat}-{chat['name']}"
                 messages = [{"role": "system", "content": chat["system"]},
