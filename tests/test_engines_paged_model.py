@@ -7,6 +7,8 @@ tests/test_engines_own_rows.py."""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -14,7 +16,7 @@ import openvino as ov
 import pytest
 
 from inference.engines.own.kv_cache import PagedModel
-from inference.engines.own.model_runner import ModelRunner, Steady, Work
+from inference.engines.own.model_runner import ModelRunner, Preempted, Steady, Work
 from inference.engines.own.paged_model import cache_layout, read_paged
 from tests.test_engines_exact import PAIR, SPEC
 
@@ -25,11 +27,12 @@ PROPOSALS = [17, 40, 2048, 5]
 POOL_BLOCKS = 16
 
 
-def paged(role: str, *, dynamic_quantization: bool) -> PagedModel:
+def paged(role: str, *, dynamic_quantization: bool, caching: bool = True) -> PagedModel:
     core = ov.Core()
     props = replace(SPEC, dynamic_quantization=dynamic_quantization).device_properties(device="CPU")
     compiled = core.compile_model(read_paged(core, str(PAIR / role)), "CPU", props)
-    return PagedModel(ModelRunner(compiled, pool_bytes=POOL_BLOCKS * cache_layout(compiled).block_bytes))
+    return PagedModel(ModelRunner(compiled, pool_bytes=POOL_BLOCKS * cache_layout(compiled).block_bytes),
+                      caching=caching)
 
 
 def whole_ir_logits(role: str, ids: list[int]) -> np.ndarray:
@@ -115,3 +118,77 @@ def test_a_step_padded_to_the_hosts_steady_sizes_returns_its_own_rows_and_writes
     scheduler = PagedModel(padded).scheduler
     assert (scheduler.chunk_tokens, scheduler.step_tokens) == (40, 80)
     runner.pool.release(table)
+
+
+def preempting(preempt, work, *, enough) -> int:
+    """Runs `work` in a thread, calling `preempt` every few milliseconds until it ends or `enough()` (a read preempted
+    all along would never end): how many times it gave way."""
+    gave_way = 0
+
+    def running() -> None:
+        nonlocal gave_way
+        while True:
+            try:
+                return work()
+            except Preempted:
+                gave_way += 1
+
+    worker = threading.Thread(target=running)
+    worker.start()
+    while worker.is_alive() and not enough():
+        preempt()
+        time.sleep(0.002)
+    worker.join(60)
+    assert not worker.is_alive()
+    return gave_way
+
+
+def test_an_inference_that_can_wait_gives_way_and_leaves_the_runner_as_it_was():
+    """Work that can wait (the draft reading a conversation after its answer) is not run while its `yields_while`
+    holds, and one under way is cancelled by `preempt`: the CPU plugin stops it, and the same work run again gives
+    the rows of an inference nobody cancelled, bitwise. Work that does not yield is never cancelled."""
+    model = paged("main", dynamic_quantization=True)
+    runner = model.runner
+    table = runner.pool.allocate(POOL_BLOCKS)
+    prompt = (PROMPT * 4)[:POOL_BLOCKS * runner.block_tokens - 8]
+    expected = runner.run([Work(table, 0, prompt, rows=2)])[0]
+    with pytest.raises(Preempted):
+        runner.run([Work(table, 0, prompt, rows=2)], yields_while=lambda: True)
+    assert runner.gave_way == 1
+    got: list[np.ndarray] = []
+    yielding = lambda: got.append(runner.run([Work(table, 0, prompt, rows=2)], yields_while=lambda: False)[0])  # noqa: E731
+    assert preempting(runner.preempt, yielding, enough=lambda: runner.gave_way > 1) == 1
+    assert np.array_equal(got[0], expected)
+    held: list[np.ndarray] = []
+    holding = lambda: held.append(runner.run([Work(table, 0, prompt, rows=2)])[0])  # noqa: E731
+    assert preempting(runner.preempt, holding, enough=lambda: False) == 0
+    assert np.array_equal(held[0], expected)
+    runner.pool.release(table)
+
+
+def test_a_read_that_can_wait_gives_way_to_the_prompts_of_the_model_it_yields_to():
+    """The draft's catch-up (a prefill given a `pause`) yields to the main's prompts (PagedModel.yield_to): its chunks
+    do not start while the main reads one, one under way is cancelled as one starts, and each is read again after:
+    the sequence ends as a read nobody interrupted, bitwise."""
+    main = paged("main", dynamic_quantization=True)
+    draft = paged("draft", dynamic_quantization=True, caching=False)  # each read whole
+    draft.yield_to(main)
+    prompt = (PROMPT * 4)[:POOL_BLOCKS * draft.pool.block_tokens - 8]
+    steady = draft.sequence()
+    expected = steady.prefill(prompt), steady.feed(PROPOSALS[:1])
+    steady.close()
+
+    def a_prompt_read_now_and_then() -> None:
+        with main.reading_prompt():
+            time.sleep(0.003)
+
+    caught_up, got = draft.sequence(), []
+    steps = draft.scheduler.steps
+    gave_way = preempting(a_prompt_read_now_and_then, lambda: got.append(
+        caught_up.prefill(prompt, pause=lambda: main.prompts_read(timeout=30))),
+        enough=lambda: draft.scheduler.steps > steps + 3)
+    chunks = -(-len(prompt) // draft.scheduler.chunk_tokens)
+    assert gave_way == 0  # a chunk that gave way is read again within the prefill
+    assert draft.scheduler.steps > steps + chunks  # ... so some steps ran for nothing
+    assert caught_up.position == len(prompt)
+    assert np.array_equal(got[0], expected[0]) and np.array_equal(caught_up.feed(PROPOSALS[:1]), expected[1])

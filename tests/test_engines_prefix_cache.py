@@ -278,9 +278,9 @@ def test_the_draft_reads_a_conversation_after_its_answer_only_while_the_main_rea
         inferences: list[int] = []  # the tokens of each of the draft's inferences from here
         running = engine.draft.runner.run
 
-        def counted(works):
+        def counted(works, **kwargs):
             inferences.append(sum(len(work.tokens) for work in works))
-            return running(works)
+            return running(works, **kwargs)
         engine.draft.runner.run = counted
     try:
         engine.draft_caught_up()

@@ -166,6 +166,7 @@ class OwnEngine:
         self.main = PagedModel(main_runner, caching=caching)
         self.draft = PagedModel(ModelRunner(draft, pool_bytes=pool * draft_bytes // (main_bytes + draft_bytes)),
                                 head=draft_head, caching=caching)
+        self.draft.yield_to(self.main)  # its catch-ups give way to a user's prompt (catch_up_draft)
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
         self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
@@ -317,8 +318,9 @@ class Decoding:
 
     def catch_up_draft(self) -> None:
         """After the answer is out: the draft left out of it reads the conversation so far, for the next turn. Its
-        chunks wait while the main reads a prompt: on a host's few cores they would share them with a user waiting for
-        a first token (the next turn's among them), whose answer needs no draft until then."""
+        chunks wait while the main reads a prompt, and a chunk under way as one starts is cancelled and read again
+        after it: on a host's few cores they would share them with a user waiting for a first token (the next turn's
+        among them), whose answer needs no draft until then."""
         if self.behind is not None and self.emitted:
             main = self.engine.main
             self.behind.cache.prefill(self.prompt_ids + self.emitted[:-1],

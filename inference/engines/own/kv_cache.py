@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from inference.engines.own.block_pool import block_hashes, scope_root
-from inference.engines.own.model_runner import ModelRunner, Work
+from inference.engines.own.model_runner import ModelRunner, Preempted, Work
 from inference.engines.own.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -44,11 +44,20 @@ class PagedModel:
         self.scheduler = Scheduler(runner)
         self._reading = 0  # prompts being read now
         self._read = threading.Condition()
+        self._on_reading: list[Callable[[], object]] = []  # called as a prompt starts being read
+
+    def yield_to(self, other: PagedModel) -> None:
+        """This model's work that can wait (a prefill given a `pause`) gives way to `other`'s prompts: it does not
+        start while one is read, and one starting cancels it; it is run again after (engines/own/scheduler.py)."""
+        self.scheduler.yields_while = lambda: bool(other._reading)
+        other._on_reading.append(self.scheduler.preempt)
 
     @contextmanager
     def reading_prompt(self) -> Iterator[None]:
         with self._read:
             self._reading += 1
+        for preempt in self._on_reading:
+            preempt()
         try:
             yield
         finally:
@@ -91,8 +100,9 @@ class PagedSequence:
     def prefill(self, prompt_ids: list[int], *, on_chunk: ProgressCallback | None = None,
                 pause: Callable[[], object] | None = None, first_chunk_tokens: int | None = None) -> np.ndarray:
         """The prompt after the blocks the pool holds for its start: the last token's logits [1, vocabulary].
-        `pause`, called before each chunk, holds back a read that can wait; `first_chunk_tokens`, a first chunk
-        smaller than the scheduler's, so that work arriving as the read starts waits for less of it."""
+        `pause`, called before each chunk, holds back a read that can wait (its chunks yield to the prompts of the
+        model it yields to: PagedModel.yield_to); `first_chunk_tokens`, a first chunk smaller than the scheduler's, so
+        that work arriving as the read starts waits for less of it."""
         if self.tokens:
             raise ValueError("a sequence reads one prompt, first")
         pool, n = self.model.pool, len(prompt_ids)
@@ -115,16 +125,20 @@ class PagedSequence:
                 if pause is not None:
                     pause()
                 chunk = first if self.position == self.cached else budget
-                logits = self.feed(prompt_ids[self.position:self.position + chunk], rows=1)
+                try:
+                    logits = self.feed(prompt_ids[self.position:self.position + chunk], rows=1,
+                                       yields=pause is not None)
+                except Preempted:
+                    continue  # read again once the prompt it gave way to is read (`pause`)
                 if on_chunk is not None:
                     on_chunk(self.position, n)
         self._cache_full_blocks(hashes)
         assert logits is not None
         return logits
 
-    def feed(self, token_ids: list[int], *, rows: int | None = None) -> np.ndarray:
+    def feed(self, token_ids: list[int], *, rows: int | None = None, yields: bool = False) -> np.ndarray:
         """Logits for the last `rows` fed tokens (each one's on the main, the last one's on the draft; a prompt's
-        chunk names its one row)."""
+        chunk names its one row); `yields`: work that can wait (Preempted, the sequence unchanged)."""
         token_rows = self.exact and self.model.runner.steady.token_rows
         rows = rows or (len(token_ids) if self.exact else 1)
         past, fed = self.position, token_ids
@@ -133,7 +147,7 @@ class PagedSequence:
         self.reserve(self.position + len(token_ids))
         scheduler = self.model.scheduler
         logits = scheduler.infer(Work(self.block_table, past, fed, rows, token_rows), member=self,
-                                 drafting=self.drafting)
+                                 drafting=self.drafting, yields=yields)
         self.tokens += token_ids
         head = self.model.head
         return logits if head is None else np.stack([head.widen(row) for row in logits])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +59,12 @@ class Steady(NamedTuple):
 
 
 ANY_SIZE = Steady()  # one computation at every step size (AVX-512 hosts)
+
+
+class Preempted(Exception):
+    """An inference of work that can wait, not run or cancelled (`ModelRunner.preempt`) for a user's prompt: nothing
+    it would have given is read, and the keys and values it wrote lie past its sequence's end, written over when the
+    work is run again."""
 
 
 @dataclass
@@ -96,6 +103,10 @@ class ModelRunner:
         for name, tensor in self.cache.items():
             self.request.set_tensor(name, tensor)
         self.steady = steady  # a step feeds and reads at least so many (padded): see steady_rows
+        self._yielding = threading.Lock()  # held while an inference that yields (run's `yields_while`) starts or ends
+        self._yields_now = False  # one is under way
+        self._preempted = False
+        self.gave_way = 0  # inferences that yielded: not started, or cancelled
 
     def arranged(self, *, token_rows: bool | None = None) -> Steady:
         """The arrangement of the main's rows this host runs cheaper, with its steady sizes: one-token sequences where
@@ -226,20 +237,48 @@ class ModelRunner:
     def block_tokens(self) -> int:
         return self.layout.block_tokens
 
-    def run(self, works: list[Work]) -> list[np.ndarray]:
-        """Each work's rows of logits [rows, vocabulary], from one inference holding the steady tokens and rows."""
+    def run(self, works: list[Work], *, yields_while: Callable[[], bool] | None = None) -> list[np.ndarray]:
+        """Each work's rows of logits [rows, vocabulary], from one inference holding the steady tokens and rows.
+        `yields_while`: the works can wait, and give way (Preempted) while it is true, before the inference or, at
+        `preempt`, during it."""
         rows = self.steady.rows - sum(work.rows for work in works)
         tokens = max(self.steady.tokens - sum(len(work.tokens) for work in works), rows, 0)
         splits = [work.split() for work in works]
         filler = [Work([self.scratch], 0, [0] * tokens, max(rows, 0))] if tokens else []
-        answers, first = self._infer([part for split in splits for part in split] + filler), 0
+        answers, first = self._infer([part for split in splits for part in split] + filler, yields_while), 0
         joined = []
         for split in splits:
             joined.append(answers[first] if len(split) == 1 else np.concatenate(answers[first:first + len(split)]))
             first += len(split)
         return joined
 
-    def _infer(self, works: list[Work]) -> list[np.ndarray]:
+    def preempt(self) -> None:
+        """Cancel the inference under way if it yields (run's `yields_while`): the CPU plugin stops it between two
+        of the graph's nodes, within 20-100 ms on the demo main, and the request infers as before after it."""
+        with self._yielding:
+            if self._yields_now:
+                self._preempted = True
+                self.request.cancel()
+
+    def _infer_yielding(self, inputs: dict, yields_while: Callable[[], bool]) -> None:
+        with self._yielding:
+            if yields_while():
+                self.gave_way += 1
+                raise Preempted
+            self._yields_now, self._preempted = True, False
+            self.request.start_async(inputs)
+        try:
+            self.request.wait()
+        except RuntimeError:
+            if self._preempted:
+                self.gave_way += 1
+                raise Preempted from None
+            raise
+        finally:
+            with self._yielding:
+                self._yields_now = False
+
+    def _infer(self, works: list[Work], yields_while: Callable[[], bool] | None = None) -> list[np.ndarray]:
         size = self.block_tokens
         lengths = [len(work.tokens) for work in works]
         begins = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
@@ -258,7 +297,10 @@ class ModelRunner:
                                         dtype=np.int32),
             LOGITS_INDICES: rows.astype(np.int64),
         }
-        self.request.infer(inputs)
+        if yields_while is None:
+            self.request.infer(inputs)
+        else:
+            self._infer_yielding(inputs, yields_while)
         logits = self.request.get_output_tensor(0).data  # [rows, 1, vocabulary]
         answers, first = [], 0
         for work in works:

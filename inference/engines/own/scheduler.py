@@ -7,6 +7,10 @@ On the PagedAttention op a sequence's rows do not depend on which others share i
 so batching is only a matter of speed: one inference of four sequences reads the weights once. A step waits briefly
 for the sequences that took part in the last one (their threads are emitting its tokens, or drafting), so that
 answers under load keep stepping together instead of splitting into groups out of step.
+
+Work that can wait (the draft reading a conversation after its answer) yields to a user's prompt: a step holding only
+such work does not start while `yields_while` says a prompt is being read, and one under way is cancelled when a
+prompt starts (`preempt`); its asks are answered with Preempted and asked again once the prompt is read.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
-from inference.engines.own.model_runner import ModelRunner, Work
+from inference.engines.own.model_runner import ModelRunner, Preempted, Work
 
 log = logging.getLogger(__name__)
 CHUNK_TOKENS = 256  # a long prompt is read in chunks of this many, other answers stepping between two
@@ -28,8 +33,8 @@ DRAFTING_GATHER_S = 0.5  # ... for a sequence that speculates (it drafts K token
 class Ask:
     """A sequence's pending work, answered with its rows of logits or the error its inference raised."""
 
-    def __init__(self, work: Work, member: object, *, drafting: bool):
-        self.work, self.member, self.drafting = work, member, drafting
+    def __init__(self, work: Work, member: object, *, drafting: bool, yields: bool):
+        self.work, self.member, self.drafting, self.yields = work, member, drafting, yields
         self.result: np.ndarray | BaseException | None = None
         self.done = threading.Event()
 
@@ -48,10 +53,16 @@ class Scheduler:
         self._changed = threading.Condition()
         self._driver: threading.Thread | None = None
         self.steps = 0
+        self.yields_while: Callable[[], bool] | None = None  # work that can wait gives way while it is true
 
-    def infer(self, work: Work, *, member: object, drafting: bool = False) -> np.ndarray:
-        """`work`'s rows of logits; `member` is the sequence asking (the step waits for the last step's members)."""
-        ask = Ask(work, member, drafting=drafting)
+    def preempt(self) -> None:
+        """The step under way is cancelled if it holds only work that can wait."""
+        self.runner.preempt()
+
+    def infer(self, work: Work, *, member: object, drafting: bool = False, yields: bool = False) -> np.ndarray:
+        """`work`'s rows of logits; `member` is the sequence asking (the step waits for the last step's members);
+        `yields`: the work can wait (Preempted: nothing ran for it, ask again)."""
+        ask = Ask(work, member, drafting=drafting, yields=yields)
         with self._changed:
             self._waiting.append(ask)
             if self._driver is None or not self._driver.is_alive():
@@ -59,6 +70,8 @@ class Scheduler:
                 self._driver.start()
             self._changed.notify_all()
         ask.done.wait()
+        if isinstance(ask.result, Preempted):
+            raise ask.result
         if isinstance(ask.result, BaseException):
             raise RuntimeError("the model's step failed") from ask.result
         assert ask.result is not None
@@ -109,8 +122,11 @@ class Scheduler:
 
     def _run(self, step: list[Ask]) -> None:
         results: list[np.ndarray | BaseException]
+        yields = self.yields_while if all(ask.yields for ask in step) else None
         try:
-            results = [*self.runner.run([ask.work for ask in step])]
+            results = [*self.runner.run([ask.work for ask in step], yields_while=yields)]
+        except Preempted as preempted:
+            results = [preempted] * len(step)
         except Exception as exc:  # the step's answers fail, the model steps on
             log.exception("a step of %d sequences failed", len(step))
             results = [exc] * len(step)
