@@ -23,7 +23,7 @@ from inference.engines.interface import Finished, JoinedBatch
 from inference.engines.own.engine import OwnEngine
 from inference.engines.own.payoff import WINDOW
 from inference.engines.own.proposers.chain import Drafting
-from inference.engines.own.proposers.prompt_lookup import PromptLookup
+from inference.engines.own.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookup
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter, Route
 from inference.selectors import live_workers
@@ -391,21 +391,28 @@ def flat(steps: list[list[int]]) -> list[int]:
 def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
     """Beyond the pair's speculating streams, the answer speculating goes on at the K for the batch (0 here: the
     host is not calibrated) with its cache as it is (nothing moves: every answer's steps share the main's inference
-    anyway): from then on one token a step, and the same greedy answer; the engine says when it joined the batch and
-    that its K fell to 0 there."""
+    anyway): from then on no draft token, the conversation's lookup alone proposing (at no inference) where the
+    answer copies its prompt, and the same greedy answer; the engine says when it joined the batch, that its K fell
+    to 0 there, and that the lookup goes on."""
     busy = OwnEngine(replace(SPEC, slug="busy", speculating_streams=1))
     params = DecodingParams(max_new_tokens=160, ignore_eos=True, speculation=Speculation(k=3))
-    speculating = busy.submit(prompt=PROMPTS[0], params=params)
+    speculating = busy.submit(prompt=COPYING[1], params=params)
     before = [speculating.events.get(timeout=120) for _ in range(4)]  # its prefill's token, then three steps
+    draft_steps = busy.draft.scheduler.steps
     joining = busy.submit(prompt=PROMPTS[1], params=replace(params, speculation=None))
     said: list[JoinedBatch] = []
-    after, other = steps_of(speculating, said), steps_of(joining)
+    after = []
+    while not isinstance(event := speculating.events.get(timeout=120), Finished):
+        said.append(event) if isinstance(event, JoinedBatch) else after.append(event)
+    other = steps_of(joining)
     assert max(len(step.token_ids) for step in before) > 1, "it did not speculate while alone"
-    assert [(joined.k, joined.k_before) for joined in said] == [(0, 3)]
+    assert [(joined.k, joined.k_before, joined.lookup) for joined in said] == [(0, 3, True)]
     assert said[0].token >= len(flat([step.token_ids for step in before]))
-    assert {len(step) for step in after[1:]} == {1}, "it speculated beside the batch"  # one step may be under way
+    assert busy.draft.scheduler.steps <= draft_steps + 3  # a step may be under way as it joins: K draft tokens
+    assert {step.drafter for step in after[1:] if step.proposed} == {Drafter.NGRAM}, "the lookup stopped"
+    assert max(len(step.token_ids) for step in after[1:]) <= LOOKUP_TOKENS + 1
     alone = replace(params, speculation=None)
-    assert flat([step.token_ids for step in before] + after) == flat(steps_of(engine.submit(prompt=PROMPTS[0],
+    assert flat([step.token_ids for step in before + after]) == flat(steps_of(engine.submit(prompt=COPYING[1],
                                                                                            params=alone)))
     assert flat(other) == flat(steps_of(engine.submit(prompt=PROMPTS[1], params=alone)))
 
@@ -498,5 +505,6 @@ def test_an_answer_moved_into_the_batch_says_so_in_its_usage(own_engine_pair, li
     usage = json.loads([data for _, data in events if data != "[DONE]"][-1])["usage"]
     assert second.status_code == 200, second.text
     codes = usage["speculative_reason_codes"]
-    assert Reason.OWN_ENGINE in codes and codes[-2:] == [Reason.MOVED_INTO_BATCH, Reason.K_LOWERED], codes
+    assert Reason.OWN_ENGINE in codes, codes
+    assert codes[-3:] == [Reason.MOVED_INTO_BATCH, Reason.K_LOWERED, Reason.LOOKUP_IN_BATCH], codes
     assert usage["speculative_k"] == 0 and "down from K=" in usage["speculative_reason"]

@@ -40,11 +40,13 @@ class PromptRead(NamedTuple):
 
 class JoinedBatch(NamedTuple):
     """The answer moved into the own engine's batch after `token` tokens, as more answers came than the pair
-    speculates for: it speculates on there at `k` (0: the main alone), where it ran at `k_before`."""
+    speculates for: it speculates on there at `k` (0: without the draft), where it ran at `k_before`; `lookup`: the
+    conversation's lookup proposes there alone."""
 
     token: int
     k: int
     k_before: int
+    lookup: bool = False
 
 
 class Finished(NamedTuple):

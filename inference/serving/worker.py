@@ -365,6 +365,8 @@ class Answer:
         moved = [Why(Reason.MOVED_INTO_BATCH, {"token": joined.token + 1})]
         if joined.k < joined.k_before:
             moved.append(Why(Reason.K_LOWERED, {"k": joined.k, "k_before": joined.k_before}))
+        if joined.lookup:
+            moved.append(Why(Reason.LOOKUP_IN_BATCH))
         self.planned = replace(self.planned, k=joined.k, why=(*self.planned.why, *moved))
         try:
             _record_plan(generation=self.generation, planned=self.planned)

@@ -1,14 +1,15 @@
 """A chat's first follow-up, sent after the first answer, while the draft reads the paste it was left out of
 (engines/own/engine.py, `catch_up_draft`): its first token, the longest the stream then stands still, and its whole
-turn. As it ships, the draft reads a small first chunk (CATCH_UP_FIRST_CHUNK_TOKENS), then the scheduler's, each
-waiting while the main reads a prompt, and the follow-up goes on without the draft until the reading is done; four
-lines switch one of these on this engine instance only: the first chunk of 256 too (as before 2026-11-30's evening),
-the draft reading every prompt in chunks of 64, the draft reading on through prompts, and the follow-up standing
-still after its first token until the draft has read (as the engine did before). `LINES` picks some (comma-
-separated); `USER_READS_S` the seconds between the answer and the follow-up (0: sent as the answer ends, as
-`manage.py benchmark --conversations` sends it). The held-out pasted chats of conversations.json and code-edit-
-conversations-b.json, greedy, K=3, answers ending at EOS or 48 tokens; the lines interleaved, each run under a cache
-scope of its own so that none finds another's blocks.
+turn. As it ships, the draft reads in the scheduler's chunks, each waiting while the main reads a prompt, a chunk
+under way cancelled as one starts, and the follow-up goes on without the draft until the reading is done; four lines
+switch one of these on this engine instance only: chunks under way not cancelled (as before 2026-11-30's night), the
+draft reading in chunks of 64, the draft reading on through prompts, and the follow-up standing still after its first
+token until the draft has read (as the engine did before). `LINES` picks some (comma-separated); `USER_READS_S` the
+seconds between the answer and the follow-up (0: sent as the answer ends, as `manage.py benchmark --conversations`
+sends it). The held-out pasted chats of conversations.json and code-edit-conversations-b.json, greedy, K=3, answers
+ending at EOS or 48 tokens; the lines interleaved, each run under a cache scope of its own so that none finds
+another's blocks. (A first chunk of 64, as shipped 2026-11-30 evening to night, gave the cancelled chunks' first
+tokens and whole turns on the AMD Zen 4 host: docs/benchmark/real-pair/zen4-2026-11-30b/catch-up-cancelled.txt.)
 
     DJANGO_DEBUG=1 ROUNDS=2 USER_READS_S=1 .venv/bin/python docs/benchmark/real-pair/catch_up_yield.py
 """
@@ -30,7 +31,6 @@ django.setup()
 
 from inference.engines.decoding import DecodingParams, Speculation  # noqa: E402
 from inference.engines.interface import Finished, StepTokens  # noqa: E402
-from inference.engines.own import engine as own_engine  # noqa: E402
 from inference.engines.own.engine import Decoding, OwnEngine  # noqa: E402
 from inference.limits import Route  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
@@ -42,10 +42,9 @@ HERE = Path(__file__).parent
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 TOKENS = 48
 USER_READS_S = float(os.environ.get("USER_READS_S", "1"))  # between the answer and the follow-up
-SHIPS, BIG_CHUNKS, SMALL_CHUNKS, READS_ON, WAITS = ("as it ships", "chunks of 256", "chunks of 64",
-                                                    "the draft reads on", "the follow-up waits")
-LINES = os.environ.get("LINES", ",".join((SHIPS, BIG_CHUNKS, SMALL_CHUNKS, READS_ON, WAITS))).split(",")
-SHIPPED_CHUNK = own_engine.CATCH_UP_FIRST_CHUNK_TOKENS
+SHIPS, NOT_CANCELLED, SMALL_CHUNKS, READS_ON, WAITS = (
+    "as it ships", "chunks not cancelled", "chunks of 64", "the draft reads on", "the follow-up waits")
+LINES = os.environ.get("LINES", ",".join((SHIPS, NOT_CANCELLED, SMALL_CHUNKS, READS_ON, WAITS))).split(",")
 
 
 class Turn(NamedTuple):
@@ -76,6 +75,7 @@ def main() -> None:
     calibration = host_figures(pair=pair, host=this_host(pair.device))  # the configuration the pair is served in
     engine = OwnEngine(pair_spec(pair=pair, route=Route.OWN_SPECULATIVE, calibration=calibration))
     yields = engine.main.prompts_read
+    gives_way = engine.draft.scheduler.yields_while
     draft_chunk = engine.draft.scheduler.chunk_tokens
     joins = Decoding._draft_joins_once_caught_up
 
@@ -96,7 +96,7 @@ def main() -> None:
             rotated = (repeat * len(chats) + number) % len(lines)
             for line in list(lines)[rotated:] + list(lines)[:rotated]:
                 engine.main.prompts_read = (lambda *, timeout: None) if line == READS_ON else yields
-                own_engine.CATCH_UP_FIRST_CHUNK_TOKENS = draft_chunk if line == BIG_CHUNKS else SHIPPED_CHUNK
+                engine.draft.scheduler.yields_while = None if line in (READS_ON, NOT_CANCELLED) else gives_way
                 engine.draft.scheduler.chunk_tokens = 64 if line == SMALL_CHUNKS else draft_chunk
                 Decoding._draft_joins_once_caught_up = waits if line == WAITS else joins  # type: ignore[method-assign]
                 scope = f"{line}-{repeat}-{chat['name']}"

@@ -43,7 +43,7 @@ from inference.engines.own.penalty import RepetitionPenalty
 from inference.engines.own.proposers.chain import Drafting
 from inference.engines.own.proposers.draft_model import DraftModel
 from inference.engines.own.proposers.interface import Proposal
-from inference.engines.own.proposers.prompt_lookup import PromptLookup
+from inference.engines.own.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookup
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.spec import PairSpec
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
@@ -60,10 +60,6 @@ DRAFT_CATCH_UP_TOKENS = 256
 STEADY_ROWS_FILE = ".steady-rows.json"  # beside the main's IR: each host's probed step sizes (steady_rows)
 PROGRESS_MIN_TOKENS = 256  # prompts this long to read say how far they got
 CATCH_UP_WAIT_S = 30.0  # a catch-up's chunk waits this long at most for the main to read a prompt
-# A catch-up's first chunk is this small: the next turn, sent as the answer ends, shares the cores with the rest of
-# that chunk before the catch-up yields to it. The rest is read in the scheduler's chunks: small ones all along cost
-# the next turn more than they saved, the draft joining it later (docs/speculation.md#long-conversations).
-CATCH_UP_FIRST_CHUNK_TOKENS = 64
 
 
 def _logsumexp(row: np.ndarray) -> float:
@@ -324,7 +320,6 @@ class Decoding:
         if self.behind is not None and self.emitted:
             main = self.engine.main
             self.behind.cache.prefill(self.prompt_ids + self.emitted[:-1],
-                                      first_chunk_tokens=CATCH_UP_FIRST_CHUNK_TOKENS,
                                       pause=lambda: main.prompts_read(timeout=CATCH_UP_WAIT_S))
             self.behind.cache.close()
 
@@ -379,20 +374,26 @@ class Decoding:
 
     def _join_batch_if_busy(self) -> None:
         """Beyond the pair's speculating streams, an answer speculating goes on at its K for the batch
-        (`Speculation.batch_k`; None: the main alone): its steps share every inference with the other answers' anyway
-        (engines/own/scheduler.py), and there a verify of many tokens costs more than the draft saves
-        (docs/speculation.md#speculating-in-the-batch). It stays there, and says so (JoinedBatch: on the record)."""
+        (`Speculation.batch_k`; None: without the draft): its steps share every inference with the other answers'
+        anyway (engines/own/scheduler.py), and there a verify of many tokens costs more than the draft saves
+        (docs/speculation.md#speculating-in-the-batch). Without the draft, the conversation's lookup goes on where
+        the pair chains it: its proposals cost no inference, a miss is the main alone's step, and its payoff judge
+        (engines/own/payoff.py) sits it out where its verifies do not pay. It stays there, and says so (JoinedBatch:
+        on the record)."""
         limit = self.engine.spec.speculating_streams
         if not (self.drafting and self.speculation and limit and self.engine.active_count > limit) or self.joined:
             return
         self.joined = True
         k_before, batch_k = self.k, self.speculation.batch_k
         self.k = min(self.k, batch_k) if batch_k else 0
-        self.request.events.put(JoinedBatch(token=len(self.emitted), k=self.k, k_before=k_before))
+        lookup = not batch_k and self.drafting.lookup is not None
+        self.request.events.put(JoinedBatch(token=len(self.emitted), k=self.k, k_before=k_before, lookup=lookup))
         if not batch_k:
-            self.drafting.stop()
-            self.drafting = None
+            self.drafting.stop_draft()
             self.main.drafting = False
+            self.behind, self.set_aside = self.behind or self.set_aside, None  # it reads the conversation after
+            if not lookup:
+                self.drafting = None
 
     def _allowed(self, logits: np.ndarray) -> np.ndarray:
         """The logits with the tokens the grammar refuses now at -inf; unchanged without a grammar."""
@@ -404,7 +405,10 @@ class Decoding:
         last = self.emitted[-1]
         room = self.params.max_new_tokens - len(self.emitted) - 1  # never propose past the cap
         started = time.perf_counter()
-        proposal = (self.drafting.propose(k=min(self.k, room), room=room, last=last) if self.drafting
+        # In the batch the other answers' tokens wait for a lookup's run to be verified: a short one, as the payoff
+        # judge weighs this answer's tokens alone
+        looked_up = min(room, LOOKUP_TOKENS) if self.joined else room
+        proposal = (self.drafting.propose(k=min(self.k, room), room=looked_up, last=last) if self.drafting
                     else Proposal([], Drafter.DRAFT, [], []))
         proposals = proposal.tokens
         verifying = time.perf_counter()

@@ -98,11 +98,10 @@ class PagedSequence:
         return len(self.tokens)
 
     def prefill(self, prompt_ids: list[int], *, on_chunk: ProgressCallback | None = None,
-                pause: Callable[[], object] | None = None, first_chunk_tokens: int | None = None) -> np.ndarray:
+                pause: Callable[[], object] | None = None) -> np.ndarray:
         """The prompt after the blocks the pool holds for its start: the last token's logits [1, vocabulary].
         `pause`, called before each chunk, holds back a read that can wait (its chunks yield to the prompts of the
-        model it yields to: PagedModel.yield_to); `first_chunk_tokens`, a first chunk smaller than the scheduler's, so
-        that work arriving as the read starts waits for less of it."""
+        model it yields to: PagedModel.yield_to)."""
         if self.tokens:
             raise ValueError("a sequence reads one prompt, first")
         pool, n = self.model.pool, len(prompt_ids)
@@ -118,15 +117,13 @@ class PagedSequence:
         pool.count_lookup(queried=n, hit=self.cached)
         self.reserve(n)  # the whole prompt's blocks at once: one that cannot fit fails before it evicts anything
         budget = self.model.scheduler.chunk_tokens
-        first = min(first_chunk_tokens or budget, budget)
         logits = None
         with self.model.reading_prompt():
             while self.position < n:
                 if pause is not None:
                     pause()
-                chunk = first if self.position == self.cached else budget
                 try:
-                    logits = self.feed(prompt_ids[self.position:self.position + chunk], rows=1,
+                    logits = self.feed(prompt_ids[self.position:self.position + budget], rows=1,
                                        yields=pause is not None)
                 except Preempted:
                     continue  # read again once the prompt it gave way to is read (`pause`)

@@ -90,7 +90,8 @@ class Drafting:
         for proposer in self.proposers():
             proposer.settle(proposal, last=last, accepted=accepted, token=token)
 
-    def stop(self) -> None:
-        """The answer goes on without speculating (the main alone's batch): the draft is not fed again."""
+    def stop_draft(self) -> None:
+        """The answer goes on without the draft (in the batch): it is not fed again; the lookup, if any, goes on."""
         if self.draft is not None:
             self.draft.stop()
+            self.draft = None
