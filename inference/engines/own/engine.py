@@ -43,7 +43,7 @@ from inference.engines.own.penalty import RepetitionPenalty
 from inference.engines.own.proposers.chain import Drafting
 from inference.engines.own.proposers.draft_model import DraftModel
 from inference.engines.own.proposers.interface import Proposal
-from inference.engines.own.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookup
+from inference.engines.own.proposers.prompt_lookup import PromptLookup
 from inference.engines.pages import release_freed_heap, release_weight_pages
 from inference.engines.spec import PairSpec
 from inference.engines.tokenizer import load_tokenizer, prompt_token_ids
@@ -377,9 +377,8 @@ class Decoding:
         (`Speculation.batch_k`; None: without the draft): its steps share every inference with the other answers'
         anyway (engines/own/scheduler.py), and there a verify of many tokens costs more than the draft saves
         (docs/speculation.md#speculating-in-the-batch). Without the draft, the conversation's lookup goes on where
-        the pair chains it: its proposals cost no inference, a miss is the main alone's step, and its payoff judge
-        (engines/own/payoff.py) sits it out where its verifies do not pay. It stays there, and says so (JoinedBatch:
-        on the record)."""
+        the pair chains it, where the answer copies (PromptLookup.batched): its proposals cost no inference, a miss
+        is the main alone's step. It stays there, and says so (JoinedBatch: on the record)."""
         limit = self.engine.spec.speculating_streams
         if not (self.drafting and self.speculation and limit and self.engine.active_count > limit) or self.joined:
             return
@@ -387,6 +386,8 @@ class Decoding:
         k_before, batch_k = self.k, self.speculation.batch_k
         self.k = min(self.k, batch_k) if batch_k else 0
         lookup = not batch_k and self.drafting.lookup is not None
+        if self.drafting.lookup is not None:
+            self.drafting.lookup.batched()
         self.request.events.put(JoinedBatch(token=len(self.emitted), k=self.k, k_before=k_before, lookup=lookup))
         if not batch_k:
             self.drafting.stop_draft()
@@ -405,10 +406,7 @@ class Decoding:
         last = self.emitted[-1]
         room = self.params.max_new_tokens - len(self.emitted) - 1  # never propose past the cap
         started = time.perf_counter()
-        # In the batch the other answers' tokens wait for a lookup's run to be verified: a short one, as the payoff
-        # judge weighs this answer's tokens alone
-        looked_up = min(room, LOOKUP_TOKENS) if self.joined else room
-        proposal = (self.drafting.propose(k=min(self.k, room), room=looked_up, last=last) if self.drafting
+        proposal = (self.drafting.propose(k=min(self.k, room), room=room, last=last) if self.drafting
                     else Proposal([], Drafter.DRAFT, [], []))
         proposals = proposal.tokens
         verifying = time.perf_counter()

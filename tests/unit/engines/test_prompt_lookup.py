@@ -9,7 +9,13 @@ import pytest
 
 from inference.engines.decoding import Sampling
 from inference.engines.own.acceptance import accept, accept_fixed, greedy_accept
-from inference.engines.own.proposers.prompt_lookup import LONGEST_LOOKUP, MIN_NGRAM, PromptLookup
+from inference.engines.own.proposers.prompt_lookup import (
+    BATCH_MATCHED,
+    LONGEST_LOOKUP,
+    LOOKUP_TOKENS,
+    MIN_NGRAM,
+    PromptLookup,
+)
 
 
 def scanned(prompt: list[int], history: list[int], *, max_ngram: int, length: int, limit: int) -> list[int]:
@@ -62,6 +68,21 @@ def test_a_longer_match_proposes_further_up_to_the_longest_lookup():
     assert lookup.propose(5) == pasted[60:65]  # never past the room left
     lookup.extend([1, *pasted[61:64]])  # a change, then copying again: trusted as far as the new match
     assert lookup.propose(64) == pasted[64:72]
+
+
+def test_in_the_batch_the_lookup_proposes_only_where_the_answer_copies_and_a_short_run():
+    """Other answers wait for a batched answer's verify: a match shorter than BATCH_MATCHED tokens proposes nothing
+    there (a question's answer meets the paste's n-grams by chance), a longer one the lookup's length at most."""
+    pasted = list(range(100, 200))
+    lookup = PromptLookup([*pasted, 7], max_ngram=3)
+    lookup.batched()
+    lookup.extend(pasted[:BATCH_MATCHED - 1])
+    assert lookup.propose(64) == []
+    lookup.extend(pasted[BATCH_MATCHED - 1:40])  # copying: 40 tokens matched
+    assert lookup.propose(64) == pasted[40:40 + LOOKUP_TOKENS]
+    assert lookup.propose(3) == pasted[40:43]
+    lookup.extend([1, *pasted[41:44]])  # a change: three tokens matched again, too few
+    assert lookup.propose(64) == []
 
 
 def test_nothing_is_proposed_without_an_earlier_occurrence():

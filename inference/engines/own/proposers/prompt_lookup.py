@@ -33,6 +33,11 @@ LOOKUP_TOKENS = 8
 # A longer match is trusted further, as SuffixDecoding does (arXiv 2411.04975): as many tokens as the answer's tail
 # matched the conversation, up to this. An answer copying a pasted file grows its steps 8, 17, 32 while it copies.
 LONGEST_LOOKUP = 32
+# In the own engine's batch the other answers' tokens wait for a lookup's verify, and on a host's few cores a batch's
+# step costs nearly by the token: the lookup proposes there only where the answer copies (this many of its last
+# tokens match the conversation), and no more than LOOKUP_TOKENS a step. Proposing on every match lost a quarter of the
+# batch's speed on questions about a paste (docs/speculation.md#speculating-in-the-batch).
+BATCH_MATCHED = 8
 
 
 class PromptLookup:
@@ -43,6 +48,7 @@ class PromptLookup:
         shortest = MIN_NGRAM + (len(prompt) >= LONG_PROMPT)
         self.sizes = range(max(max_ngram, shortest), shortest - 1, -1)  # longest first
         self.length = length
+        self.longest, self.least_matched = LONGEST_LOOKUP, 0
         self.history = list(prompt)
         self.follows: dict[tuple[int, ...], int] = {}
         for end in range(shortest, len(prompt)):  # the n-grams that end just before prompt[end]
@@ -54,6 +60,10 @@ class PromptLookup:
         """The answer's new tokens: the history's last tokens are what is looked up next."""
         self.history.extend(tokens)
 
+    def batched(self) -> None:
+        """The answer went into the own engine's batch: proposals only where it copies, short ones."""
+        self.longest, self.least_matched = self.length, BATCH_MATCHED
+
     def propose(self, limit: int) -> list[int]:
         """What followed the latest occurrence in the prompt of the history's last n tokens (the longest n that
         occurred), as many tokens as the match ran (at least the lookup's length, at most LONGEST_LOOKUP) and up to
@@ -61,7 +71,10 @@ class PromptLookup:
         history = self.history
         for n in self.sizes:
             if len(history) > n and (start := self.follows.get(tuple(history[-n:]))) is not None:
-                length = max(self.length, min(self._matched(start, n), LONGEST_LOOKUP))
+                matched = self._matched(start, n)
+                if matched < self.least_matched:
+                    return []
+                length = min(max(self.length, matched), self.longest)
                 return history[start:start + min(limit, length)]
         return []
 
@@ -82,6 +95,9 @@ class LookupProposer:
 
     def extend(self, tokens: list[int]) -> None:
         self.lookup.extend(tokens)
+
+    def batched(self) -> None:
+        self.lookup.batched()
 
     def propose(self, limit: int, *, last: int) -> Proposal:
         tokens = self.lookup.propose(limit)
