@@ -35,8 +35,8 @@ LOOKUP_TOKENS = 8
 LONGEST_LOOKUP = 32
 # In the own engine's batch the other answers' tokens wait for a lookup's verify, and on a host's few cores a batch's
 # step costs nearly by the token: the lookup proposes there only where the answer copies (this many of its last
-# tokens match the conversation), and no more than LOOKUP_TOKENS a step. Proposing on every match lost a quarter of the
-# batch's speed on questions about a paste (docs/speculation.md#speculating-in-the-batch).
+# tokens match the conversation), and no more than LOOKUP_TOKENS a step. On every match, four answers to questions
+# about a paste had 390 tokens verified to keep 42 (docs/speculation.md#speculating-in-the-batch).
 BATCH_MATCHED = 8
 
 
