@@ -403,7 +403,10 @@ def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
     said: list[JoinedBatch] = []
     after = []
     while not isinstance(event := speculating.events.get(timeout=120), Finished):
-        said.append(event) if isinstance(event, JoinedBatch) else after.append(event)
+        if isinstance(event, JoinedBatch):
+            said.append(event)
+        else:
+            after.append(event)
     other = steps_of(joining)
     assert max(len(step.token_ids) for step in before) > 1, "it did not speculate while alone"
     assert [(joined.k, joined.k_before, joined.lookup) for joined in said] == [(0, 3, True)]
