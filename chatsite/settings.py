@@ -212,6 +212,12 @@ PREFIX_CACHING = env_bool("SPECCHAT_PREFIX_CACHING", True)
 # sets are shared by all), or "server" (every request's, for a team that shares everything). Under "user" neither
 # cached_tokens nor the first token's wait tells one user what another sent.
 PREFIX_CACHE_SCOPE = os.environ.get("SPECCHAT_PREFIX_CACHE_SCOPE", "user")
+# How the own engine's main computes an answer's tokens (engines/own/model_runner.py, `arranged`): "auto" (what the
+# host's probe at load finds cheaper), "queries" or "one-token" (cheaper under load and at long context, a cold prompt
+# dearer: docs/exactness.md#one-kernel-path). Every arrangement is exact; one-token is served only where checked alike.
+MAIN_ROWS = os.environ.get("SPECCHAT_MAIN_ROWS", "auto")
+if MAIN_ROWS not in ("auto", "queries", "one-token"):
+    raise ImproperlyConfigured("SPECCHAT_MAIN_ROWS must be auto, queries or one-token")
 # A step process that sends no step for this long while requests wait (plus as much again per 512 prompt
 # tokens still to prefill) is killed and its answers failed; the next request loads it again. 0: no watchdog.
 # Well above a decode step (well under a second for the real pair here) so its answers end within a minute.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ import openvino as ov
 import pytest
 from django.conf import settings
 
+from inference.engines.decoding import DecodingParams, Speculation
+from inference.engines.interface import Finished
 from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.engine import OwnEngine
 from inference.engines.own.kv_cache import PagedModel, PagedSequence
@@ -269,3 +272,23 @@ def test_a_drafts_cut_head_gives_rows_widened_to_the_whole_vocabulary(engine: Ow
         assert mine.shape == theirs.shape == (head.width,)
         assert np.array_equal(mine[kept], theirs[kept])
         assert np.isneginf(mine[dropped]).all() and np.isfinite(theirs).all()
+
+
+# ------------------------------------------------------------------------------------- the operator's arrangement
+@pytest.mark.parametrize("asked", ["queries", "one-token"])
+def test_the_arrangement_an_operator_asks_for_is_served_where_alike_and_answers_as_the_main_alone(asked: str):
+    """SPECCHAT_MAIN_ROWS: an engine loaded asking for one arrangement computes the main's rows that way (one-token
+    sequences only where the engine's check finds them alike here), and its greedy answers with the draft are its main
+    alone's."""
+    engine = OwnEngine(replace(SPEC, main_rows=asked))
+    runner = engine.main.runner
+    one_token = asked == "one-token" and runner.alike_as_tokens(runner.arranged(token_rows=True))
+    assert runner.steady.token_rows == one_token
+    answers = {}
+    for k in (0, 4):
+        request = engine.submit(prompt=CODE, params=DecodingParams(
+            max_new_tokens=24, ignore_eos=True, speculation=Speculation(k=k) if k else None))
+        answers[k] = []
+        while not isinstance(event := request.events.get(timeout=120), Finished):
+            answers[k] += event.token_ids
+    assert len(answers[0]) == 24 and answers[4] == answers[0]

@@ -120,6 +120,53 @@ def test_a_step_padded_to_the_hosts_steady_sizes_returns_its_own_rows_and_writes
     runner.pool.release(table)
 
 
+def one_token_runner(model: PagedModel) -> tuple[ModelRunner, list[int]]:
+    """The main's runner with its rows as one-token sequences (ModelRunner.arranged), and the blocks of a prompt it
+    read (four and a part)."""
+    runner = ModelRunner(model.runner.compiled, pool_bytes=POOL_BLOCKS * model.runner.layout.block_bytes,
+                         steady=Steady(token_rows=True))
+    table = runner.pool.allocate(-(-len(PROMPT) // runner.block_tokens))
+    runner.run([Work(table, 0, PROMPT, rows=1, token_rows=True)])
+    return runner, table
+
+
+def test_a_lone_one_token_step_gives_the_row_it_gives_beside_another_answers():
+    """OpenVINO's PagedAttention kernel runs a step of one-token sequences, fewer than its threads, on a path of its
+    own (`exec_loop_bhl`) that sums a context of several blocks otherwise than the path a verify takes: on the real main
+    in bf16 (AMD EPYC Zen 4) a lone token's row parted from the verify's by up to 0.33, on the demo main here too. So a
+    lone answer's token, where the main's tokens run as one-token sequences, gets the row it gets beside others."""
+    runner, table = one_token_runner(paged("main", dynamic_quantization=True))
+    lone = runner.run([Work(table, len(PROMPT), PROPOSALS[:1], rows=1, token_rows=True)])[0]
+    beside = runner.run([Work(table, len(PROMPT), PROPOSALS[:1], rows=1, token_rows=True),
+                         Work([runner.pool.allocate(1)[0]], 0, PROPOSALS, rows=1, token_rows=True)])[0]
+    assert np.array_equal(lone, beside)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4, 8])
+def test_the_mains_one_token_steps_reach_the_kernel_as_a_step_of_the_verifys_path(threads):
+    """For any number of the kernel's threads (a bigger host), a step of the main's one-token sequences reaches it
+    with as many sequences as threads or with a sequence of two tokens, adding one filler at most; the main alone's
+    2-token queries need none."""
+    model = paged("main", dynamic_quantization=True)
+    seen: list[list[Work]] = []
+
+    def watched(runner: ModelRunner) -> ModelRunner:
+        infer, runner.threads = runner._infer, threads
+        runner._infer = lambda works, *rest: seen.append(works) or infer(works, *rest)  # type: ignore[method-assign]
+        return runner
+
+    one_token, table = one_token_runner(model)
+    watched(one_token)
+    for fed in range(1, 6):  # tokens of as many answers, or one answer's verify, as one-token sequences
+        one_token.run([Work(table, len(PROMPT), PROPOSALS[:1], rows=1, token_rows=True)] * fed)
+        parts = seen[-1]
+        assert len(parts) >= threads or any(len(part.tokens) > 1 for part in parts), (fed, parts)
+        assert len(parts) - fed <= 1 and sum(len(part.tokens) for part in parts) - fed <= 2  # one filler, 2 tokens
+    queries = watched(ModelRunner(model.runner.compiled, pool_bytes=POOL_BLOCKS * model.runner.layout.block_bytes))
+    queries.run([Work(queries.pool.allocate(5), len(PROMPT) - 1, PROPOSALS[:2], rows=1)])
+    assert [len(part.tokens) for part in seen[-1]] == [2]
+
+
 def preempting(preempt, work, *, enough) -> int:
     """Runs `work` in a thread, calling `preempt` every few milliseconds until it ends or `enough()` (a read preempted
     all along would never end): how many times it gave way."""

@@ -64,6 +64,7 @@ class PairSpec:
     draft_head_ids: str = ""  # on the own engine: a file of the ids the draft's head keeps (engines/own/draft_head.py)
     draft_alternative_dir: str = ""  # the same draft in another weight format: a calibration keeps the cheaper
     drafters_judged: bool = True  # on the own engine: a drafter sits out where it does not pay (engines/own/payoff.py)
+    main_rows: str = "auto"  # on the own engine: how the main computes an answer's tokens (settings.MAIN_ROWS)
 
     def __post_init__(self) -> None:
         if self.route == Route.OWN_MAIN_ALONE:

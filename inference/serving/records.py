@@ -66,6 +66,7 @@ def pair_spec(*, pair: ModelPair, route: Route = Route.LIBRARY_SPECULATIVE,
         speculating_streams=pair.own_engine_streams if pair.draft_dir else 0,
         kv_pool_mb=settings.KV_POOL_MB,
         prefix_caching=settings.PREFIX_CACHING,
+        main_rows=settings.MAIN_ROWS,
         dynamic_quantization=bool(pair.own_engine_streams) and own,
         draft_head_ids=str(head_ids) if head_ids and head_ids.is_file() else "",  # read by the own engine alone
         draft_alternative_dir=str(root / pair.draft_alternative_dir) if pair.draft_alternative_dir else "",

@@ -115,13 +115,14 @@ def own_engine_precision(spec: PairSpec) -> PairSpec:
     return replace(spec, inference_precision=precision, kv_cache_precision=precision)
 
 
-def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str]) -> Steady:
-    """The arrangement of the main's rows and the sizes a step needs for them to come out alike
-    (ModelRunner.arranged), probed once per host and configuration (seconds on the real main) and kept beside the
-    main's files where they are writable, so that every worker of the pair on the host computes alike."""
+def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str], asked: str = "auto") -> Steady:
+    """The arrangement of the main's rows (`asked`: "auto", the one ModelRunner.arranged finds cheaper, or "queries"
+    or "one-token", where checked alike) and the sizes a step needs for them to come out alike, probed once per host
+    and configuration (seconds on the real main) and kept beside the main's files where they are writable, so that
+    every worker of the pair on the host computes alike."""
     weights = Path(main_dir) / "openvino_model.bin"
     probed = [this_host().signature, properties, weights.stat().st_size, weights.stat().st_mtime_ns,
-              "arranged, checked alike at every verify"]
+              "arranged, checked alike at every verify", "one-token steps on the mixed path", asked]
     key = hashlib.sha256(json.dumps(probed).encode()).hexdigest()
     kept = Path(main_dir) / STEADY_ROWS_FILE
     try:
@@ -130,7 +131,11 @@ def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str
         known = {}
     if isinstance(known.get(key), list):
         return Steady(*known[key])
-    steady = runner.arranged()
+    steady = runner.arranged(token_rows=None if asked == "auto" else asked == "one-token")
+    if asked == "one-token" and not runner.alike_as_tokens(steady):
+        log.warning("one-token sequences part a verify's rows from the main alone's on this host: the main's rows run "
+                    "as queries (SPECCHAT_MAIN_ROWS=one-token not served)")
+        steady = runner.arranged(token_rows=False)
     try:
         written = kept.with_name(f"{kept.name}.{os.getpid()}")
         written.write_text(json.dumps({**known, key: list(steady)}))
@@ -158,7 +163,8 @@ class OwnEngine:
         pool = spec.kv_pool_bytes()  # shared so that both models hold as many tokens
         caching = spec.prefix_caching
         main_runner = ModelRunner(main, pool_bytes=pool * main_bytes // (main_bytes + draft_bytes))
-        main_runner.steady = steady_rows(main_runner, main_dir=spec.main_dir, properties=main_properties)
+        main_runner.steady = steady_rows(main_runner, main_dir=spec.main_dir, properties=main_properties,
+                                         asked=spec.main_rows)
         self.main = PagedModel(main_runner, caching=caching)
         self.draft = PagedModel(ModelRunner(draft, pool_bytes=pool * draft_bytes // (main_bytes + draft_bytes)),
                                 head=draft_head, caching=caching)

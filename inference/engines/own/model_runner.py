@@ -14,9 +14,11 @@ The main's rows can be arranged two exact ways (docs/exactness.md#one-kernel-pat
 sequence (the main alone's token as a 2-token query, a verify as one query of K+1, a prompt's chunk as one query), or
 every token a one-token sequence of its own on the answer's blocks (`Work.token_rows`), a prompt's tokens too: a
 token's keys and values depend on the kernel its attention ran on, so a conversation read again from the cache and
-read cold stay alike only if every token of both ran on the same one. Their costs differ by host: `arranged` probes
-both at load and keeps the second where it costs less (on AVX2 a lone token 0.85x, four answers' tokens at once 0.6x,
-a verify of 9 1.07x, a prompt 1.1x).
+read cold stay alike only if every token of both ran on the same one, and a step of fewer one-token sequences than
+the kernel's threads gets a filler, else the kernel takes a path of its own that sums a long context otherwise. Their
+costs differ by host: `arranged` probes both at load and keeps the second where it costs less (on AVX2 a lone token
+0.85x, four answers' tokens at once 0.6x, a verify of 9 1.07x, a prompt 1.1x), unless the operator asks for one
+(SPECCHAT_MAIN_ROWS).
 """
 
 from __future__ import annotations
@@ -87,6 +89,14 @@ class Work:
                 for i, token in enumerate(self.tokens)]
 
 
+def kernel_threads(compiled: ov.CompiledModel) -> int:
+    """The threads of the stream an inference runs on: the PagedAttention kernel takes its one-token path
+    (`exec_loop_bhl`) for a step of one-token sequences fewer than these (a model compiled for several streams
+    splits the host's threads between them)."""
+    streams = compiled.get_property("NUM_STREAMS")
+    return max(int(compiled.get_property("INFERENCE_NUM_THREADS")) // max(int(streams), 1), 1)
+
+
 class ModelRunner:
     """One compiled model, its cache tensors and its block pool; `run` is called by one thread at a time (the
     model's scheduler, engines/own/scheduler.py)."""
@@ -103,6 +113,7 @@ class ModelRunner:
         for name, tensor in self.cache.items():
             self.request.set_tensor(name, tensor)
         self.steady = steady  # a step feeds and reads at least so many (padded): see steady_rows
+        self.threads = kernel_threads(compiled)
         self._yielding = threading.Lock()  # held while an inference that yields (run's `yields_while`) starts or ends
         self._yields_now = False  # one is under way
         self._preempted = False
@@ -244,8 +255,14 @@ class ModelRunner:
         rows = self.steady.rows - sum(work.rows for work in works)
         tokens = max(self.steady.tokens - sum(len(work.tokens) for work in works), rows, 0)
         splits = [work.split() for work in works]
+        parts = [part for split in splits for part in split]
+        if self.steady.token_rows and len(parts) < self.threads and all(len(part.tokens) == 1 for part in parts):
+            # The main's one-token sequences only, fewer than the kernel's threads: it would take its other path
+            # (`exec_loop_bhl`), which sums a long context's blocks otherwise. A filler of one more sequence, or of two
+            # tokens, keeps the step on the mixed path every verify runs on (docs/exactness.md#one-kernel-path).
+            tokens = max(tokens, 1 if len(parts) + 1 >= self.threads else 2)
         filler = [Work([self.scratch], 0, [0] * tokens, max(rows, 0))] if tokens else []
-        answers, first = self._infer([part for split in splits for part in split] + filler, yields_while), 0
+        answers, first = self._infer(parts + filler, yields_while), 0
         joined = []
         for split in splits:
             joined.append(answers[first] if len(split) == 1 else np.concatenate(answers[first:first + len(split)]))
