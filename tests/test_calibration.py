@@ -67,8 +67,10 @@ def test_a_new_host_calibrates_on_load_and_its_answers_follow_it(pair_on_a_calib
         # where the main alone won there: from the length where the gain fell to nothing, between the two prompts'
         assert long["drafted"]["identical"] == 2 and (long["from_tokens"] is None if long["k"] else
                                                        results["prompt_tokens"] <= long["from_tokens"] <= long["tokens"])
-        # the lookup alone timed beside it, the main alone's text too: the draft kept only where it beat both
-        assert long["lookup_only"]["answers"] == long["lookup_only"]["identical"] == 2
+        # the lookup alone timed beside it, the main alone's text too: the draft kept only where it beat both; the
+        # steps' costs timed there too, which a long answer's K weighs (the draft the engine loads, alone)
+        assert long["lookup_only"]["answers"] == long["lookup_only"]["identical"] == 2 and list(long["draft_ms"]) == [
+            "draft"] and set(long["verify_cost"]) == set(results["verify_cost"])
         assert bool(long["k"]) == (long["drafted"]["tokens_per_s"] > max(
             long[line]["tokens_per_s"] for line in ("lookup_only", "own_main_alone", "fastest")))
     for line in (results["fastest_again"], results["own_main_alone"]):  # the verdict under load weighs both

@@ -28,7 +28,7 @@ from inference.engines.interface import Engine, Finished
 from inference.engines.own.draft_head import DraftHead, compile_draft
 from inference.engines.own.engine import own_engine_precision, steady_rows
 from inference.engines.own.kv_cache import PagedModel, PagedSequence
-from inference.engines.own.model_runner import ModelRunner, Work
+from inference.engines.own.model_runner import ModelRunner
 from inference.engines.own.paged_model import read_paged
 from inference.engines.spec import PairSpec, library_route
 from inference.engines.speculation_stats import SpeculationStats
@@ -224,13 +224,14 @@ MEASURING_POOL_BYTES = 512 * 2**20  # the costs' own pools: a few sequences of a
 
 def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
                sizes: tuple[int, ...] = tuple(range(1, 13)), context: int = 256, repeats: int = 12,
-               rows: int = 1) -> dict[int, float]:
+               rows: int = 1, main_rows: str = "auto") -> dict[int, float]:
     """Median ms of one inference of n new tokens after `context` tokens (the PagedAttention op as the own engine
-    runs it, compiled with `props`): the cost of verifying K = n - 1 draft tokens, for `rows` answers at once (one
+    runs it, compiled with `props`, its rows arranged as `main_rows` asks: the main alone's token as it computes it,
+    a verify of n as it does): the cost of verifying K = n - 1 draft tokens, for `rows` answers at once (one
     inference of that many sequences, n tokens each)."""
     core = ov.Core()
     model = measuring_model(core.compile_model(read_paged(core, main_dir), device, props), main_dir=main_dir,
-                            properties=props)
+                            properties=props, main_rows=main_rows)
     rng = np.random.default_rng(0)
     sequences = [model.sequence(exact=True) for _ in range(rows)]
     for sequence in sequences:
@@ -239,8 +240,7 @@ def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
     costs: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):  # sizes interleaved, so drift hits all alike; each verify taken back (free)
         for n in sizes:
-            works = [Work(sequence.block_table, sequence.position, rng.integers(100, 20_000, size=n).tolist(), rows=n)
-                     for sequence in sequences]
+            works = [sequence.work(rng.integers(100, 20_000, size=n).tolist()) for sequence in sequences]
             began = time.perf_counter()
             model.runner.run(works)
             costs[n].append(time.perf_counter() - began)
@@ -248,12 +248,13 @@ def infer_cost(*, main_dir: str, props: dict[str, str], device: str = "CPU",
 
 
 def measuring_model(compiled: ov.CompiledModel, *, head: DraftHead | None = None, main_dir: str = "",
-                    properties: dict[str, str] | None = None) -> PagedModel:
+                    properties: dict[str, str] | None = None, main_rows: str = "auto") -> PagedModel:
     """A compiled model (a draft with its cut `head`) with a small pool of its own, nothing cached: what a cost is
-    measured on. A main's (`main_dir`, compiled with `properties`) pads its steps as the engine does (steady_rows)."""
+    measured on. A main's (`main_dir`, compiled with `properties`) arranges and pads its steps as the engine does
+    (steady_rows, `main_rows` as SPECCHAT_MAIN_ROWS asks)."""
     runner = ModelRunner(compiled, pool_bytes=MEASURING_POOL_BYTES)
     if main_dir:
-        runner.steady = steady_rows(runner, main_dir=main_dir, properties=properties or {})
+        runner.steady = steady_rows(runner, main_dir=main_dir, properties=properties or {}, asked=main_rows)
     return PagedModel(runner, head=head, caching=False)
 
 

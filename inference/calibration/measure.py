@@ -215,7 +215,8 @@ def _own_engine(spec: PairSpec, name: str, *, fastest: Engine, prompts: list[str
         engine.close()
     steps.next(f"the main's cost of verifying 1-{budget.cost_sizes[-1]} tokens in {config.label}")
     props = own_engine_precision(replace(spec, **config.fields)).device_properties(device=spec.device)
-    costs = infer_cost(main_dir=spec.main_dir, props=props, device=spec.device, sizes=budget.cost_sizes, repeats=8)
+    costs = infer_cost(main_dir=spec.main_dir, props=props, device=spec.device, sizes=budget.cost_sizes, repeats=8,
+                       main_rows=spec.main_rows)
     return {"own_config": name,
             "fastest_again": reference.figures() | _at_once(reference_batched),
             "own_main_alone": alone.figures() | _at_once(batched),
@@ -271,13 +272,20 @@ def _long_context(spec: PairSpec, results: dict, *, budget: Budget) -> dict:
     finally:
         own.close()
         library.close()
+    # the steps' costs there, which a long answer's K weighs (StepLength): the draft it loads, alone
+    props = own_engine_precision(replace(spec, **own_config.fields)).device_properties(device=spec.device)
+    costs = infer_cost(main_dir=spec.main_dir, props=props, device=spec.device, sizes=budget.cost_sizes,
+                       context=tokens, repeats=8, main_rows=spec.main_rows)
+    draft_ms = draft_token_ms(replace(spec, draft_alternative_dir="", **own_config.fields), context=tokens)
     faster = drafted.tokens_per_s > max(looked_up.tokens_per_s, alone.tokens_per_s, library_alone.tokens_per_s)
     library_faster = (library_alone.tokens_per_s > LIBRARY_MARGIN * alone.tokens_per_s
                       and (library_alone.first_token_ms or 0) <= (alone.first_token_ms or 0))
     return {"tokens": tokens, "k": k if faster else 0, "library_alone": library_faster,
             "drafted": drafted.figures(alone=alone), "lookup_only": looked_up.figures(alone=alone),
             "own_main_alone": alone.figures(),
-            "fastest": library_alone.figures()}
+            "fastest": library_alone.figures(),
+            "verify_cost": {str(n): round(ms / costs[1], 3) for n, ms in costs.items()},
+            "verify_ms": round(costs[1], 2), "draft_ms": draft_ms}
 
 
 def draft_token_ms(spec: PairSpec, *, context: int = 64, repeats: int = 12) -> dict[str, float]:

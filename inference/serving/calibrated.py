@@ -47,19 +47,22 @@ def host_figures(*, pair: ModelPair, host: Host) -> HostFigures:
                        draft_stop_below=results.get("ks", {}).get(str(results.get("best_k", {}).get("1")), {}).get(
                            "draft_stop_below"),  # the lone answer's K, measured with the draft stopping where unsure
                        draft_alternative=results.get("draft") == "alternative", step_costs=step_costs(results),
+                       long_step_costs=step_costs(results, long=True),
                        batch_k=int(results.get("batch_k", 0)),
                        long_context_k=long_context.get("k"),
                        long_context_from=long_context.get("from_tokens") or LONG_CONTEXT_FROM)
 
 
-def step_costs(results: dict) -> tuple[float, ...]:
+def step_costs(results: dict, *, long: bool = False) -> tuple[float, ...]:
     """A draft token (in the weight format the own engine loads) and the verify of 2, 3, ... tokens, each as a share
-    of one main token, as the calibration timed them; () where it timed no draft token (calibrated before it did)."""
-    drafted = results.get("draft_ms", {}).get(results.get("draft", "draft"))
-    verify = results.get("verify_cost", {})
-    if not drafted or not results.get("verify_ms") or "2" not in verify:
+    of one main token, as the calibration timed them after its short prompts (`long`: after its long one, where the
+    draft it loads was timed alone); () where it timed no draft token there (calibrated before it did)."""
+    timed = results.get("long_context", {}) if long else results
+    drafted = timed.get("draft_ms", {}).get("draft" if long else results.get("draft", "draft"))
+    verify = timed.get("verify_cost", {})
+    if not drafted or not timed.get("verify_ms") or "2" not in verify:
         return ()
-    return (round(drafted / results["verify_ms"], 3),
+    return (round(drafted / timed["verify_ms"], 3),
             *(verify[str(n)] for n in range(2, len(verify) + 1) if str(n) in verify))
 
 

@@ -136,18 +136,22 @@ class PagedSequence:
     def feed(self, token_ids: list[int], *, rows: int | None = None, yields: bool = False) -> np.ndarray:
         """Logits for the last `rows` fed tokens (each one's on the main, the last one's on the draft; a prompt's
         chunk names its one row); `yields`: work that can wait (Preempted, the sequence unchanged)."""
+        self.reserve(self.position + len(token_ids))
+        scheduler = self.model.scheduler
+        logits = scheduler.infer(self.work(token_ids, rows=rows), member=self, drafting=self.drafting, yields=yields)
+        self.tokens += token_ids
+        head = self.model.head
+        return logits if head is None else np.stack([head.widen(row) for row in logits])
+
+    def work(self, token_ids: list[int], *, rows: int | None = None) -> Work:
+        """The runner's work a feed of these tokens makes, in the arrangement of the main's rows (its blocks
+        reserved: `reserve`)."""
         token_rows = self.exact and self.model.runner.steady.token_rows
         rows = rows or (len(token_ids) if self.exact else 1)
         past, fed = self.position, token_ids
         if self.exact and len(token_ids) == 1 and past and not token_rows:
             past, fed = past - 1, [self.tokens[-1], *token_ids]  # re-fed: the multi-token kernel, as a verify's
-        self.reserve(self.position + len(token_ids))
-        scheduler = self.model.scheduler
-        logits = scheduler.infer(Work(self.block_table, past, fed, rows, token_rows), member=self,
-                                 drafting=self.drafting, yields=yields)
-        self.tokens += token_ids
-        head = self.model.head
-        return logits if head is None else np.stack([head.widen(row) for row in logits])
+        return Work(self.block_table, past, fed, rows, token_rows)
 
     def drop_last(self, n: int) -> None:
         """The last n fed tokens were rejected: the sequence ends before them, its blocks beyond given back."""

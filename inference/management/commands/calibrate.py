@@ -46,7 +46,11 @@ class Command(BaseCommand):
                         f"batch {firsts[1]:.0f} ms.")
         own = ["| own engine | tok/s | acceptance | identical |", "| --- | ---: | ---: | ---: |", *ks, ""] if ks else []
         costs = ", ".join(f"{n} {cost:.2f}" for n, cost in (shown.get("verify_cost") or {}).items())
+        long = results.get("long_context", {})
+        long_costs = ", ".join(f"{n} {cost:.2f}" for n, cost in long.get("verify_cost", {}).items())
         self.stdout.write("\n".join([
             f"{shown['host']}, {shown['seconds']} s", "", "| the main alone in | tok/s, 1 stream | tok/s, at once |",
             "| --- | ---: | ---: |", *rows, "", *own, f"Verifying n tokens costs (x one): {costs}" if costs else "",
+            f"After the {long['tokens']:,}-token prompt: {long_costs}; a draft token "
+            f"{long['draft_ms']['draft']:.1f} ms, one of the main {long['verify_ms']:.1f} ms" if long_costs else "",
             shown["verdict"]]))

@@ -72,6 +72,7 @@ class HostFigures:
     draft_stop_below: float | None = None  # the best K was measured with the draft stopping where unsure
     draft_alternative: bool = False  # the own engine loads the pair's draft in its other weight format: cheaper here
     step_costs: tuple[float, ...] = ()  # a draft token, then the verify of 2, 3, ... tokens, as shares of a main token
+    long_step_costs: tuple[float, ...] = ()  # the same after the calibration's long prompt (LONG_CONTEXT_FROM on)
     batch_k: int = 0  # beyond the pair's speculating streams, answers speculate at this K in the own engine's batch
     long_context_k: int | None = None  # a lone answer's K after LONG_CONTEXT_FROM prompt tokens (0: the main alone)
     long_context_from: int = LONG_CONTEXT_FROM  # prompt tokens from which it applies

@@ -35,8 +35,10 @@ def _served(s: Situation, route: Route, *, why: tuple[Why, ...], k: int | None =
     if host is not None and not host.calibrated:
         adds = (Why(Reason.NOT_CALIBRATED),)
     elif host is not None and route == Route.OWN_SPECULATIVE:
-        if s.lone and s.asked.k is None and draft_stop_below is None and not lookup_only and host.step_costs:
-            step_costs, adds = host.step_costs, (Why(Reason.K_PER_ANSWER),)
+        # after a long prompt a verify weighs more against a token, and a draft token less (the calibration's long line)
+        costs = host.long_step_costs if s.long_prompt and host.long_step_costs else host.step_costs
+        if s.lone and s.asked.k is None and draft_stop_below is None and not lookup_only and costs:
+            step_costs, adds = costs, (Why(Reason.K_PER_ANSWER),)
     elif host is not None and route.is_main_alone():
         config = host.own_config if route.is_own_engine() else host.main_alone_config
         adds = (Why(Reason.FASTEST_CONFIG, {"config": precision.CONFIGS[config].label}),)

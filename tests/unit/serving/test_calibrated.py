@@ -36,6 +36,11 @@ def test_the_costs_a_k_per_answer_weighs_are_the_calibrations_timings_as_shares_
     assert calibrated.step_costs(results) == (0.3, 0.93, 0.94, 1.01)  # the format the own engine loads: 12 ms
     assert calibrated.step_costs({**results, "draft": "draft"})[0] == 0.4
     assert calibrated.step_costs({k: v for k, v in results.items() if k != "draft_ms"}) == ()  # calibrated before
+    # after the long prompt: its own timings, of the draft the engine loads (timed alone there)
+    long = {"long_context": {"verify_ms": 50.0, "verify_cost": {"1": 1.0, "2": 1.1, "3": 1.2},
+                             "draft_ms": {"draft": 10.0}}}
+    assert calibrated.step_costs({**results, **long}, long=True) == (0.2, 1.1, 1.2)
+    assert calibrated.step_costs(results, long=True) == ()  # calibrated before the long line timed them
 
 
 def test_the_answer_names_the_configuration_its_main_alone_ran_in():

@@ -255,6 +255,21 @@ def test_the_planner_table(fields, asked, load, calibration, figures, route, k, 
         assert handed.lookup_only == (R.CALIBRATED_LONG_CONTEXT_LOOKUP in codes)
 
 
+def test_a_long_prompts_answer_weighs_its_k_at_the_costs_timed_after_a_long_prompt():
+    """After a pasted file a verify weighs more against a main token, and a draft token less, than after a short
+    prompt: a long prompt's answer is handed the costs the calibration timed there, a short one's the short ones, and
+    a host calibrated before the long costs were timed hands the short ones to both."""
+    timed_long = replace(COSTED, long_step_costs=(0.2, 1.1, 1.2, 1.35, 1.5), long_context_k=4)
+    for calibration, prompt_tokens, costs in ((timed_long, 200, COSTED.step_costs),
+                                              (timed_long, 1500, timed_long.long_step_costs),
+                                              (COSTED, 1500, COSTED.step_costs)):
+        planned = plan(pair=pair(**OWN), asked=Asked(prompt_tokens=prompt_tokens), load=Load(streams=1),
+                       calibration=calibration)
+        assert (planned.route, planned.k) == (OWN_K, 4)
+        assert R.K_PER_ANSWER in planned.reasons and planned.step_costs == costs, prompt_tokens
+        assert planned_decoding(DecodingParams(max_new_tokens=8), planned).speculation.step_costs == costs
+
+
 def test_the_docs_show_every_rule_and_every_reason_code():
     """docs/speculation.md is the planner's reference: both tables' rules, in order, and every reason code."""
     text = (Path(settings.BASE_DIR) / "docs" / "speculation.md").read_text()
