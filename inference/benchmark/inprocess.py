@@ -42,10 +42,11 @@ class Variant:
     assistant_confidence_threshold: float | None = None
     temperature: float = 0.0
     seed: int | None = None
+    own_engine: bool = False  # the main alone on the own engine (where the pair serves lone answers there)
 
     @property
     def speculation(self) -> Speculation | None:
-        """How its answers speculate in-process (none: the main alone; a K of 0, the own engine's main alone)."""
+        """How its answers speculate in-process (none: the main alone)."""
         if not self.speculative or not (self.num_assistant_tokens or self.assistant_confidence_threshold):
             return None
         return Speculation(k=self.num_assistant_tokens, threshold=self.assistant_confidence_threshold)
@@ -69,9 +70,9 @@ class Variant:
 
 
 PLAIN = Variant("plain", False)
-# The own engine's main alone (K=0 there), where the pair serves lone answers on the own engine: the text its lines
+# The own engine's main alone, where the pair serves lone answers on the own engine: the text its lines
 # are compared with (the library's main alone computes the same model in other kernels: near-ties can part them).
-OWN_PLAIN = Variant("own main alone", True, num_assistant_tokens=0)
+OWN_PLAIN = Variant("own main alone", False, own_engine=True)
 ADAPTIVE = "adaptive"  # through the stack: a request that names no K, planned by the worker for its load
 PEER = Variant("peer", False)  # another server's answers, asked beside SpecChat's (benchmark --compare-url)
 
@@ -230,6 +231,8 @@ class Engines:
     def for_variant(self, variant: Variant) -> Engine:
         """Where the product runs a lone answer like `variant`: a sampled one with a draft on the own engine, a greedy
         one too where the pair serves lone answers there; a confidence threshold only the library applies."""
+        if variant.own_engine:
+            return self.pair(Route.OWN_MAIN_ALONE)
         on_own = variant.speculative and (variant.temperature > 0 or (
             self.lone_on_own and variant.assistant_confidence_threshold is None))
         if on_own:

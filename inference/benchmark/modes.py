@@ -111,7 +111,7 @@ class Line(Tally):
     k: int  # 0: the main alone
     identical: int = 0
     speculating: int = 0  # >0: only that many answers of a round speculate on their own, the rest in the batch
-    batch_k: int = 0  # with `speculating`: the rest speculate at K in the batch (0: at K=0, as a pair ships)
+    batch_k: int = 0  # with `speculating`: the rest speculate at K in the batch (0: the main alone, as a pair ships)
     lookup: bool = True  # on the own engine: the prompt lookup proposes before the draft
 
     @property
@@ -164,7 +164,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
                   draft_only: bool = False, temperature: float = 0.0, say=print) -> list[Line]:
     """`grammar`: every answer held to it (structured output), with and without the draft. `streams`: that
     many prompts answered at once by each line (the library batches them; the own engine runs a thread for
-    each, but its answers at K=0 share one batch), and tokens/s is their sum over the wall time. With more
+    each, but its answers on the main alone share one batch), and tokens/s is their sum over the wall time. With more
     streams than the pair's `own_engine_streams`, an "own as shipped" line runs them as the pair serves a
     burst: that many speculate, the rest run on the main alone, batched (serving/planning, Route.OWN_MAIN_ALONE),
     and so do the speculating ones once the others have come (engines/own/engine.py); `batch_ks`: lines where the
@@ -178,7 +178,7 @@ def compare_modes(*, spec: PairSpec, prompts: list[str], ks: tuple[int, ...], ma
         lines += [Line("own", k, lookup=False) for k in ks]
     specs = {line.name: mode_spec(spec, line.mode, speculative=bool(line.k), speculating_streams=line.speculating,
                                   lookup=line.lookup) for line in lines}
-    built = {each: build_engine(each) for each in set(specs.values())}  # the own engine serves both K=0 and K
+    built = {each: build_engine(each) for each in set(specs.values())}  # the own engine serves its main alone and K
     engines = {name: built[each] for name, each in specs.items()}
     rounds = [prompts[start:start + streams] for start in range(0, len(prompts), streams)]
     try:

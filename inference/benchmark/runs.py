@@ -104,9 +104,10 @@ def inprocess_variants(*, pair: ModelPair, options: BenchmarkOptions) -> list[Va
 
 
 def variant_order(variant: Variant) -> tuple:
-    """Plain, then K ascending, then the thresholds."""
+    """Plain (the library's main alone, then the own engine's), then K ascending, then the thresholds."""
     threshold = variant.assistant_confidence_threshold
-    return variant.speculative, threshold is not None, variant.num_assistant_tokens or 0, threshold or 0
+    return (variant.speculative, variant.own_engine, threshold is not None, variant.num_assistant_tokens or 0,
+            threshold or 0)
 
 
 def stack_variants(*, pair: ModelPair, options: BenchmarkOptions) -> list[Variant]:
