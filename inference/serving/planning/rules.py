@@ -35,7 +35,7 @@ def _served(s: Situation, route: Route, *, why: tuple[Why, ...], k: int | None =
     if host is not None and not host.calibrated:
         adds = (Why(Reason.NOT_CALIBRATED),)
     elif host is not None and route == Route.OWN_SPECULATIVE:
-        # after a long prompt a verify weighs more against a token, and a draft token less (the calibration's long line)
+        # after a long prompt, the costs the calibration timed after its long one (a verify weighs otherwise there)
         costs = host.long_step_costs if s.long_prompt and host.long_step_costs else host.step_costs
         if s.lone and s.asked.k is None and draft_stop_below is None and not lookup_only and costs:
             step_costs, adds = costs, (Why(Reason.K_PER_ANSWER),)
