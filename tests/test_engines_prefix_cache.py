@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from inference.engines.decoding import DecodingParams, Speculation
-from inference.engines.interface import Finished, PromptRead, StepTokens
+from inference.engines.interface import Finished, JoinedBatch, PromptRead, StepTokens
 from inference.engines.own.block_pool import PoolFull
 from inference.engines.own.engine import DRAFT_CATCH_UP_TOKENS, OwnEngine
 from inference.engines.own.kv_cache import PagedModel
 from inference.engines.own.model_runner import ModelRunner
 from inference.limits import Drafter
-from tests.test_engines_exact import SPEC
+from tests.test_engines_exact import PROMPTS, SPEC
 
 pytestmark = pytest.mark.no_database
 
@@ -318,6 +318,33 @@ def test_a_follow_up_streams_while_the_draft_reads_the_turn_before_and_the_draft
     assert event.finish_reason == "length", event
     assert [step for step in after if step.drafter == Drafter.DRAFT and step.proposed]  # the draft joined
     assert [t for step in before + after for t in step.token_ids] == run(engine, follow_up, 0, tokens=160)[0]
+
+
+def test_the_draft_reads_no_conversation_after_its_answer_while_the_batch_runs_without_it():
+    """Beyond the pair's speculating streams answers run in the batch, here without the draft (no K for the batch): an
+    answer that ends while others run leaves its draft unread, as a next turn starting then would run in the batch
+    without it (on two cores the reads slowed the running answers' first follow-ups to 0.63-0.69x `speculative:
+    false`: docs/benchmark.md). Once the others are done, the draft reads the conversation after the answer again."""
+    busy = OwnEngine(replace(SPEC, slug="busy-catch-up", speculating_streams=1))
+    others = [busy.submit(prompt_ids=ids_of(busy, prompt), params=DecodingParams(max_new_tokens=900, ignore_eos=True))
+              for prompt in PROMPTS[:2]]
+    for other in others:
+        while not isinstance(other.events.get(timeout=120), StepTokens):
+            pass
+    first = ids_of(busy, SYSTEM + FILE * 4 + "\nWhich functions read from disk?\n")
+    steps = busy.draft.scheduler.steps
+    answer, _, events = run(busy, first, 3)
+    busy.draft_caught_up()
+    assert [event for event in events if isinstance(event, JoinedBatch)]  # it ran in the batch, without the draft
+    assert busy.draft.scheduler.steps == steps and busy.draft.cached_tokens(first + answer, "") == 0
+    for other in others:
+        other.stop()
+        while not isinstance(other.events.get(timeout=120), Finished):
+            pass
+    again, _, _ = run(busy, first, 3)  # alone: the draft lacks the prompt, and reads the conversation after
+    busy.draft_caught_up()
+    assert again == answer
+    assert busy.draft.cached_tokens(first + again, "") == full_blocks(len(first) + len(again) - 1)
 
 
 def test_no_prefix_cache_reads_every_prompt_whole():

@@ -322,12 +322,22 @@ class Decoding:
         """After the answer is out: the draft left out of it reads the conversation so far, for the next turn. Its
         chunks wait while the main reads a prompt, and a chunk under way as one starts is cancelled and read again
         after it: on a host's few cores they would share them with a user waiting for a first token (the next turn's
-        among them), whose answer needs no draft until then."""
-        if self.behind is not None and self.emitted:
+        among them), whose answer needs no draft until then. Not while the engine runs more answers than the pair's
+        speculating streams and the batch speculates without the draft: the next turn would run in the batch without
+        it, and the read would slow the answers running (docs/speculation.md#speculating-in-the-batch)."""
+        if self.behind is not None and self._batched_without_the_draft():
+            self.behind.cache.close()  # read after a later turn, once the load lets one speculate
+        elif self.behind is not None and self.emitted:
             main = self.engine.main
             self.behind.cache.prefill(self.prompt_ids + self.emitted[:-1],
                                       pause=lambda: main.prompts_read(timeout=CATCH_UP_WAIT_S))
             self.behind.cache.close()
+
+    def _batched_without_the_draft(self) -> bool:
+        """Whether a turn starting now would run in the batch (the engine's other answers beyond the pair's speculating
+        streams), where no K for the batch lets the draft run."""
+        limit = self.engine.spec.speculating_streams
+        return bool(limit and self.engine.active_count > limit and not (self.speculation and self.speculation.batch_k))
 
     def _draft_missing(self) -> int:
         return len(self.prompt_ids) - self.engine.draft.cached_tokens(self.prompt_ids, self.scope)
