@@ -92,9 +92,13 @@ class Work:
 def kernel_threads(compiled: ov.CompiledModel) -> int:
     """The threads of the stream an inference runs on: the PagedAttention kernel takes its one-token path
     (`exec_loop_bhl`) for a step of one-token sequences fewer than these (a model compiled for several streams
-    splits the host's threads between them)."""
-    streams = compiled.get_property("NUM_STREAMS")
-    return max(int(compiled.get_property("INFERENCE_NUM_THREADS")) // max(int(streams), 1), 1)
+    splits the host's threads between them); a device that does not say is taken to have more threads than any step
+    has sequences (its fillers are of two tokens, which keep a step on the mixed path whatever the threads)."""
+    try:
+        streams = int(compiled.get_property("NUM_STREAMS"))
+        return max(int(compiled.get_property("INFERENCE_NUM_THREADS")) // max(streams, 1), 1)
+    except (RuntimeError, TypeError, ValueError):
+        return 2**31
 
 
 class ModelRunner:
