@@ -179,10 +179,12 @@ def test_an_answer_the_main_alone_began_moves_to_speculation_when_the_load_falls
     demo_pair.speculation_profile = {"greedy": {"1": 3, "2": 0}}
     demo_pair.save()
     busy = post(live_server_url, "/v1/completions", api_key.secret,
-                {"model": "demo-code", "prompt": "class Stack:", "max_tokens": 24, "ignore_eos": True,
+                {"model": "demo-code", "prompt": "class Stack:", "max_tokens": 64, "ignore_eos": True,
                  "stream": True, "speculative": False}, stream=True)
     events = sse_events(busy)
-    next(event for event in events if chunk_text(event[1]))  # the main alone runs one answer
+    # the main alone runs one answer, long enough to be running still when the next is planned (24 tokens were over
+    # before it, once in a PostgreSQL run)
+    next(event for event in events if chunk_text(event[1]))
     long = post(live_server_url, "/v1/completions", api_key.secret,
                 {"model": "demo-code", "prompt": PROMPT, "max_tokens": 160, "ignore_eos": True})
     list(events)
