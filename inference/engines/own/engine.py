@@ -205,6 +205,12 @@ class OwnEngine:
         return len(self._active)
 
     @property
+    def beyond_speculating_streams(self) -> bool:
+        """More answers run than the pair lets speculate on their own: the rest share the batch."""
+        limit = self.spec.speculating_streams
+        return bool(limit and self.active_count > limit)
+
+    @property
     def alive(self) -> bool:
         return True  # it runs in this process
 
@@ -334,10 +340,9 @@ class Decoding:
             self.behind.cache.close()
 
     def _batched_without_the_draft(self) -> bool:
-        """Whether a turn starting now would run in the batch (the engine's other answers beyond the pair's speculating
-        streams), where no K for the batch lets the draft run."""
-        limit = self.engine.spec.speculating_streams
-        return bool(limit and self.engine.active_count > limit and not (self.speculation and self.speculation.batch_k))
+        """Whether the engine's other answers, this one done, are beyond the pair's speculating streams (a turn
+        starting then runs in the batch) and no K for the batch lets the draft run there."""
+        return self.engine.beyond_speculating_streams and not (self.speculation and self.speculation.batch_k)
 
     def _draft_missing(self) -> int:
         return len(self.prompt_ids) - self.engine.draft.cached_tokens(self.prompt_ids, self.scope)
@@ -395,8 +400,7 @@ class Decoding:
         (docs/speculation.md#speculating-in-the-batch). Without the draft, the conversation's lookup goes on where
         the pair chains it, where the answer copies (PromptLookup.batched): its proposals cost no inference, a miss
         is the main alone's step. It stays there, and says so (JoinedBatch: on the record)."""
-        limit = self.engine.spec.speculating_streams
-        if not (self.drafting and self.speculation and limit and self.engine.active_count > limit) or self.joined:
+        if not (self.drafting and self.speculation and self.engine.beyond_speculating_streams) or self.joined:
             return
         self.joined = True
         k_before, batch_k = self.k, self.speculation.batch_k
