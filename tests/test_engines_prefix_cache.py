@@ -347,6 +347,30 @@ def test_the_draft_reads_no_conversation_after_its_answer_while_the_batch_runs_w
     assert busy.draft.cached_tokens(first + again, "") == full_blocks(len(first) + len(again) - 1)
 
 
+def test_a_catch_up_under_way_stops_when_answers_beyond_the_speculating_streams_come():
+    """An answer that ends alone leaves its draft reading the conversation; answers that come meanwhile, beyond the
+    pair's speculating streams, run in the batch without the draft, so the read stops at its next chunk (on two cores
+    it slowed a benchmark's first follow-ups, sent as four chats' answers ended, to 0.71x `speculative: false`). What
+    it read by then stays cached."""
+    busy = OwnEngine(replace(SPEC, slug="catch-up-stops", speculating_streams=1))
+    busy.draft.scheduler.chunk_tokens = 8  # a read of many chunks: the answers below come while it is under way
+    first = ids_of(busy, SYSTEM + FILE * 4 + "\nWhich functions read from disk?\n")
+    answer, _, _ = run(busy, first, 3, tokens=3)  # alone: the draft lacks the prompt, and reads it after the answer
+    others = [busy.submit(prompt_ids=ids_of(busy, prompt), params=DecodingParams(max_new_tokens=900, ignore_eos=True))
+              for prompt in PROMPTS[:2]]
+    busy.draft_caught_up()
+    read = busy.draft.cached_tokens(first + answer, "")
+    assert read < full_blocks(len(first) + len(answer) - 1), "the read went on beside the answers in the batch"
+    for other in others:
+        other.stop()
+        while not isinstance(other.events.get(timeout=120), Finished):
+            pass
+    again, _, _ = run(busy, first, 3, tokens=3)  # alone again: the draft reads on from what it had read
+    busy.draft_caught_up()
+    assert again == answer
+    assert busy.draft.cached_tokens(first + again, "") == full_blocks(len(first) + len(again) - 1)
+
+
 def test_no_prefix_cache_reads_every_prompt_whole():
     engine = OwnEngine(replace(SPEC, slug="uncached", prefix_caching=False))
     prompt = ids_of(engine, SYSTEM + FILE)

@@ -67,6 +67,10 @@ def _logsumexp(row: np.ndarray) -> float:
     return top + float(np.log(np.exp(row.astype(np.float64) - top).sum()))
 
 
+class LoadCameBack(Exception):
+    """A draft's catch-up stops: answers beyond the pair's speculating streams run (Decoding.catch_up_draft)."""
+
+
 class Scores(NamedTuple):
     """A step's tokens' log probabilities and alternatives, when the request asked (see token_scores)."""
 
@@ -329,15 +333,24 @@ class Decoding:
         chunks wait while the main reads a prompt, and a chunk under way as one starts is cancelled and read again
         after it: on a host's few cores they would share them with a user waiting for a first token (the next turn's
         among them), whose answer needs no draft until then. Not while the engine runs more answers than the pair's
-        speculating streams and the batch speculates without the draft: the next turn would run in the batch without
-        it, and the read would slow the answers running (docs/speculation.md#speculating-in-the-batch)."""
+        speculating streams and the batch speculates without the draft, before the read or between two of its
+        chunks: the next turn would run in the batch without it, and the read would slow the answers running
+        (docs/speculation.md#speculating-in-the-batch). What it read by then stays in the draft's cache."""
         if self.behind is not None and self._batched_without_the_draft():
             self.behind.cache.close()  # read after a later turn, once the load lets one speculate
         elif self.behind is not None and self.emitted:
-            main = self.engine.main
-            self.behind.cache.prefill(self.prompt_ids + self.emitted[:-1],
-                                      pause=lambda: main.prompts_read(timeout=CATCH_UP_WAIT_S))
-            self.behind.cache.close()
+            conversation, main = self.prompt_ids + self.emitted[:-1], self.engine.main
+
+            def pause() -> None:
+                main.prompts_read(timeout=CATCH_UP_WAIT_S)
+                if self._batched_without_the_draft():
+                    raise LoadCameBack
+
+            try:
+                self.behind.cache.prefill(conversation, pause=pause)
+                self.behind.cache.close()
+            except LoadCameBack:
+                self.behind.cache.close(keep_ids=conversation)  # its full blocks read so far cached
 
     def _batched_without_the_draft(self) -> bool:
         """Whether the engine's other answers, this one done, are beyond the pair's speculating streams (a turn
