@@ -307,9 +307,9 @@ def test_profile_stores_the_best_k_per_load_and_checks_the_adaptive_line(demo_pa
     demo_pair.save()
     with pytest.raises(CommandError, match="no stored profile"):
         call_command("profile_pair", "demo-code", "--url", live_server_url, "--validate-only")
-    out = io.StringIO()
+    out = io.StringIO()  # the prose set's eight prompts, not the code set's twelve: the rule is tested, not the pair
     call_command("profile_pair", "demo-code", "--url", live_server_url, "--levels", "1,2", "--ks", "2,3",
-                 "--max-new-tokens", "12", "--greedy-only", stdout=out)
+                 "--max-new-tokens", "12", "--greedy-only", "--prompts", "prose", stdout=out)
     printed = out.getvalue()
 
     demo_pair.refresh_from_db()
@@ -342,7 +342,7 @@ def test_profile_stores_the_best_k_per_load_and_checks_the_adaptive_line(demo_pa
     runs = BenchmarkRun.objects.count()  # checking the stored profile again measures no new one
     again = io.StringIO()
     call_command("profile_pair", "demo-code", "--url", live_server_url, "--levels", "1,2", "--max-new-tokens", "12",
-                 "--greedy-only", "--validate-only", stdout=again)
+                 "--greedy-only", "--prompts", "prose", "--validate-only", stdout=again)
     demo_pair.refresh_from_db()
     assert demo_pair.speculation_profile["greedy"] == profile and BenchmarkRun.objects.count() == runs
     assert again.getvalue().count("streams: plain") == 2
@@ -385,7 +385,8 @@ def test_a_profile_measured_under_a_steady_load(demo_pair, celery_worker, live_s
     answers counted while all were in their loop, and the validation's lines under the same load."""
     out = io.StringIO()
     call_command("profile_pair", "demo-code", "--url", live_server_url, "--levels", "1,2", "--ks", "2",
-                 "--max-new-tokens", "12", "--greedy-only", "--load", "steady", "--rounds", "3", "--repeats", "2", stdout=out)
+                 "--max-new-tokens", "12", "--greedy-only", "--prompts", "prose", "--load", "steady", "--rounds", "3",
+                 "--repeats", "2", stdout=out)
     demo_pair.refresh_from_db()
     run = demo_pair.profile_run
     assert run.results["options"]["load"] == "steady"
