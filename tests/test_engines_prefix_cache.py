@@ -264,7 +264,8 @@ def another_prompt_held(engine: OwnEngine):
 def test_the_draft_reads_a_conversation_after_its_answer_only_while_the_main_reads_no_prompt(engine):
     """The draft left out of an answer reads its conversation once the answer is out; on a host's few cores it would
     share them with the next user waiting for a first token. Its chunks wait while the main reads a prompt (here one
-    held after its first chunk), and go on once it is read, so the next turn still speculates with the draft (a chunk
+    held after its first chunk), and go on once it is read where no other conversation's answer follows (below), so
+    the next turn still speculates with the draft (a chunk
     under way as a prompt starts is cancelled and read again: tests/test_engines_paged_model.py)."""
     settled(engine)
     scope = "catching-up"
@@ -365,6 +366,30 @@ def test_a_catch_up_under_way_stops_when_answers_beyond_the_speculating_streams_
         other.stop()
         while not isinstance(other.events.get(timeout=120), Finished):
             pass
+    again, _, _ = run(busy, first, 3, tokens=3)  # alone again: the draft reads on from what it had read
+    busy.draft_caught_up()
+    assert again == answer
+    assert busy.draft.cached_tokens(first + again, "") == full_blocks(len(first) + len(again) - 1)
+
+
+@pytest.mark.parametrize("other", ["another conversation", "the same words, another user"])
+def test_a_catch_up_under_way_stops_when_an_answer_of_another_conversation_runs(other):
+    """Within the pair's speculating streams an answer of another conversation (another chat, or another user's) gets
+    no help from the read and shares the cores and the draft's inferences with it: on two cores the answers a user
+    sent right after pasting a file into another chat ran at 0.34-0.57x `speculative: false` (AMD Zen 5,
+    docs/benchmark.md). The read stops at its next chunk; what it read stays cached, and the conversation's next turn
+    reads on from there. (A later turn of the same conversation lets it read on: the draft joins it, above.)"""
+    busy = OwnEngine(replace(SPEC, slug="catch-up-beside", speculating_streams=1))
+    busy.draft.scheduler.chunk_tokens = 8  # a read of many chunks: the other answer comes while it is under way
+    first = ids_of(busy, SYSTEM + FILE * 4 + "\nWhich functions read from disk?\n")
+    answer, _, _ = run(busy, first, 3, tokens=3)  # alone: the draft lacks the prompt, and reads it after the answer
+    if other == "another conversation":
+        run(busy, ids_of(busy, PROMPTS[0]), 3, tokens=24)
+    else:
+        run(busy, first + answer + ids_of(busy, "\nAnd which write to it?\n"), 3, tokens=24, scope="another user")
+    busy.draft_caught_up()
+    read = busy.draft.cached_tokens(first + answer, "")
+    assert read < full_blocks(len(first) + len(answer) - 1), "the read went on beside the other answer"
     again, _, _ = run(busy, first, 3, tokens=3)  # alone again: the draft reads on from what it had read
     busy.draft_caught_up()
     assert again == answer

@@ -176,7 +176,7 @@ class OwnEngine:
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
         self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
-        self._active: dict[int, ActiveRequest] = {}
+        self._active: dict[int, tuple[str, list[int]]] = {}  # the running answers' cache scopes and prompts
         self._ids = itertools.count()
         self.submitted = 0  # requests taken: the registry renews an engine after many (see EngineRegistry)
         self._lock = threading.Lock()
@@ -207,6 +207,15 @@ class OwnEngine:
     @property
     def active_count(self) -> int:
         return len(self._active)
+
+    def answering_beside(self, *, scope: str, prompt_ids: list[int]) -> bool:
+        """Whether an answer runs that is not a later turn of this conversation (in its scope, its prompt starting
+        with this one's, but for the last token, which the history's text may join to the next): a catch-up reading
+        it would only slow that answer."""
+        start = prompt_ids[:-1]
+        with self._lock:
+            running = list(self._active.values())
+        return any(their_scope != scope or their_prompt[:len(start)] != start for their_scope, their_prompt in running)
 
     @property
     def beyond_speculating_streams(self) -> bool:
@@ -242,7 +251,7 @@ class OwnEngine:
         request = ActiveRequest(next(self._ids), prompt_ids, time.perf_counter())
         self.submitted += 1
         with self._lock:
-            self._active[request.request_id] = request
+            self._active[request.request_id] = (params.cache_scope, prompt_ids)
         threading.Thread(target=self._run, args=(request, prompt_ids, params), name=f"exact-{request.request_id}",
                          daemon=True).start()
         return request
@@ -333,17 +342,19 @@ class Decoding:
         chunks wait while the main reads a prompt, and a chunk under way as one starts is cancelled and read again
         after it: on a host's few cores they would share them with a user waiting for a first token (the next turn's
         among them), whose answer needs no draft until then. Not while the engine runs more answers than the pair's
-        speculating streams and the batch speculates without the draft, before the read or between two of its
-        chunks: the next turn would run in the batch without it, and the read would slow the answers running
-        (docs/speculation.md#speculating-in-the-batch). What it read by then stays in the draft's cache."""
-        if self.behind is not None and self._batched_without_the_draft():
+        speculating streams and the batch speculates without the draft, nor while an answer of another conversation
+        runs, before the read or between two of its chunks: the next turn would run in the batch without it, and the
+        read, sharing the cores and the draft's inferences, would slow the answers running
+        (docs/speculation.md#speculating-in-the-batch). A later turn of this conversation lets it read on: its draft joins
+        once the read is done. What it read by then stays in the draft's cache."""
+        if self.behind is not None and self._reading_would_slow_others():
             self.behind.cache.close()  # read after a later turn, once the load lets one speculate
         elif self.behind is not None and self.emitted:
             conversation, main = self.prompt_ids + self.emitted[:-1], self.engine.main
 
             def pause() -> None:
                 main.prompts_read(timeout=CATCH_UP_WAIT_S)
-                if self._batched_without_the_draft():
+                if self._reading_would_slow_others():
                     raise LoadCameBack
 
             try:
@@ -351,6 +362,10 @@ class Decoding:
                 self.behind.cache.close()
             except LoadCameBack:
                 self.behind.cache.close(keep_ids=conversation)  # its full blocks read so far cached
+
+    def _reading_would_slow_others(self) -> bool:
+        return self._batched_without_the_draft() or self.engine.answering_beside(scope=self.scope,
+                                                                               prompt_ids=self.prompt_ids)
 
     def _batched_without_the_draft(self) -> bool:
         """Whether the engine's other answers, this one done, are beyond the pair's speculating streams (a turn
