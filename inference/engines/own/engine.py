@@ -345,8 +345,8 @@ class Decoding:
         speculating streams and the batch speculates without the draft, nor while an answer of another conversation
         runs, before the read or between two of its chunks: the next turn would run in the batch without it, and the
         read, sharing the cores and the draft's inferences, would slow the answers running
-        (docs/speculation.md#speculating-in-the-batch). A later turn of this conversation lets it read on: its draft joins
-        once the read is done. What it read by then stays in the draft's cache."""
+        (docs/speculation.md#speculating-in-the-batch). A later turn of this conversation lets it read on: its draft
+        joins once the read is done. What it read by then stays in the draft's cache."""
         if self.behind is not None and self._reading_would_slow_others():
             self.behind.cache.close()  # read after a later turn, once the load lets one speculate
         elif self.behind is not None and self.emitted:
