@@ -7,13 +7,11 @@ import signal
 import time
 
 import pytest
-from django.db import connection
 
 from inference import metrics, transport
 from inference.admin.pairs import worker_words
 from inference.models import Generation, ModelPair
 from inference.serving import web
-from inference.serving.records import NOT_SAVED
 from inference.serving.routing import RoutedBy
 from tests.conftest import Worker, wait_until_done
 
@@ -96,8 +94,8 @@ def test_follow_ups_go_to_the_worker_holding_the_conversation_and_survive_its_st
     os.kill(workers[holder].proc.pid, signal.SIGTERM)
     prompt += first.text + "\n# Question 5: rename step_3.\n"
     after = _turn(pair, user, prompt)
-    if after.error == NOT_SAVED and connection.vendor == "postgresql":  # seen once in ~10 runs: issue 66's note
-        pytest.xfail(f"known defect: the turn sent at a SIGTERM ended NOT_SAVED; {_log_tails(workers.values())}")
+    # It came twice to the other worker (the holder's hand-back, the web's re-route): the second delivery once ended
+    # by dropping the first's claim, and the answer was failed as not saved (tests/test_serving_worker.py).
     assert after.status == Generation.Status.FINISHED, (after.error, _log_tails(workers.values()))
     assert after.worker != holder and after.completion_tokens == 24
     workers[holder].proc.wait(30)

@@ -108,8 +108,8 @@ def fail_unservable_generations(*, client) -> None:
 
 def reroute_from_gone_workers(*, client) -> None:
     """Send to their pair's shared queue the queued generations routed to a worker whose heartbeat expired or is
-    late, or that is stopping: its own queue would hold them until they timed out. A second delivery is harmless (the
-    claim)."""
+    late, or that is stopping: its own queue would hold them until they timed out. A second delivery (the stopping
+    worker hands its turns back too) is harmless: the row's claim, and the worker's (WorkerState.claim)."""
     if not selectors.heartbeats_settled(client=client):
         return
     routed = list(Generation.objects.filter(status=Generation.Status.QUEUED).exclude(routed_to="")

@@ -8,6 +8,7 @@ import logging
 import os
 import queue
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -55,6 +56,17 @@ class WorkerState:
     # {slug: the K a lone answer is planned with here}, as the housekeeping last read it: the heartbeat reads no
     # database (lifecycle.py)
     lone_k: dict[str, int | None] = field(default_factory=dict)
+    _claiming: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self, generation_id: str) -> bool:
+        """Hold the generation for the calling thread; False if another thread of this worker holds it. A second
+        delivery of one generation must not serve it again, nor, ending, drop the claim the first still needs: the
+        heartbeat's reconcile would fail the answer under way ("could not be saved")."""
+        with self._claiming:
+            if generation_id in self.claimed:
+                return False
+            self.claimed.add(generation_id)
+            return True
 
 
 STATE = WorkerState(engines=EngineRegistry(
@@ -110,7 +122,8 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
                               running_alone=STATE.engines.active_requests(slug=slug, speculative=False)),
         live=planning.live_figures(STATE.engines.rates_of(slug), asked=asked, load=load), calibration=figures)
     # Held before the row says so: the heartbeat's reconcile fails a running row that no thread holds.
-    STATE.claimed.add(str(generation.id))
+    if not STATE.claim(str(generation.id)):
+        return  # a second delivery (a stopping worker's hand-back beside the web's re-route): another thread has it
     try:
         # One write claims the generation and records its plan (each write before the first token delays it).
         if Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
