@@ -265,8 +265,8 @@ def test_the_draft_reads_a_conversation_after_its_answer_only_while_the_main_rea
     """The draft left out of an answer reads its conversation once the answer is out; on a host's few cores it would
     share them with the next user waiting for a first token. Its chunks wait while the main reads a prompt (here one
     held after its first chunk), and go on once it is read where no other conversation's answer follows (below), so
-    the next turn still speculates with the draft (a chunk
-    under way as a prompt starts is cancelled and read again: tests/test_engines_paged_model.py)."""
+    the next turn still speculates with the draft (a chunk under way as a prompt starts is cancelled and read again:
+    tests/test_engines_paged_model.py)."""
     settled(engine)
     scope = "catching-up"
     first = ids_of(engine, SYSTEM + FILE * 4 + "\nWhich functions read from disk?\n")
@@ -376,7 +376,7 @@ def test_a_catch_up_under_way_stops_when_answers_beyond_the_speculating_streams_
 def test_a_catch_up_under_way_stops_when_an_answer_of_another_conversation_runs(other):
     """Within the pair's speculating streams an answer of another conversation (another chat, or another user's) gets
     no help from the read and shares the cores and the draft's inferences with it: on two cores the answers a user
-    sent right after pasting a file into another chat ran at 0.34-0.57x `speculative: false` (AMD Zen 5,
+    sent right after pasting a file into another chat ran at 0.34-0.61x `speculative: false` (AMD Zen 5,
     docs/benchmark.md). The read stops at its next chunk; what it read stays cached, and the conversation's next turn
     reads on from there. (A later turn of the same conversation lets it read on: the draft joins it, above.)"""
     busy = OwnEngine(replace(SPEC, slug="catch-up-beside", speculating_streams=1))

@@ -112,6 +112,17 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
         log.info("stopping: generation %s goes back to the queue of %s", generation_id, generation.pair.slug)
         routing.send_to_shared_queue(generation_id=generation.id, pair_queue=generation.pair.queue)
         return
+    # Held before the row says so: the heartbeat's reconcile fails a running row that no thread holds.
+    if not STATE.claim(str(generation.id)):
+        return  # a second delivery (a stopping worker's hand-back beside the web's re-route): another thread has it
+    try:
+        _claimed(generation=generation, worker_name=worker_name)
+    finally:
+        STATE.claimed.discard(str(generation.id))
+
+
+def _claimed(*, generation: Generation, worker_name: str) -> None:
+    """The generation, held by this thread: planned, its row written running, served (a duplicate plans nothing)."""
     asked = replace(planning.Asked(**generation.params.get("asked", {})), prompt_tokens=generation.prompt_tokens)
     load, slug = current_load(pair=generation.pair), generation.pair.slug
     figures = host_figures(pair=generation.pair)
@@ -121,17 +132,11 @@ def run_generation(*, generation_id: str, worker_name: str) -> None:
                               running_speculative=STATE.engines.active_requests(slug=slug, speculative=True),
                               running_alone=STATE.engines.active_requests(slug=slug, speculative=False)),
         live=planning.live_figures(STATE.engines.rates_of(slug), asked=asked, load=load), calibration=figures)
-    # Held before the row says so: the heartbeat's reconcile fails a running row that no thread holds.
-    if not STATE.claim(str(generation.id)):
-        return  # a second delivery (a stopping worker's hand-back beside the web's re-route): another thread has it
-    try:
-        # One write claims the generation and records its plan (each write before the first token delays it).
-        if Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
-                status=Generation.Status.RUNNING, worker=worker_name, started_at=timezone.now(),
-                **_plan_fields(generation=generation, planned=planned)):
-            _serve(generation=generation, asked=asked, planned=planned, worker_name=worker_name, figures=figures)
-    finally:
-        STATE.claimed.discard(str(generation.id))
+    # One write claims the generation and records its plan (each write before the first token delays it).
+    if Generation.objects.filter(id=generation.id, status=Generation.Status.QUEUED).update(
+            status=Generation.Status.RUNNING, worker=worker_name, started_at=timezone.now(),
+            **_plan_fields(generation=generation, planned=planned)):
+        _serve(generation=generation, asked=asked, planned=planned, worker_name=worker_name, figures=figures)
 
 
 def _serve(*, generation: Generation, asked: planning.Asked, planned: planning.Plan, worker_name: str,
