@@ -27,7 +27,7 @@ from inference.benchmark.inprocess import (
 )
 from inference.benchmark.prompts import Prompt
 from inference.limits import Route
-from inference.models import BenchmarkRun, Generation, HostCalibration, JobStatus
+from inference.models import BenchmarkRun, Generation, HostCalibration, JobStatus, ModelPair
 from inference.serving.host import this_host
 from inference.serving.planning.choice import AS_FAST
 
@@ -400,3 +400,40 @@ def test_a_profile_measured_under_a_steady_load(demo_pair, celery_worker, live_s
     served = {(r["variant"], r["concurrency"]): r["paths"] for r in run.results["lines"]["greedy"]}
     assert set(served[("plain", 2)]) == {"plain"} and set(served[("K=2", 2)]) == {"K=2"}
     assert out.getvalue().count("adaptive served: ") == 2
+
+
+def test_a_holder_stopped_between_two_turns_hands_the_next_to_the_other_worker(demo_pair, stack_env, monkeypatch,
+                                                                               tmp_path):
+    """--stop-holder-after-turn on the benchmark's own two workers: the worker that served a conversation's turn is
+    stopped as systemd stops a service and the next turn is sent at once. It is answered whole by the other worker
+    on both lines (the holder is started again in between), and the report names it apart from the follow-ups."""
+    pair = ModelPair.objects.create(name="Stopped", slug="stopped", main_dir=demo_pair.main_dir,
+                                    draft_dir=demo_pair.draft_dir, num_assistant_tokens=3, own_engine_streams=4)
+    for name, value in stack_env.items():  # the benchmark's workers and daphne run on the test database and Redis
+        monkeypatch.setenv(name, value)
+    paste = "\n".join(f"def step_{n}(state, value):\n    state[{n}] = value * {n}\n    return state" for n in range(12))
+    chats = tmp_path / "chats.json"
+    chats.write_text(json.dumps([{"name": "paste", "system": "You edit code.",
+                                  "turns": [f"{paste}\n\nAdd a docstring to step_3.", "Why?", "Now add type hints."]}]))
+    conversations = ["--conversations", str(chats), "--conversations-only", "--conversation-repeats", "1",
+                     "--conversation-tokens", "8", "--out", str(tmp_path)]
+    with pytest.raises(CommandError, match="needs --workers 2 or more"):
+        call_command("benchmark", pair.slug, *conversations, "--stop-holder-after-turn", "1")
+
+    out = io.StringIO()
+    call_command("benchmark", pair.slug, *conversations, "--workers", "2", "--stop-holder-after-turn", "1",
+                 stdout=out)
+
+    report = json.loads((tmp_path / "conversations.json").read_text())
+    summary = {s["line"]: s for s in report["summary"]}
+    assert set(summary) == {"as it ships", "speculative: false"}
+    for line, figures in summary.items():
+        turns = [turn for turn in report["turns"] if turn["line"] == line]
+        assert [turn["tokens"] for turn in turns] == [8, 8, 8], turns  # nothing lost, no error
+        first, follow_up, after = turns
+        assert follow_up["worker"] == first["worker"] and follow_up["cached_tokens"] > 0  # routed to its holder
+        assert after["after_stop"] == follow_up["worker"] != after["worker"], after
+        assert figures["after_stop_elsewhere"] == "1 of 1" and figures["after_stop_ttft_s"] == after["ttft_s"]
+    assert "its holder stopped: first token" in out.getvalue()
+    assert "stopped (SIGTERM) after turn 1" in out.getvalue()
+    assert "(its holder stopped)" in (tmp_path / "conversations.md").read_text()

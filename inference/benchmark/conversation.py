@@ -77,6 +77,7 @@ class Turn:
     worker: str = ""
     away: bool = False  # a turn of another chat, opened before coming back to this one (`converse`'s `away`)
     came_back: bool = False  # the turn the user came back with, after the chats away
+    after_stop: str = ""  # the worker that served the turn before, stopped just before this one was sent
 
     @property
     def looped(self) -> bool:
@@ -96,6 +97,7 @@ class Endpoint:
     model: str
     api_key: str
     extra: dict = field(default_factory=dict)
+    stoppable: bool = False  # the benchmark's own stack, whose workers a `HolderStop` stops (a peer's are not)
 
 
 async def _ask(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[dict], max_tokens: int
@@ -142,11 +144,23 @@ async def _turn(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[
                 text=answer, answer_id=answer_id, **fields)
 
 
+@dataclass(frozen=True)
+class HolderStop:
+    """After turn `after_turn` of each conversation, `stop` (given the answer's id) stops the worker that served
+    it and says which; the next turn is sent at once, as a user's next question reaches a service systemd is
+    stopping. `restart` starts the stopped workers again between conversations."""
+
+    after_turn: int
+    stop: Callable[[str], str]
+    restart: Callable[[], object]
+
+
 async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation, repeat: int, max_tokens: int,
-                   pause_s: float, run: str, away: tuple[Conversation, ...] = ()) -> list[Turn]:
+                   pause_s: float, run: str, away: tuple[Conversation, ...] = (),
+                   holder_stop: HolderStop | None = None) -> list[Turn]:
     """The conversation's turns one after another, each with the history so far and the answers as they came. With
     `away`, before its last turn the user opens a chat of each (its first turn, the paste, under a system prompt of its
-    own), and then comes back."""
+    own), and then comes back. With `holder_stop`, the worker holding the conversation is stopped after one turn."""
     def system(of: Conversation, *where: str) -> dict:
         """The conversation's system prompt after what sets this chat apart, within its first block of the cache:
         no chat starts as another (the run's lines, repeats and chats away each read their own prompt)."""
@@ -154,7 +168,8 @@ async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation,
                 "content": f"({', '.join((*where, line, f'repeat {repeat}'))}; session {run}.)\n{of.system}".strip()}
 
     messages = [system(conversation)]
-    turns = []
+    turns: list[Turn] = []
+    stopped = ""
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as http:
         for index, text in enumerate(conversation.turns):
             came_back = bool(away) and index == len(conversation.turns) - 1
@@ -164,18 +179,24 @@ async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation,
                                          conversation=other.name, repeat=repeat, turn=0, away=True))
             messages.append({"role": "user", "content": text})
             turns.append(await _turn(http, endpoint, messages, max_tokens=max_tokens, line=line,
-                                     conversation=conversation.name, repeat=repeat, turn=index, came_back=came_back))
+                                     conversation=conversation.name, repeat=repeat, turn=index, came_back=came_back,
+                                     after_stop=stopped))
+            if holder_stop and index == holder_stop.after_turn and index + 1 < len(conversation.turns):
+                stopped = await asyncio.to_thread(holder_stop.stop, turns[-1].answer_id)
+                continue
+            stopped = ""
             await asyncio.sleep(pause_s)  # the user reads the answer and types the next question
     return turns
 
 
 def run_conversations(*, endpoints: dict[str, Endpoint], conversations: list[Conversation], repeats: int,
                       max_tokens: int, pause_s: float, at_once: int = 1, come_back_after: int = 0,
-                      progress: Callable[[str], object] = print) -> list[Turn]:
+                      holder_stop: HolderStop | None = None, progress: Callable[[str], object] = print) -> list[Turn]:
     """Every line's conversations, a line after another within each conversation and repeat; `at_once` copies of
     each conversation run together (each its own user's, as a team's chats are), the next ones' repeats.
     `come_back_after`: before each conversation's last turn, that many chats away (the next conversations' pastes in
-    turn, each a chat of its own)."""
+    turn, each a chat of its own). `holder_stop`: the worker holding each conversation stopped after one turn, and
+    started again before the next line's."""
     turns: list[Turn] = []
     run = secrets.token_hex(4)
 
@@ -183,7 +204,11 @@ def run_conversations(*, endpoints: dict[str, Endpoint], conversations: list[Con
                        away: tuple[Conversation, ...]) -> list[Turn]:
         chats = await asyncio.gather(*(converse(endpoint=endpoint, line=line, conversation=conversation,
                                                 repeat=repeat * at_once + copy, max_tokens=max_tokens,
-                                                pause_s=pause_s, run=run, away=away) for copy in range(at_once)))
+                                                pause_s=pause_s, run=run, away=away,
+                                                holder_stop=holder_stop if endpoint.stoppable else None)
+                                       for copy in range(at_once)))
+        if holder_stop and endpoint.stoppable:
+            await asyncio.to_thread(holder_stop.restart)
         return [turn for chat in chats for turn in chat]
 
     for repeat in range(repeats):
@@ -216,6 +241,10 @@ class LineSummary:
     conversations_by_worker: dict[str, int] = field(default_factory=dict)  # by the worker of their first turn
     came_back_ttft_s: float | None = None  # median of the turns sent after the chats away (none: not measured)
     came_back_cached_share: float | None = None
+    after_stop_ttft_s: float | None = None  # median of the turns sent as their holder stopped (none: not measured)
+    after_stop_ttft_max_s: float | None = None
+    after_stop_cold_s: float | None = None  # what reading those prompts whole took at the first turns' median rate
+    after_stop_elsewhere: str = ""  # "n of m": served by another worker than the stopped one
 
 
 def summarize(turns: list[Turn]) -> list[LineSummary]:
@@ -223,8 +252,10 @@ def summarize(turns: list[Turn]) -> list[LineSummary]:
     summaries = []
     for line in lines:
         mine = [turn for turn in turns if turn.line == line and not turn.away]
-        follow_ups = [turn for turn in mine if turn.turn > 0 and not turn.came_back]
+        follow_ups = [turn for turn in mine if turn.turn > 0 and not turn.came_back and not turn.after_stop]
         back = [turn for turn in mine if turn.came_back]
+        after_stop = [turn for turn in mine if turn.after_stop]
+        cold_rate = statistics.median(turn.prompt_tokens / turn.ttft_s for turn in mine if turn.turn == 0)
         cached = [turn for turn in follow_ups if turn.cached_tokens is not None]
         summaries.append(LineSummary(
             line=line, first_ttft_s=statistics.median(turn.ttft_s for turn in mine if turn.turn == 0),
@@ -237,7 +268,13 @@ def summarize(turns: list[Turn]) -> list[LineSummary]:
                            if cached else None),
             conversations_by_worker=dict(Counter(turn.worker for turn in mine if turn.turn == 0 and turn.worker)),
             came_back_ttft_s=statistics.median(turn.ttft_s for turn in back) if back else None,
-            came_back_cached_share=_cached_share(back)))
+            came_back_cached_share=_cached_share(back),
+            after_stop_ttft_s=statistics.median(turn.ttft_s for turn in after_stop) if after_stop else None,
+            after_stop_ttft_max_s=max((turn.ttft_s for turn in after_stop), default=None),
+            after_stop_cold_s=(statistics.median(turn.prompt_tokens for turn in after_stop) / cold_rate
+                               if after_stop else None),
+            after_stop_elsewhere=(f"{sum(turn.worker not in ('', turn.after_stop) for turn in after_stop)} of "
+                                  f"{len(after_stop)}" if after_stop else "")))
     return summaries
 
 
@@ -260,7 +297,8 @@ def turn_lines(turns: list[Turn]) -> list[str]:
             "| --- | --- | ---: | --- | ---: | ---: | ---: |"]
     for turn in turns:
         share = "-" if turn.cached_tokens is None else f"{turn.cached_tokens / max(turn.prompt_tokens, 1):.0%}"
-        where = " (a chat away)" if turn.away else " (came back)" if turn.came_back else ""
+        where = (" (a chat away)" if turn.away else " (came back)" if turn.came_back
+                 else " (its holder stopped)" if turn.after_stop else "")
         rows.append(f"| {turn.line} | {turn.conversation} #{turn.repeat}{where} | {turn.turn} | {turn.worker or '-'} | "
                     f"{turn.prompt_tokens} | {share} | {turn.ttft_s:.2f} s |")
     return rows
@@ -272,11 +310,14 @@ def report_lines(summaries: list[LineSummary]) -> list[str]:
     rates = {summary.line: summary.tokens_per_s for summary in summaries}
     others = [MAIN_ALONE, *(s.line for s in summaries if s.line.startswith(PEER_LINE))]
     back = any(s.came_back_ttft_s is not None for s in summaries)
+    stop = any(s.after_stop_ttft_s is not None for s in summaries)
     rows = [("| line | first turn: time to first token | follow-ups: median (max) | "
              + ("back after the chats away: first token (from the cache) | " if back else "")
+             + ("its holder stopped: first token, median (max; its prompt read cold) | served elsewhere | "
+                if stop else "")
              + "tokens/s after the first | " + "".join(f"vs `{other}` | " for other in others)
              + "follow-ups' prompt from the cache | follow-ups ≥ 90% cached | conversations by worker | looped |"),
-            "| --- | ---: | ---: |" + " ---: |" * (1 + back + len(others)) + " ---: | ---: | --- | ---: |"]
+            "| --- | ---: | ---: |" + " ---: |" * (1 + back + 2 * stop + len(others)) + " ---: | ---: | --- | ---: |"]
     for s in summaries:
         versus = [f"{s.tokens_per_s / against:.2f}x"
                   if other != s.line and s.tokens_per_s and (against := rates.get(other)) else "-" for other in others]
@@ -284,7 +325,11 @@ def report_lines(summaries: list[LineSummary]) -> list[str]:
                       else f"{s.follow_up_ttft_s:.2f} s ({s.follow_up_ttft_max_s:.2f} s)")
         came_back = ("-" if s.came_back_ttft_s is None else
                      f"{s.came_back_ttft_s:.2f} s ({_percent(s.came_back_cached_share)})") if back else ""
+        stopped = ("- | - | " if s.after_stop_ttft_s is None or s.after_stop_ttft_max_s is None else
+                   f"{s.after_stop_ttft_s:.2f} s ({s.after_stop_ttft_max_s:.2f} s; {s.after_stop_cold_s or 0:.2f} s) | "
+                   f"{s.after_stop_elsewhere} | ") if stop else ""
         rows.append(f"| {s.line} | {s.first_ttft_s:.2f} s | {follow_ups} | " + (f"{came_back} | " if back else "")
+                    + stopped
                     + f"{'-' if s.tokens_per_s is None else f'{s.tokens_per_s:.1f}'} | "
                     + "".join(f"{v} | " for v in versus)
                     + f"{_percent(s.cached_share)} | "

@@ -1,6 +1,6 @@
 """The servers a benchmark starts for itself, and the user it logs in as.
 
-`local_stack` runs daphne and one Celery worker as `manage.py serve` does, against this machine's
+`local_stack` runs daphne and Celery workers as `manage.py serve` does, against this machine's
 Redis, for the speed benchmark. `private_stack` runs the soak's own redis-server (a free port, no
 persistence, so a restart loses everything as a real one would; the machine's Redis is never
 touched), two workers with short heartbeats and daphne, so faults can be injected without harm.
@@ -125,13 +125,75 @@ def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180)
     raise StackError(f"'{pair.slug}' was not served within {timeout:.0f} s ({state.error if state else 'no state'})")
 
 
+@dataclass
+class LocalStack:
+    """The benchmark's daphne and Celery workers of one pair (see `local_stack`). A conversation benchmark stops the
+    worker holding a conversation between two turns, as systemd stops a service (`stop_holder`), and starts it again
+    for the next conversation (`restart_stopped`)."""
+
+    pair: ModelPair
+    env: dict[str, str]
+    logs: Path
+    worker_threads: int
+    url: str = ""
+    workers: list[subprocess.Popen] = field(default_factory=list)
+    stopped: set[int] = field(default_factory=set)  # indexes of the workers stopped and not started again
+
+    def start_worker(self, index: int) -> subprocess.Popen:
+        log = open(self.logs / f"worker{index}.log", "a")  # noqa: SIM115 - the worker writes to it until it ends
+        proc = subprocess.Popen(
+            worker_command(queues=[self.pair.queue], concurrency=self.worker_threads,
+                           name=f"benchmark{index}-{os.getpid()}@%h", loglevel="WARNING"),
+            cwd=settings.BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.workers[index:index + 1] = [proc]
+        return proc
+
+    def stop_holder(self, worker: str, *, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Signal the worker named `worker` ("host:pid", as the records name it), once; the next turn is sent
+        without waiting for it to exit."""
+        for index, proc in enumerate(self.workers):
+            if worker.endswith(f":{proc.pid}") and index not in self.stopped:
+                self.stopped.add(index)
+                proc.send_signal(sig)
+
+    def restart_stopped(self) -> None:
+        """Every stopped worker started again, each once it has exited, and serving before this returns."""
+        for index in sorted(self.stopped):
+            try:
+                self.workers[index].wait(60)
+            except subprocess.TimeoutExpired:
+                self.workers[index].kill()
+                self.workers[index].wait(10)
+            wait_until_served(pair=self.pair, worker_pid=self.start_worker(index).pid)
+        self.stopped.clear()
+
+    def close(self) -> None:
+        for proc in self.workers:
+            proc.terminate()
+        for proc in self.workers:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 @contextmanager
 def local_stack(*, pair: ModelPair, worker_threads: int, prefix_caching: bool = False, workers: int = 1
                 ) -> Iterator[str]:
-    """daphne and `workers` Celery workers for the pair's queue (as `manage.py serve` runs one) on a free
-    port, with this process's settings (engines not renewed); yields the base URL. Refuses to start
-    while another worker takes the pair's queue, since it would take part of the load. The one-turn lines keep
-    no prefix cache (every variant prefills every prompt, as a user's new one); the conversations keep one."""
+    """daphne and `workers` Celery workers for the pair's queue (as `manage.py serve` runs one) on a free port; yields
+    the base URL (`local_workers`)."""
+    with local_workers(pair=pair, worker_threads=worker_threads, prefix_caching=prefix_caching,
+                       workers=workers) as stack:
+        yield stack.url
+
+
+@contextmanager
+def local_workers(*, pair: ModelPair, worker_threads: int, prefix_caching: bool = False, workers: int = 1
+                  ) -> Iterator[LocalStack]:
+    """daphne and `workers` Celery workers for the pair's queue on a free port, with this process's settings (engines
+    not renewed). Refuses to start while another worker takes the pair's queue, since it would take part of the load.
+    The one-turn lines keep no prefix cache (every variant prefills every prompt, as a user's new one); the
+    conversations keep one."""
     others = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
     if others:
         raise StackError(f"worker(s) {', '.join(others)} already serve {pair.queue}: stop them, or benchmark "
@@ -146,35 +208,33 @@ def local_stack(*, pair: ModelPair, worker_threads: int, prefix_caching: bool = 
            "SPECCHAT_ENGINE_RENEW_AFTER_REQUESTS": "0"}
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="specchat-bench-") as logs:
-        worker_logs, web_log = [Path(logs, f"worker{n}.log") for n in range(workers)], Path(logs, "daphne.log")
-        procs = []
+        stack = LocalStack(pair=pair, env=env, logs=Path(logs), worker_threads=worker_threads,
+                           url=f"http://127.0.0.1:{port}")
+        web_log = Path(logs, "daphne.log")
+        daphne = None
         try:
-            for n, worker_log in enumerate(worker_logs):
-                with open(worker_log, "w") as wl:
-                    procs.append(subprocess.Popen(
-                        worker_command(queues=[pair.queue], concurrency=worker_threads,
-                                       name=f"benchmark{n}-{os.getpid()}@%h", loglevel="WARNING"),
-                        cwd=root, env=env, stdout=wl, stderr=subprocess.STDOUT))
+            for index in range(workers):
+                stack.start_worker(index)
             with open(web_log, "w") as dl:
-                procs.append(subprocess.Popen(
+                daphne = subprocess.Popen(
                     [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
-                    cwd=root, env=env, stdout=dl, stderr=subprocess.STDOUT))
+                    cwd=root, env=env, stdout=dl, stderr=subprocess.STDOUT)
             try:
-                wait_for_port(port, procs[-1])
-                for worker in procs[:-1]:
+                wait_for_port(port, daphne)
+                for worker in stack.workers:
                     wait_until_served(pair=pair, worker_pid=worker.pid)
             except StackError as exc:
-                logs_tail = "".join(f"--- {path.name}\n{_tail(path)}\n" for path in [*worker_logs, web_log])
+                logs_tail = "".join(f"--- {path.name}\n{_tail(path)}\n" for path in sorted(Path(logs).glob("*.log")))
                 raise StackError(f"{exc}\n{logs_tail}") from exc
-            yield f"http://127.0.0.1:{port}"
+            yield stack
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
+            stack.close()
+            if daphne is not None:
+                daphne.terminate()
                 try:
-                    proc.wait(30)
+                    daphne.wait(30)
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    daphne.kill()
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:

@@ -1,4 +1,5 @@
 import os
+import signal
 from contextlib import closing, nullcontext, suppress
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from inference.api.ids import AnswerIdConverter
 from inference.benchmark import conversation, records, report, runs
 from inference.benchmark.peer import PeerServer
 from inference.benchmark.prompts import Prompt, prompts_from_file
-from inference.benchmark.servers import StackError, check_served, local_stack, stack_credentials
+from inference.benchmark.servers import StackError, check_served, local_stack, local_workers, stack_credentials
 from inference.benchmark.stack import StackTarget, StreamError
 from inference.models import Generation, ModelPair
 from inference.serving.host import this_host
@@ -90,6 +91,12 @@ class Command(BaseCommand):
                                  "pastes in turn, each a chat of its own): what a user finds back in a chat")
         parser.add_argument("--conversations-at-once", type=int, default=1,
                             help="copies of each conversation run together, each its own user's")
+        parser.add_argument("--stop-holder-after-turn", type=int, metavar="N",
+                            help="with --workers 2 or more: after turn N (0: the paste's) the worker that served it "
+                                 "is stopped (--stop-signal) and the next turn sent at once; it is started again "
+                                 "before the next line. What a user meets when a worker is taken down mid-chat")
+        parser.add_argument("--stop-signal", choices=("TERM", "KILL"), default="TERM",
+                            help="how --stop-holder-after-turn stops it: TERM as systemd does, KILL as a crash")
         parser.add_argument("--out", type=Path, default=Path(settings.BASE_DIR) / "docs" / "benchmark",
                             help="folder for results.json, results.md and the plots")
 
@@ -110,14 +117,23 @@ class Command(BaseCommand):
             peers = self.peers(urls=o["compare_url"], model=o["compare_model"], key=o["compare_key"], stack=True)
             if o["workers"] < 1 or o["conversations_at_once"] < 1 or o["come_back_after"] < 0:
                 raise ValueError("--workers and --conversations-at-once take 1 or more, --come-back-after 0 or more")
+            stop_after = o["stop_holder_after_turn"]
+            if stop_after is not None and (o["url"] or o["workers"] < 2 or stop_after < 0):
+                raise ValueError("--stop-holder-after-turn takes a turn (0 or more) and needs --workers 2 or more on "
+                                 "the benchmark's own stack (not --url): another worker must take the next turn")
             at_once = o["conversations_at_once"]
-            stack = (nullcontext(o["url"]) if o["url"]
-                     else local_stack(pair=pair, worker_threads=max(4, at_once), prefix_caching=True,
-                                      workers=o["workers"]))
-            with stack_credentials(max_concurrent=max(4, at_once)) as credentials, stack as base_url:
+            stack = (nullcontext(None) if o["url"]
+                     else local_workers(pair=pair, worker_threads=max(4, at_once), prefix_caching=True,
+                                        workers=o["workers"]))
+            with stack_credentials(max_concurrent=max(4, at_once)) as credentials, stack as local:
+                base_url = local.url if local else o["url"]
+                holder_stop = None if local is None or stop_after is None else conversation.HolderStop(
+                    after_turn=stop_after, restart=local.restart_stopped,
+                    stop=lambda answer_id: self.stop_holder(local, answer_id, signal.Signals[f"SIG{o['stop_signal']}"]))
                 eos = {"ignore_eos": False} if o["stop_at_eos"] else {}
                 endpoints = {line: conversation.Endpoint(base_url=base_url.rstrip("/"), model=pair.slug,
-                                                         api_key=credentials.api_key, extra={**extra, **eos})
+                                                         api_key=credentials.api_key, extra={**extra, **eos},
+                                                         stoppable=True)
                              for line, extra in conversation.LINE_SETTINGS.items()}
                 for label, peer in peers.items():
                     endpoints[conversation.peer_line(label)] = conversation.Endpoint(
@@ -125,10 +141,10 @@ class Command(BaseCommand):
                 turns = conversation.run_conversations(
                     endpoints=endpoints, conversations=chats, repeats=o["conversation_repeats"],
                     max_tokens=o["conversation_tokens"], pause_s=1.0, at_once=at_once,
-                    come_back_after=o["come_back_after"], progress=self.stderr.write)
+                    come_back_after=o["come_back_after"], holder_stop=holder_stop, progress=self.stderr.write)
         except (ValueError, OSError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
-        turns = conversation.served_by(turns, self.workers_of(turns))
+        turns = conversation.served_by(turns, self.workers_of([turn.answer_id for turn in turns]))
         named = ", ".join(f"{conversation.peer_line(label)} {peer.base_url} ({peer.model})"
                           for label, peer in peers.items())
         header = [(f"Pair `{pair.slug}`; host: {this_host().described}; conversations: {o['conversations'].name} "
@@ -137,18 +153,27 @@ class Command(BaseCommand):
                   f"{o['conversation_repeats']} repeats of {o['conversations_at_once']} at once, "
                   f"lines interleaved; {o['workers']} worker(s); peers: {named or 'none'}"
                   + (f"; back in each conversation for its last turn after {o['come_back_after']} chats away"
-                     if o["come_back_after"] else "") + ".")]
+                     if o["come_back_after"] else "")
+                  + (f"; the worker holding each conversation stopped (SIG{o['stop_signal']}) after turn {stop_after}, "
+                     f"the next turn sent at once" if stop_after is not None else "") + ".")]
         files = conversation.write_conversation_report(turns, o["out"], header=header)
         self.stdout.write("\n".join(["", *header, "", *conversation.report_lines(conversation.summarize(turns))]))
         self.stdout.write("\nWrote " + ", ".join(str(f) for f in files))
 
+    def stop_holder(self, stack, answer_id: str, sig: signal.Signals) -> str:
+        """Stop the worker that served this answer; its name."""
+        worker = self.workers_of([answer_id]).get(answer_id, "")
+        stack.stop_holder(worker, sig=sig)
+        self.stderr.write(f"stopped {worker or 'no worker'} with {sig.name}")
+        return worker
+
     @staticmethod
-    def workers_of(turns: list[conversation.Turn]) -> dict[str, str]:
+    def workers_of(answer_ids: list[str]) -> dict[str, str]:
         """Answer id -> the worker its record names (this server's answers; a peer's ids are not ours)."""
         ids = {}
-        for turn in turns:
+        for answer_id in answer_ids:
             with suppress(ValueError):
-                ids[turn.answer_id] = AnswerIdConverter().to_python(turn.answer_id)
+                ids[answer_id] = AnswerIdConverter().to_python(answer_id)
         workers = dict(Generation.objects.filter(id__in=ids.values()).values_list("id", "worker"))
         return {answer: workers.get(generation_id, "") for answer, generation_id in ids.items()}
 
