@@ -164,8 +164,8 @@ def main() -> None:
     same = sum(answer(fastest_own, ids, k=0, tokens=96)[0] == answer(fastest_own, ids, k=4, tokens=96)[0]
                for ids in short + long_)
     print(f"\ngreedy, 96 tokens: K=4 equals the main alone on {same} of {len(short + long_)} prompts")
-    for library in libraries.values():
-        library.close()
+    for engine in [*libraries.values(), *owns.values()]:
+        engine.close()
 
 
 if __name__ == "__main__":
