@@ -511,3 +511,24 @@ def test_an_answer_moved_into_the_batch_says_so_in_its_usage(own_engine_pair, li
     assert Reason.OWN_ENGINE in codes, codes
     assert codes[-3:] == [Reason.MOVED_INTO_BATCH, Reason.K_LOWERED, Reason.LOOKUP_IN_BATCH], codes
     assert usage["speculative_k"] == 0 and "down from K=" in usage["speculative_reason"]
+
+
+@pytest.mark.no_database
+def test_a_speculating_answer_joins_the_batch_when_other_workers_on_the_host_answer(engine):
+    """The answers of the host's other workers count as the batch's (their heartbeats say how many run: lifecycle's
+    answers_on_this_host): they share its cores, and an answer speculating on its own would take its draft's and
+    verify's work from them. Alone on the host it speculates; once another worker answers, it goes on without the
+    draft, the same greedy answer."""
+    busy = OwnEngine(replace(SPEC, slug="host-busy", speculating_streams=1))
+    params = DecodingParams(max_new_tokens=160, ignore_eos=True, speculation=Speculation(k=3))
+    speculating = busy.submit(prompt=PROMPTS[1], params=params)
+    before = [speculating.events.get(timeout=120) for _ in range(4)]  # its prefill's token, then three steps
+    busy.answers_elsewhere = 1  # another worker of this host took an answer
+    said: list[JoinedBatch] = []
+    after = steps_of(speculating, said)
+    assert max(len(step.token_ids) for step in before) > 1, "it did not speculate while alone on the host"
+    assert [(joined.k, joined.k_before) for joined in said] == [(0, 3)]
+    alone = replace(params, speculation=None)
+    assert flat([step.token_ids for step in before]) + flat(after) == flat(steps_of(engine.submit(prompt=PROMPTS[1],
+                                                                                                  params=alone)))
+    busy.close()

@@ -86,6 +86,13 @@ def heartbeat_payload() -> dict:
     }
 
 
+def answers_on_this_host(beats: list[dict], *, name: str) -> int:
+    """The answers the other live workers of this worker's host run ("host:pid" names), as their heartbeats say."""
+    host = name.rpartition(":")[0]
+    return sum(int(beat.get("active", 0)) for beat in beats
+               if beat.get("name") != name and str(beat.get("name", "")).rpartition(":")[0] == host)
+
+
 def lone_answers_k() -> dict[str, int | None]:
     """{slug: the K an answer alone that leaves K to the pair is planned with here now (0: the main alone; None: the
     draft goes on while confident)} for the pairs this worker serves: the chat shows it before a question is sent, so
@@ -108,6 +115,8 @@ def _beat_forever() -> None:
             announce_worker(client=client, name=WORKER_NAME, payload=heartbeat_payload(),
                             ttl_s=settings.WORKER_HEARTBEAT_TTL_S)
             publish_held_blocks(client=client)
+            STATE.engines.note_answers_elsewhere(answers_on_this_host(transport.live_workers(client=client),
+                                                                      name=WORKER_NAME))
         except Exception:
             log.exception("heartbeat failed")
         _stop.wait(settings.WORKER_HEARTBEAT_S)

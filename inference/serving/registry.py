@@ -208,6 +208,13 @@ class EngineRegistry:
             self._engines.pop(spec).close()  # requests in flight finish first
         self.states.pop(slug, None)
 
+    def note_answers_elsewhere(self, answers: int) -> None:
+        """What the other workers on this host run now: the own engines weigh it before letting an answer speculate
+        on its own (OwnEngine.beyond_speculating_streams)."""
+        for engine in list(self._engines.values()):
+            if isinstance(engine, OwnEngine):
+                engine.answers_elsewhere = answers
+
     def active_requests(self, *, slug: str = "", speculative: bool | None = None) -> int:
         """Requests running in this process, for one pair or all: in all its engines, or (`speculative`
         True / False) in the library's speculative pipeline / its main alone."""

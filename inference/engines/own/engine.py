@@ -179,6 +179,7 @@ class OwnEngine:
         self._active: dict[int, tuple[str, list[int]]] = {}  # the running answers' cache scopes and prompts
         self._ids = itertools.count()
         self.submitted = 0  # requests taken: the registry renews an engine after many (see EngineRegistry)
+        self.answers_elsewhere = 0  # answers other workers on this host run, as their heartbeats said lately
         self._lock = threading.Lock()
         self._draft_reading = threading.Lock()  # held while the draft reads a conversation after its answer
         self._warm()
@@ -219,9 +220,11 @@ class OwnEngine:
 
     @property
     def beyond_speculating_streams(self) -> bool:
-        """More answers run than the pair lets speculate on their own: the rest share the batch."""
+        """More answers run than the pair lets speculate on their own: the rest share the batch. Those of the other
+        workers on this host count (`answers_elsewhere`): they share its cores, and a lone answer's draft and verify
+        work would take them from their batches."""
         limit = self.spec.speculating_streams
-        return bool(limit and self.active_count > limit)
+        return bool(limit and self.active_count + self.answers_elsewhere > limit)
 
     @property
     def alive(self) -> bool:
