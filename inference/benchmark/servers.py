@@ -125,6 +125,25 @@ def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180)
     raise StackError(f"'{pair.slug}' was not served within {timeout:.0f} s ({state.error if state else 'no state'})")
 
 
+def start_worker(*, logs: Path, index: int, name: str, pair: ModelPair, threads: int, env: dict[str, str]
+                 ) -> subprocess.Popen:
+    """A Celery worker of the pair's queue named `name` (with `%h`), writing to logs/worker<index>.log."""
+    log = open(logs / f"worker{index}.log", "a")  # noqa: SIM115 - the worker writes to it until it ends
+    return subprocess.Popen(worker_command(queues=[pair.queue], concurrency=threads, name=name, loglevel="WARNING"),
+                            cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def terminate(procs: list[subprocess.Popen], *, timeout: float = 30) -> None:
+    """SIGTERM to each, then SIGKILL to any not gone within `timeout`."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 @dataclass
 class LocalStack:
     """The benchmark's daphne and Celery workers of one pair (see `local_stack`). A conversation benchmark stops the
@@ -140,11 +159,8 @@ class LocalStack:
     stopped: set[int] = field(default_factory=set)  # indexes of the workers stopped and not started again
 
     def start_worker(self, index: int) -> subprocess.Popen:
-        log = open(self.logs / f"worker{index}.log", "a")  # noqa: SIM115 - the worker writes to it until it ends
-        proc = subprocess.Popen(
-            worker_command(queues=[self.pair.queue], concurrency=self.worker_threads,
-                           name=f"benchmark{index}-{os.getpid()}@%h", loglevel="WARNING"),
-            cwd=settings.BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        proc = start_worker(logs=self.logs, index=index, name=f"benchmark{index}-{os.getpid()}@%h", pair=self.pair,
+                            threads=self.worker_threads, env=self.env)
         self.workers[index:index + 1] = [proc]
         return proc
 
@@ -166,15 +182,6 @@ class LocalStack:
                 self.workers[index].wait(10)
             wait_until_served(pair=self.pair, worker_pid=self.start_worker(index).pid)
         self.stopped.clear()
-
-    def close(self) -> None:
-        for proc in self.workers:
-            proc.terminate()
-        for proc in self.workers:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 @contextmanager
@@ -228,13 +235,7 @@ def local_workers(*, pair: ModelPair, worker_threads: int, prefix_caching: bool 
                 raise StackError(f"{exc}\n{logs_tail}") from exc
             yield stack
         finally:
-            stack.close()
-            if daphne is not None:
-                daphne.terminate()
-                try:
-                    daphne.wait(30)
-                except subprocess.TimeoutExpired:
-                    daphne.kill()
+            terminate([*stack.workers, *([daphne] if daphne else [])])
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -313,15 +314,9 @@ class PrivateStack:
                     self.start_worker(index)
 
     def start_worker(self, index: int) -> subprocess.Popen:
-        log = open(self.logs / f"worker{index}.log", "a")  # noqa: SIM115 - the worker writes to it until it ends
-        proc = subprocess.Popen(
-            worker_command(queues=[self.pair.queue], concurrency=self.threads, name=f"soak{index}-{os.getpid()}@%h",
-                           loglevel="WARNING"),
-            cwd=settings.BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        if index < len(self.workers):
-            self.workers[index] = proc
-        else:
-            self.workers.append(proc)
+        proc = start_worker(logs=self.logs, index=index, name=f"soak{index}-{os.getpid()}@%h", pair=self.pair,
+                            threads=self.threads, env=self.env)
+        self.workers[index:index + 1] = [proc]
         return proc
 
     def wait_served(self, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -404,11 +399,5 @@ def private_stack(*, pair: ModelPair, base_env: dict[str, str], workers: int = 2
             raise StackError(f"{exc}\n{tails}") from exc
         finally:
             stack._stopping.set()
-            for proc in [*stack.workers, daphne]:
-                proc.terminate()
-            for proc in [*stack.workers, daphne]:
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            terminate([*stack.workers, daphne], timeout=20)
             private_redis.stop()
