@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ from django.db.models import Count, Sum
 
 from inference.limits import LoadState, Route, ServingState
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair, writing_rate
+from inference.serving.processes import process_gone
 from inference.transport import WORKER_KEY_PREFIX, held_blocks_key, live_workers
 
 __all__ = ["live_workers"]  # read from the heartbeats in transport.py; queried with the rest from here
@@ -63,7 +65,9 @@ def heartbeats_settled(*, client: redis.Redis) -> bool:
 
 
 def worker_is_alive(*, client: redis.Redis, name: str) -> bool:
-    return bool(client.exists(WORKER_KEY_PREFIX + name))
+    """Its heartbeat has not expired, and its process is not known to be gone (killed: serving/processes.py)."""
+    beat: Any = client.get(WORKER_KEY_PREFIX + name)
+    return bool(beat) and not process_gone(json.loads(beat).get("process"))
 
 
 def generation_for_user(*, generation_id, user) -> Generation | None:

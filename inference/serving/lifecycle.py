@@ -34,6 +34,7 @@ from inference.serving.housekeeping import (
     stop_unwatched_chat_answers,
 )
 from inference.serving.planning import pair_default_route
+from inference.serving.processes import process_gone, this_process
 from inference.serving.worker import (
     STATE,
     WORKER_NAME,
@@ -83,14 +84,17 @@ def heartbeat_payload() -> dict:
         # {slug: tokens per block of the main's pool}: how the web side hashes a prompt to find it here (routing.py)
         "kv_block_tokens": {slug: block_tokens for slug, (block_tokens, _) in STATE.engines.main_blocks().items()},
         "stopping": STATE.stopping,  # the web side routes nothing new here
+        "process": this_process(),  # killed, it is known gone at once on its own host (serving/processes.py)
     }
 
 
 def answers_on_this_host(beats: list[dict], *, name: str) -> int:
-    """The answers the other live workers of this worker's host run ("host:pid" names), as their heartbeats say."""
+    """The answers the other live workers of this worker's host run ("host:pid" names), as their heartbeats say (a
+    killed one's last heartbeat says nothing)."""
     host = name.rpartition(":")[0]
     return sum(int(beat.get("active", 0)) for beat in beats
-               if beat.get("name") != name and str(beat.get("name", "")).rpartition(":")[0] == host)
+               if beat.get("name") != name and str(beat.get("name", "")).rpartition(":")[0] == host
+               and not process_gone(beat.get("process")))
 
 
 def lone_answers_k() -> dict[str, int | None]:

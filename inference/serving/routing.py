@@ -9,9 +9,10 @@ goes by load instead, to the worker with the fewest answers in flight, when the 
 ROUTE_LOAD_MARGIN answers in flight above that one, as SGLang's router balances once loads drift apart.
 
 Nothing waits on a worker that is gone: a stopping worker hands back the tasks it has not started (worker.py), a
-worker whose heartbeat is late gets no new turn (a killed one beats no more before its heartbeat expires), and the
-live workers send a gone one's queued turns to the shared queue (housekeeping.reroute_from_gone_workers). A
-user's hashes are keyed by their scope, so routing finds only that user's blocks and tells nobody else anything.
+worker whose heartbeat is late or whose process is gone (seen at once on its own host: serving/processes.py) gets no
+new turn (a killed one beats no more before its heartbeat expires), and the live workers send a gone one's queued
+turns to the shared queue (housekeeping.reroute_from_gone_workers). A user's hashes are keyed by their scope, so
+routing finds only that user's blocks and tells nobody else anything.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from inference.limits import LoadState
 from inference.metrics import count_route
 from inference.models import Generation, ModelPair
 from inference.serving import tasks
+from inference.serving.processes import process_gone
 
 HASH_BYTES = 8  # of each block hash a worker publishes: a collision can only send a turn to the wrong worker
 
@@ -118,9 +120,11 @@ def _held_blocks(client: redis.Redis, *, slug: str, workers: list[dict], prompt_
 
 
 def takes_turns(beat: dict) -> bool:
-    """Whether a live worker gets new turns and keeps its queued ones: not stopping, and its last heartbeat not late
-    (a worker killed at once beats no more, though its heartbeat lives until it expires)."""
-    return not beat.get("stopping") and time.time() - beat.get("beat_at", time.time()) <= settings.ROUTE_BEAT_LATE_S
+    """Whether a live worker gets new turns and keeps its queued ones: not stopping, its last heartbeat not late (a
+    worker killed at once beats no more, though its heartbeat lives until it expires), and its process not known to
+    be gone (serving/processes.py: on this host, a killed one is seen at once)."""
+    return (not beat.get("stopping") and time.time() - beat.get("beat_at", time.time()) <= settings.ROUTE_BEAT_LATE_S
+            and not process_gone(beat.get("process")))
 
 
 def route(client: redis.Redis, *, pair: ModelPair, workers: list[dict], prompt_ids: list[int],
