@@ -36,13 +36,17 @@ SPEC = PairSpec(slug="own-rows", main_dir=str(PAIR / "main"), draft_dir=str(PAIR
 CODE = FILE[: FILE.index('    with open(tmp, "w")')]  # the pasted module's first lines: under two blocks
 # Tokens to feed after a prompt (the answer's, or proposals), and proposals the main rejects
 ANSWER = [1012, 2203, 318, 64, 1500, 2857, 911, 4001]
+OPENER, QUESTION = "\n### Answer:\n", "\n### Question: and the other way round?"
 REJECTED = [[7, 8, 9], [3001, 3002], [17]]
 
 
-def arrange(engine: OwnEngine, *, token_rows: bool) -> None:
+def arrange(engine: OwnEngine, *, token_rows: bool, opener: tuple[int, ...] | None = None) -> None:
     """The engine's main in this arrangement of its rows (engines/own/model_runner.py, `arranged`), whichever this
-    host's costs pick. One-token sequences are not alike everywhere: where the engine's check finds them parting from
-    the main alone's rows, it must never pick them, and the cases run in the arrangement it serves."""
+    host's costs pick; `opener`: where its prompts' answers begin (engines/own/answer_layout.py), in place of its
+    template's. One-token sequences are not alike everywhere: where the engine's check finds them parting from the
+    main alone's rows, it must never pick them, and the cases run in the arrangement it serves."""
+    if opener is not None:
+        engine.main.answer_opener, engine.main.answer_ends = opener, frozenset(engine.eos_ids)
     runner = engine.main.runner
     runner.steady = runner.arranged(token_rows=token_rows)
     if token_rows and not runner.alike_as_tokens(runner.steady):
@@ -52,11 +56,14 @@ def arrange(engine: OwnEngine, *, token_rows: bool) -> None:
     engine.main.scheduler = Scheduler(runner)  # its chunks within the arrangement's sizes
 
 
-@pytest.fixture(scope="module", params=["queries", "one-token sequences"])
+@pytest.fixture(scope="module", params=["queries", "one-token sequences", "answers one-token, the rest queries"])
 def engine(request) -> OwnEngine:
-    """The engine in each arrangement of the main's rows it may serve here: every case holds in both."""
+    """The engine in each arrangement of the main's rows it may serve here: every case holds in each. The demo's
+    template opens no answer (its prompts are read as one-token sequences); the third gives it an opener, as Qwen's
+    `<|im_start|>assistant\n` is the real pair's."""
     engine = OwnEngine(SPEC)
-    arrange(engine, token_rows=request.param == "one-token sequences")
+    opener = tuple(engine.tokenizer.encode(OPENER, add_special_tokens=False).input_ids.data[0].tolist())
+    arrange(engine, token_rows=request.param != "queries", opener=opener if request.param.startswith("answers") else None)
     return engine
 
 
@@ -72,6 +79,7 @@ def fresh_main(engine: OwnEngine, *, chunk_tokens: int | None = None) -> PagedMo
     read in chunks of that many (the scheduler's budget two chunks, as it sets it)."""
     model = PagedModel(ModelRunner(engine.main.runner.compiled, pool_bytes=16 * 2**20,
                                    steady=engine.main.runner.steady), caching=False)
+    model.answer_opener, model.answer_ends = engine.main.answer_opener, engine.main.answer_ends
     if chunk_tokens:
         model.scheduler.chunk_tokens, model.scheduler.step_tokens = chunk_tokens, 2 * chunk_tokens
     return model
@@ -194,18 +202,82 @@ def fork_vs_cold(engine: OwnEngine, prompt: list[int]) -> Rows:
 
 
 def answered_vs_read_cold(engine: OwnEngine, prompt: list[int]) -> Rows:
-    """An answer's tokens, fed as it went, leave the keys and values a prompt holding them leaves when read cold (a
-    conversation's next turn from the cache or on a worker that never saw it): the rows after them alike."""
+    """An answer's tokens, fed as it went, leave the keys and values a prompt holding them after the template's
+    answer opener leaves when read cold (a conversation's next turn from the cache or on a worker that never saw
+    it): the rows after them alike."""
+    asked = prompt + list(engine.main.answer_opener)
     answered = engine.main.sequence(scope="answered", exact=True)
-    answered.prefill(prompt)
+    answered.prefill(asked)
     for token in ANSWER[:4]:
         answered.feed([token])
     got = [*answered.feed(ANSWER[4:7])]
     answered.close()
     cold = fresh_main(engine).sequence(exact=True)
-    expected = [cold.prefill(prompt + ANSWER[:5])[-1], *cold.feed(ANSWER[5:7])]
+    expected = [cold.prefill(asked + ANSWER[:5])[-1], *cold.feed(ANSWER[5:7])]
     cold.close()
     return got, expected
+
+
+def conversation(engine: OwnEngine, prompt: list[int]) -> tuple[list[int], list[int]]:
+    """A first turn's prompt, and the second's: the first, its answer (to its end token) and a question, opened for
+    the next answer (where the engine's template opens one)."""
+    opener, end = list(engine.main.answer_opener), min(engine.eos_ids)
+    question = engine.tokenizer.encode(QUESTION, add_special_tokens=False).input_ids.data[0].tolist()
+    first = prompt + opener
+    return first, first + ANSWER * 3 + [end] + question + opener
+
+
+def conversation_read(engine: OwnEngine, prompt: list[int], *, chunk_tokens: int) -> Rows:
+    _, second = conversation(engine, prompt)
+    return alone(fresh_main(engine, chunk_tokens=chunk_tokens), second, ANSWER[:3], scope=""), alone(
+        fresh_main(engine, chunk_tokens=len(second)), second, ANSWER[:3], scope="")
+
+
+def conversation_in_chunks_vs_whole(engine: OwnEngine, prompt: list[int]) -> Rows:
+    """A conversation, its answer's tokens among the prompt's text, read in chunks of 5 (cut anywhere, inside the
+    answer and next to its ends) computes what it computes read whole."""
+    return conversation_read(engine, prompt, chunk_tokens=5)
+
+
+def conversation_cut_after_its_answer_vs_whole(engine: OwnEngine, prompt: list[int]) -> Rows:
+    """The same in chunks that would end one token after the answer's end: a query's first token cut from the rest
+    of it (engines/own/kv_cache.py, `_chunk_end`)."""
+    return conversation_read(engine, prompt, chunk_tokens=len(ANSWER) * 3 + 2)
+
+
+def follow_up_from_the_cache_vs_cold(engine: OwnEngine, prompt: list[int]) -> Rows:
+    """The next turn of a conversation, its answer's blocks cached as the answer was fed, computes what it computes
+    read cold (on a worker that never saw it)."""
+    first, second = conversation(engine, prompt)
+    answered = engine.main.sequence(scope="follow-up", exact=True)
+    answered.prefill(first)
+    for token in ANSWER * 3:
+        answered.feed([token])
+    answered.close(keep_ids=first + ANSWER * 3)
+    warm = engine.main.sequence(scope="follow-up", exact=True)
+    got = [warm.prefill(second)[-1], *(warm.feed([token])[-1] for token in ANSWER[:3])]
+    assert warm.cached >= len(first + ANSWER * 3) // engine.main.pool.block_tokens * engine.main.pool.block_tokens
+    warm.close()
+    return got, alone(fresh_main(engine), second, ANSWER[:3], scope="")
+
+
+def raw_completion_followed_up_vs_cold(engine: OwnEngine, prompt: list[int]) -> Rows:
+    """An answer to a prompt that opens none (a raw completion), continued by a next prompt holding it: where its
+    tokens were fed otherwise than a cold read of that prompt computes them (answers one-token, the rest queries),
+    its blocks were not cached, and the next prompt computes what it computes cold."""
+    answered = engine.main.sequence(scope="raw", exact=True)
+    answered.prefill(prompt)
+    for token in ANSWER * 3:
+        answered.feed([token])
+    answered.close(keep_ids=prompt + ANSWER * 3)
+    after = prompt + ANSWER * 3 + ANSWER[:2]
+    warm = engine.main.sequence(scope="raw", exact=True)
+    got = [warm.prefill(after)[-1], *(warm.feed([token])[-1] for token in ANSWER[:3])]
+    size = engine.main.pool.block_tokens
+    mixed = engine.main.answer_opener and engine.main.runner.steady.token_rows
+    assert warm.cached == (len(prompt) // size * size if mixed else len(prompt) + len(ANSWER) * 3)
+    warm.close()
+    return got, alone(fresh_main(engine), after, ANSWER[:3], scope="")
 
 
 def control_another_prompt(engine: OwnEngine, prompt: list[int]) -> Rows:
@@ -223,6 +295,10 @@ CASES: list[tuple[Callable[[OwnEngine, list[int]], Rows], bool]] = [
     (cached_vs_cold, True),
     (fork_vs_cold, True),
     (answered_vs_read_cold, True),
+    (conversation_in_chunks_vs_whole, True),
+    (conversation_cut_after_its_answer_vs_whole, True),
+    (follow_up_from_the_cache_vs_cold, True),
+    (raw_completion_followed_up_vs_cold, True),
     (control_another_prompt, False),
 ]
 

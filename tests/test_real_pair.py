@@ -561,6 +561,9 @@ def test_the_real_mains_rows_computed_two_ways_are_bitwise_equal(real_folder, co
                                 draft_dir=str(real_folder / "draft"), route=Route.OWN_SPECULATIVE,
                                 pair_default=Route.OWN_SPECULATIVE, kv_pool_mb=256, **CONFIGS[config].fields))
     prompt = engine.tokenizer.encode(rows.CODE * 3).input_ids.data[0].tolist()[: 2 * engine.main.pool.block_tokens - 4]
+    # its answers are told from its prompts' text by Qwen's opener (engines/own/answer_layout.py)
+    assert engine.main.answer_opener == tuple(engine.tokenizer.encode(
+        "<|im_start|>assistant\n", add_special_tokens=False).input_ids.data[0])
     rows.arrange(engine, token_rows=token_rows)
     for case, equal in rows.CASES:
         rows.check_rows(engine, *case(engine, prompt), equal=equal)

@@ -35,6 +35,7 @@ from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.grammar.constraint import TokenConstraint, load_vocabulary, masked
 from inference.engines.interface import ActiveRequest, Finished, JoinedBatch, PromptRead, StepTokens
 from inference.engines.own.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
+from inference.engines.own.answer_layout import answer_opener
 from inference.engines.own.draft_head import compile_draft
 from inference.engines.own.kv_cache import PagedModel, PagedSequence
 from inference.engines.own.model_runner import ModelRunner, Steady
@@ -175,6 +176,8 @@ class OwnEngine:
         self.draft.yield_to(self.main)  # its catch-ups give way to a user's prompt (catch_up_draft)
         self.tokenizer = load_tokenizer(spec.main_dir)
         self.eos_ids = eos_token_ids(spec.main_dir)
+        # where the main's prompts hold answers, read as their tokens were fed; the rest as queries (answer_layout.py)
+        self.main.answer_opener, self.main.answer_ends = answer_opener(self.tokenizer), frozenset(self.eos_ids)
         self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
         self._active: dict[int, tuple[str, list[int]]] = {}  # the running answers' cache scopes and prompts
         self._ids = itertools.count()

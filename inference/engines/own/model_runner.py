@@ -12,10 +12,11 @@ smaller step up to them with a filler nobody reads (docs/exactness.md#avx2-hosts
 
 The main's rows can be arranged two exact ways (docs/exactness.md#one-kernel-path): each step of an answer one
 sequence (the main alone's token as a 2-token query, a verify as one query of K+1, a prompt's chunk as one query), or
-every token a one-token sequence of its own on the answer's blocks (`Work.token_rows`), a prompt's tokens too: a
-token's keys and values depend on the kernel its attention ran on, so a conversation read again from the cache and
-read cold stay alike only if every token of both ran on the same one, and a step of fewer one-token sequences than
-the kernel's threads gets a filler, else the kernel takes a path of its own that sums a long context otherwise. Their
+every answer's token a one-token sequence of its own on the answer's blocks (`Work.token_rows`), earlier answers in a
+prompt too, the prompt's text as queries (engines/own/answer_layout.py): a token's keys and values depend on the
+kernel its attention ran on, so a conversation read again from the cache and read cold stay alike only if every token
+of both ran on the same one, and a step of fewer one-token sequences than the kernel's threads gets a filler, else
+the kernel takes a path of its own that sums a long context otherwise. Their
 costs differ by host: `arranged` probes both at load and keeps the second where it costs less (on AVX2 a lone token
 0.85x, four answers' tokens at once 0.6x, a verify of 9 1.07x, a prompt 1.1x), unless the operator asks for one
 (SPECCHAT_MAIN_ROWS).
@@ -23,6 +24,7 @@ costs differ by host: `arranged` probes both at load and keeps the second where 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 import threading
@@ -78,15 +80,27 @@ class Work:
     past: int
     tokens: list[int]
     rows: int = 1
-    token_rows: bool = False  # each token a one-token sequence of its own on these blocks, the last `rows` read
+    # each token a one-token sequence of its own on these blocks, the last `rows` read; or, token by token, which
+    # are (the others, each run of them one query: engines/own/answer_layout.py)
+    token_rows: bool | tuple[bool, ...] = False
 
     def split(self) -> list[Work]:
         """The sequences the op is given for it."""
-        if not self.token_rows:
-            return [self]
         n = len(self.tokens)
-        return [Work(self.block_table, self.past + i, [token], int(i >= n - self.rows))
-                for i, token in enumerate(self.tokens)]
+        layout = self.token_rows if isinstance(self.token_rows, tuple) else (self.token_rows,) * n
+        if not any(layout):
+            return [self]
+        works, first, read_from = [], 0, n - self.rows
+        for one_token, run in itertools.groupby(range(n), key=layout.__getitem__):
+            end = first + len(list(run))
+            if one_token:
+                works += [Work(self.block_table, self.past + i, [self.tokens[i]], int(i >= read_from))
+                          for i in range(first, end)]
+            else:
+                works.append(Work(self.block_table, self.past + first, self.tokens[first:end],
+                                  max(end - max(first, read_from), 0)))
+            first = end
+        return works
 
 
 def kernel_threads(compiled: ov.CompiledModel) -> int:
