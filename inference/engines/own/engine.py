@@ -126,8 +126,11 @@ def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str
     and configuration (seconds on the real main) and kept beside the main's files where they are writable, so that
     every worker of the pair on the host computes alike."""
     weights = Path(main_dir) / "openvino_model.bin"
+    # where the template opens answers, one-token sequences read no prompt's text (answer_layout.py): its cost is moot
+    prompts_as_queries = bool(answer_opener(load_tokenizer(main_dir)))
     probed = [this_host().signature, properties, weights.stat().st_size, weights.stat().st_mtime_ns,
-              "arranged, checked alike at every verify", "one-token steps on the mixed path", asked]
+              "arranged, checked alike at every verify", "one-token steps on the mixed path", asked,
+              prompts_as_queries]
     key = hashlib.sha256(json.dumps(probed).encode()).hexdigest()
     kept = Path(main_dir) / STEADY_ROWS_FILE
     try:
@@ -136,7 +139,8 @@ def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str
         known = {}
     if isinstance(known.get(key), list):
         return Steady(*known[key])
-    steady = runner.arranged(token_rows=None if asked == "auto" else asked == "one-token")
+    steady = runner.arranged(token_rows=None if asked == "auto" else asked == "one-token",
+                             prompts_as_queries=prompts_as_queries)
     if asked == "one-token" and not runner.alike_as_tokens(steady):
         log.warning("one-token sequences part a verify's rows from the main alone's on this host: the main's rows run "
                     "as queries (SPECCHAT_MAIN_ROWS=one-token not served)")

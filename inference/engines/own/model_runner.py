@@ -137,11 +137,13 @@ class ModelRunner:
         self._preempted = False
         self.gave_way = 0  # inferences that yielded: not started, or cancelled
 
-    def arranged(self, *, token_rows: bool | None = None) -> Steady:
+    def arranged(self, *, token_rows: bool | None = None, prompts_as_queries: bool = False) -> Steady:
         """The arrangement of the main's rows this host runs cheaper, with its steady sizes: one-token sequences where
         four answers' tokens at once cost 10% less than as queries, a lone answer's token and a verify (what it
-        speculates with) no more than 10% more, and a prompt no more than 15% more: margins wider than a shared host's
-        drift between two probes (asked at load, before any answer); `token_rows` says which, whatever the costs."""
+        speculates with) no more than 10% more, and a prompt no more than 15% more (unless `prompts_as_queries`: the
+        pair's prompts' text is read as queries either way, engines/own/answer_layout.py): margins wider than a shared
+        host's drift between two probes (asked at load, before any answer); `token_rows` says which, whatever the
+        costs."""
         query, tokens = self.steady_rows(token_rows=False), self.steady_rows(token_rows=True)
         # a step holds one-token sequences and a filler's query: the sizes that keep both kinds of row alike
         most = min((each.most_tokens for each in (query, tokens) if each.most_tokens), default=0)
@@ -152,7 +154,7 @@ class ModelRunner:
             log.info("the main's rows as queries, as one-token sequences: %s, %s s (a lone answer's token, four "
                      "answers' at once, a verify of %d, a prompt's chunk)", *shown, VERIFIED)
             lone, batch, verify, prompt = (costs[tokens][i] / costs[query][i] for i in range(4))
-            token_rows = batch < 0.9 and lone <= 1.1 and verify <= 1.1 and prompt <= 1.15
+            token_rows = batch < 0.9 and lone <= 1.1 and verify <= 1.1 and (prompts_as_queries or prompt <= 1.15)
             if token_rows and not self.alike_as_tokens(tokens):
                 log.warning("one-token sequences cost less here but part a verify's rows from the main alone's: "
                             "the main's rows run as queries")
