@@ -164,8 +164,8 @@ class PagedSequence:
     def feed(self, token_ids: list[int], *, rows: int | None = None, layout: list[bool] | None = None,
              yields: bool = False) -> np.ndarray:
         """Logits for the last `rows` fed tokens (each one's on the main, the last one's on the draft; a prompt's
-        chunk names its one row); `layout`: a prompt's, which of them are answers' tokens (`layout`; else all are, as
-        an answer's own); `yields`: work that can wait (Preempted, the sequence unchanged)."""
+        chunk names its one row); `layout`: a prompt chunk's, which tokens are answers' (`layout`), else every fed
+        token is, as an answer's own; `yields`: work that can wait (Preempted, the sequence unchanged)."""
         self.reserve(self.position + len(token_ids))
         scheduler = self.model.scheduler
         token_rows = self.exact and self.model.runner.steady.token_rows
