@@ -251,6 +251,8 @@ def test_back_in_a_conversation_after_chats_away_its_prompt_comes_from_the_cache
     chats = tmp_path / "chats.json"
     chats.write_text(json.dumps([{"name": "paste", "system": "You edit code.",
                                   "turns": [f"{paste}\n\nAdd a docstring to step_3.", "Why?", "Now add type hints."]}]))
+    with pytest.raises(CommandError, match="--think-s 0 or more"):
+        run_command("--conversations", str(chats), "--conversations-only", "--think-s", "-1", "--url", live_server_url)
     printed = run_command("--conversations", str(chats), "--conversations-only", "--conversation-repeats", "1",
                           "--conversation-tokens", "8", "--come-back-after", "2", "--url", live_server_url,
                           "--out", str(tmp_path))

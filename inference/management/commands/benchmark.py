@@ -89,6 +89,10 @@ class Command(BaseCommand):
         parser.add_argument("--come-back-after", type=int, default=0, metavar="N",
                             help="before each conversation's last turn, N chats away (the other conversations' "
                                  "pastes in turn, each a chat of its own): what a user finds back in a chat")
+        parser.add_argument("--think-s", type=float, default=1.0, metavar="S",
+                            help="seconds between an answer and the conversation's next turn: the user reading and "
+                                 "typing (work the server does between turns, the draft reading the conversation, "
+                                 "runs then or beside the next turn)")
         parser.add_argument("--conversations-at-once", type=int, default=1,
                             help="copies of each conversation run together, each its own user's")
         parser.add_argument("--stop-holder-after-turn", type=int, metavar="N",
@@ -115,8 +119,9 @@ class Command(BaseCommand):
         try:
             chats = conversation.conversations_from_file(o["conversations"])
             peers = self.peers(urls=o["compare_url"], model=o["compare_model"], key=o["compare_key"], stack=True)
-            if o["workers"] < 1 or o["conversations_at_once"] < 1 or o["come_back_after"] < 0:
-                raise ValueError("--workers and --conversations-at-once take 1 or more, --come-back-after 0 or more")
+            if o["workers"] < 1 or o["conversations_at_once"] < 1 or o["come_back_after"] < 0 or o["think_s"] < 0:
+                raise ValueError("--workers and --conversations-at-once take 1 or more, --come-back-after and "
+                                 "--think-s 0 or more")
             stop_after = o["stop_holder_after_turn"]
             if stop_after is not None and (o["url"] or o["workers"] < 2 or stop_after < 0):
                 raise ValueError("--stop-holder-after-turn takes a turn (0 or more) and needs --workers 2 or more on "
@@ -140,7 +145,7 @@ class Command(BaseCommand):
                         base_url=peer.base_url, model=peer.model, api_key=peer.api_key, extra=eos)
                 turns = conversation.run_conversations(
                     endpoints=endpoints, conversations=chats, repeats=o["conversation_repeats"],
-                    max_tokens=o["conversation_tokens"], pause_s=1.0, at_once=at_once,
+                    max_tokens=o["conversation_tokens"], pause_s=o["think_s"], at_once=at_once,
                     come_back_after=o["come_back_after"], holder_stop=holder_stop, progress=self.stderr.write)
         except (ValueError, OSError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
