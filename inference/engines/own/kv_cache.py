@@ -146,7 +146,7 @@ class PagedSequence:
                     continue  # read again once the prompt it gave way to is read (`pause`)
                 if on_chunk is not None:
                     on_chunk(self.position, n)
-        self._cache_full_blocks(hashes)
+        self._cache_full_blocks(hashes, cacheable=self.position)  # read as its layout says
         assert logits is not None
         return logits
 
@@ -217,8 +217,9 @@ class PagedSequence:
             # past its end is not the conversation's
             self.drop_last(max(self.position - len(keep_ids), 0))
             hashes = self.model.hashes(self.tokens, self.scope)
-            self._cache_full_blocks(hashes)
-            self._keep_tail(hashes)
+            cacheable = self._cacheable()
+            self._cache_full_blocks(hashes, cacheable=cacheable)
+            self._keep_tail(hashes, cacheable=cacheable)
         self.model.pool.release(self.block_table)
         self.block_table, self.tokens, self.one_token = [], [], []
         self.model.scheduler.leave(self)
@@ -230,12 +231,12 @@ class PagedSequence:
         if needed > 0:
             self.block_table += self.model.pool.allocate(needed)
 
-    def _keep_tail(self, hashes: list[bytes]) -> None:
+    def _keep_tail(self, hashes: list[bytes], *, cacheable: int) -> None:
         """The last, partly filled block kept as the pool's tail after the full ones (`hashes`): a follow-up that
         continues these tokens takes it over and reads only what is new."""
         full, size = len(hashes), self.model.pool.block_tokens
         if (self.model.caching and self.position > full * size and len(self.block_table) > full
-                and self._cacheable() == self.position):
+                and cacheable == self.position):
             self.model.pool.keep_tail(self.block_table[full], after=hashes[-1] if hashes else scope_root(self.scope),
                                       tokens=self.tokens[full * size:])
 
@@ -248,9 +249,10 @@ class PagedSequence:
         return next((i for i, (was, cold) in enumerate(zip(self.one_token, expected, strict=True)) if was != cold),
                     self.position)
 
-    def _cache_full_blocks(self, hashes: list[bytes]) -> None:
+    def _cache_full_blocks(self, hashes: list[bytes], *, cacheable: int) -> None:
+        """Cache the full blocks among the first `cacheable` tokens (`_cacheable`)."""
         size = self.model.pool.block_tokens
-        full = min(len(hashes), self.position // size, self._cacheable() // size) if self.model.caching else 0
+        full = min(len(hashes), self.position // size, cacheable // size) if self.model.caching else 0
         if full > self._cached_blocks:
             self.model.pool.cache(self.block_table[self._cached_blocks:full], hashes[self._cached_blocks:full])
             self._cached_blocks = full
