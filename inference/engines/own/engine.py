@@ -120,14 +120,16 @@ def own_engine_precision(spec: PairSpec) -> PairSpec:
     return replace(spec, inference_precision=precision, kv_cache_precision=precision)
 
 
-def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str], asked: str = "auto") -> Steady:
+def steady_rows(runner: ModelRunner, *, main_dir: str, properties: dict[str, str], asked: str = "auto",
+                opener: tuple[int, ...] | None = None) -> Steady:
     """The arrangement of the main's rows (`asked`: "auto", the one ModelRunner.arranged finds cheaper, or "queries"
     or "one-token", where checked alike) and the sizes a step needs for them to come out alike, probed once per host
     and configuration (seconds on the real main) and kept beside the main's files where they are writable, so that
-    every worker of the pair on the host computes alike."""
+    every worker of the pair on the host computes alike. `opener`: the template's answer opener, where the caller
+    has it (else read from the main's tokenizer)."""
     weights = Path(main_dir) / "openvino_model.bin"
     # where the template opens answers, one-token sequences read no prompt's text (answer_layout.py): its cost is moot
-    prompts_as_queries = bool(answer_opener(load_tokenizer(main_dir)))
+    prompts_as_queries = bool(answer_opener(load_tokenizer(main_dir)) if opener is None else opener)
     probed = [this_host().signature, properties, weights.stat().st_size, weights.stat().st_mtime_ns,
               "arranged, checked alike at every verify", "one-token steps on the mixed path", asked,
               prompts_as_queries]
@@ -171,17 +173,18 @@ class OwnEngine:
         main_bytes, draft_bytes = cache_layout(main).block_bytes, cache_layout(draft).block_bytes
         pool = spec.kv_pool_bytes()  # shared so that both models hold as many tokens
         caching = spec.prefix_caching
+        self.tokenizer = load_tokenizer(spec.main_dir)
+        self.eos_ids = eos_token_ids(spec.main_dir)
+        opener = answer_opener(self.tokenizer)
         main_runner = ModelRunner(main, pool_bytes=pool * main_bytes // (main_bytes + draft_bytes))
         main_runner.steady = steady_rows(main_runner, main_dir=spec.main_dir, properties=main_properties,
-                                         asked=spec.main_rows)
+                                         asked=spec.main_rows, opener=opener)
         self.main = PagedModel(main_runner, caching=caching)
         self.draft = PagedModel(ModelRunner(draft, pool_bytes=pool * draft_bytes // (main_bytes + draft_bytes)),
                                 head=draft_head, caching=caching)
         self.draft.yield_to(self.main)  # its catch-ups give way to a user's prompt (catch_up_draft)
-        self.tokenizer = load_tokenizer(spec.main_dir)
-        self.eos_ids = eos_token_ids(spec.main_dir)
         # where the main's prompts hold answers, read as their tokens were fed; the rest as queries (answer_layout.py)
-        self.main.answer_opener, self.main.answer_ends = answer_opener(self.tokenizer), frozenset(self.eos_ids)
+        self.main.answer_opener, self.main.answer_ends = opener, frozenset(self.eos_ids)
         self._grammar_vocabulary: llg.LLTokenizer | None = None  # built for the first answer held to a grammar
         self._active: dict[int, tuple[str, list[int]]] = {}  # the running answers' cache scopes and prompts
         self._ids = itertools.count()
