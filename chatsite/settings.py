@@ -179,6 +179,9 @@ ROUTE_LOAD_MARGIN = env_int("SPECCHAT_ROUTE_LOAD_MARGIN", 2)
 # A worker whose last heartbeat is older than this gets no new turn, and its queued ones go to any worker, though its
 # heartbeat has not expired yet: a killed worker's turns wait this long, not WORKER_HEARTBEAT_TTL_S.
 ROUTE_BEAT_LATE_S = env_int("SPECCHAT_ROUTE_BEAT_LATE_S", 3 * WORKER_HEARTBEAT_S)
+# A turn its worker leaves unclaimed this long while that worker's heartbeat shows a free slot goes to any worker: a
+# hung worker, or one killed where its process cannot be seen (another host or container), sooner than the above.
+ROUTE_UNCLAIMED_S = env_int("SPECCHAT_ROUTE_UNCLAIMED_S", 2)
 CHAT_MAX_CONCURRENT = env_int("SPECCHAT_CHAT_MAX_CONCURRENT", 2)  # answers one user may have in flight in the chat
 CHAT_ABANDON_GRACE_S = env_int("SPECCHAT_CHAT_ABANDON_GRACE_S", 10)  # closed chat's answers await a reconnect
 # After a chat's first answer the pair writes its title (a few greedy tokens, as Open WebUI does); 0: the

@@ -3,6 +3,7 @@ on the test database, and the shipped demo pair."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -30,11 +31,23 @@ STACK_FIXTURES = {"redis_client", "stack_env", "celery_worker", "live_server_url
                   "transactional_db", "db", "client", "admin_client", "django_user_model"}
 
 
+_SESSION_LOCKS: list[io.TextIOWrapper] = []  # held open until the session's process ends
+
+
 def pytest_sessionstart(session):
     """A test database file is made anew each session; a write-ahead log a killed session left beside it
-    would be replayed into the new file."""
+    would be replayed into the new file. A session running on the same file (the same SPECCHAT_TEST_REDIS_DB) is
+    told apart by a lock, not broken: removing its log under it fails its every test with a disk I/O error."""
     test_name = settings.DATABASES["default"].get("TEST", {}).get("NAME") or ""
     if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3") and test_name:
+        lock = Path(test_name + ".lock").open("w")  # noqa: SIM115 (held until the session ends)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            pytest.exit(f"another test session uses {test_name}: run this one with another SPECCHAT_TEST_REDIS_DB "
+                        f"(its Redis database and its SQLite file)", returncode=3)
+        _SESSION_LOCKS.append(lock)
         for leftover in (Path(test_name + "-wal"), Path(test_name + "-shm")):
             leftover.unlink(missing_ok=True)
 

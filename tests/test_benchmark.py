@@ -251,8 +251,9 @@ def test_back_in_a_conversation_after_chats_away_its_prompt_comes_from_the_cache
     chats = tmp_path / "chats.json"
     chats.write_text(json.dumps([{"name": "paste", "system": "You edit code.",
                                   "turns": [f"{paste}\n\nAdd a docstring to step_3.", "Why?", "Now add type hints."]}]))
-    with pytest.raises(CommandError, match="--think-s 0 or more"):
-        run_command("--conversations", str(chats), "--conversations-only", "--think-s", "-1", "--url", live_server_url)
+    for negative in ("--think-s", "--conversations-apart-s"):
+        with pytest.raises(CommandError, match="--think-s and --conversations-apart-s 0 or more"):
+            run_command("--conversations", str(chats), "--conversations-only", negative, "-1", "--url", live_server_url)
     printed = run_command("--conversations", str(chats), "--conversations-only", "--conversation-repeats", "1",
                           "--conversation-tokens", "8", "--come-back-after", "2", "--url", live_server_url,
                           "--out", str(tmp_path))
@@ -404,11 +405,13 @@ def test_a_profile_measured_under_a_steady_load(demo_pair, celery_worker, live_s
     assert out.getvalue().count("adaptive served: ") == 2
 
 
+@pytest.mark.parametrize("stop_signal", ["TERM", "STOP"])
 def test_a_holder_stopped_between_two_turns_hands_the_next_to_the_other_worker(demo_pair, stack_env, monkeypatch,
-                                                                               tmp_path):
+                                                                               tmp_path, stop_signal):
     """--stop-holder-after-turn on the benchmark's own two workers: the worker that served a conversation's turn is
-    stopped as systemd stops a service and the next turn is sent at once. It is answered whole by the other worker
-    on both lines (the holder is started again in between), and the report names it apart from the follow-ups."""
+    stopped as systemd stops a service (TERM) or frozen (STOP: hung, or killed where its process cannot be seen) and
+    the next turn is sent at once. It is answered whole by the other worker on both lines (the holder is started
+    again in between), and the report names it apart from the follow-ups."""
     pair = ModelPair.objects.create(name="Stopped", slug="stopped", main_dir=demo_pair.main_dir,
                                     draft_dir=demo_pair.draft_dir, num_assistant_tokens=3, own_engine_streams=4)
     for name, value in stack_env.items():  # the benchmark's workers and daphne run on the test database and Redis
@@ -424,7 +427,7 @@ def test_a_holder_stopped_between_two_turns_hands_the_next_to_the_other_worker(d
 
     out = io.StringIO()
     call_command("benchmark", pair.slug, *conversations, "--workers", "2", "--stop-holder-after-turn", "1",
-                 stdout=out)
+                 "--stop-signal", stop_signal, stdout=out)
 
     report = json.loads((tmp_path / "conversations.json").read_text())
     summary = {s["line"]: s for s in report["summary"]}
@@ -437,5 +440,5 @@ def test_a_holder_stopped_between_two_turns_hands_the_next_to_the_other_worker(d
         assert after["after_stop"] == follow_up["worker"] != after["worker"], after
         assert figures["after_stop_elsewhere"] == "1 of 1" and figures["after_stop_ttft_s"] == after["ttft_s"]
     assert "its holder stopped: first token" in out.getvalue()
-    assert "stopped (SIGTERM) after turn 1" in out.getvalue()
+    assert f"stopped (SIG{stop_signal}) after turn 1" in out.getvalue()
     assert "(its holder stopped)" in (tmp_path / "conversations.md").read_text()

@@ -24,6 +24,7 @@ from inference.engines.own.engine import OwnEngine
 from inference.engines.own.payoff import WINDOW
 from inference.engines.own.proposers.chain import Drafting
 from inference.engines.own.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookup
+from inference.engines.own.scheduler import SHARED_CHUNK_TOKENS
 from inference.engines.spec import PairSpec
 from inference.limits import Drafter, Route
 from inference.selectors import live_workers
@@ -123,6 +124,73 @@ def test_rows_sharing_a_step_compute_what_each_would_alone(engine):
         assert len(rows) == {1: 4, 3: 7}.get(index, 9)
         for step, (mine, theirs) in enumerate(zip(rows, expected, strict=False)):
             assert np.array_equal(mine, theirs), (index, step, float(np.abs(mine - theirs).max()))
+    assert pools_empty(engine)
+
+
+@pytest.mark.no_database
+def test_long_prompts_sent_together_are_read_first_come_first(engine):
+    """Four pastes sent together: the two that came first are read first (a step holds two prompts' chunks) and get
+    their first token while the last has read nothing yet, as vLLM's scheduler orders prompts; chunks taken in turns
+    would give all four their first token at the end of the last read."""
+    chunk = engine.main.scheduler.chunk_tokens
+    text = engine.tokenizer.encode("def add(x, y):\n    return x + y\n\n" * 300).input_ids.data[0].tolist()
+    prompts = [[100 + index, *text[: 3 * chunk]] for index in range(4)]  # starts of their own: no block shared
+    read_so_far = dict.fromkeys(range(4), 0)
+    others_when_read: dict[int, dict[int, int]] = {}
+
+    def read(index: int) -> None:
+        time.sleep(0.1 * index)  # the order they come in
+        sequence = engine.main.sequence(exact=True)
+        sequence.prefill(prompts[index], on_chunk=lambda done, _total: read_so_far.__setitem__(index, done))
+        others_when_read[index] = dict(read_so_far)
+        sequence.close()
+
+    each_steps([lambda index=index: read(index) for index in range(4)])
+    assert others_when_read[0][3] == others_when_read[1][3] == 0, others_when_read
+    assert others_when_read[3][0] == others_when_read[3][1] == len(prompts[0]), others_when_read
+    assert pools_empty(engine)
+
+
+@pytest.mark.no_database
+def test_an_answer_steps_on_while_another_users_paste_is_read_in_small_chunks(engine):
+    """An answer streaming while another user's paste is read gets a token every small chunk of it (Sarathi-Serve's
+    stall-free batching), not one every full chunk; the paste's logits are those it reads alone, in full chunks."""
+    scheduler = engine.main.scheduler
+    text = engine.tokenizer.encode("def mul(x, y):\n    return x * y\n\n" * 300).input_ids.data[0].tolist()
+    paste = [99, *text[: 4 * scheduler.chunk_tokens]]
+    answer = engine.main.sequence(exact=True)
+    answer.feed(engine.tokenizer.encode(PROMPTS[0]).input_ids.data[0].tolist())
+    started, read = threading.Event(), threading.Event()
+    steps_during_read = 0
+    got: list[np.ndarray] = []
+
+    def stream() -> None:
+        nonlocal steps_during_read
+        for token in np.random.default_rng(2).integers(100, 1000, 400).tolist():
+            answer.feed([token])
+            steps_during_read += started.is_set() and not read.is_set()
+            if read.is_set():
+                return
+
+    def read_paste(progress: list[int]) -> None:
+        time.sleep(0.2)  # the answer is streaming
+        sequence = engine.main.sequence(exact=True)
+        started.set()
+        got.append(sequence.prefill(paste, on_chunk=lambda done, _total: progress.append(done))[-1].copy())
+        read.set()
+        sequence.close()
+
+    beside: list[int] = []
+    each_steps([stream, lambda: read_paste(beside)])
+    answer.close()
+    chunks = np.diff([0, *beside])
+    assert max(chunks) <= SHARED_CHUNK_TOKENS < scheduler.chunk_tokens, chunks
+    assert steps_during_read >= len(chunks) - 1, (steps_during_read, chunks)  # a token between every two chunks
+    alone: list[int] = []
+    sequence = engine.main.sequence(scope="alone", exact=True)
+    assert np.array_equal(got[0], sequence.prefill(paste, on_chunk=lambda done, _total: alone.append(done))[-1])
+    sequence.close()
+    assert max(np.diff([0, *alone])) == scheduler.chunk_tokens
     assert pools_empty(engine)
 
 

@@ -12,6 +12,7 @@ from inference import metrics, transport
 from inference.admin.pairs import worker_words
 from inference.models import Generation, ModelPair
 from inference.serving import web
+from inference.serving.processes import process_gone
 from inference.serving.routing import RoutedBy
 from tests.conftest import Worker, wait_until_done
 
@@ -33,10 +34,17 @@ def two_workers_slow_to_expire(demo_pair, stack_env, redis_client, tmp_path):
     yield from _two_workers(demo_pair, stack_env, redis_client, tmp_path, heartbeat_ttl_s=30)
 
 
-def _two_workers(demo_pair, stack_env, redis_client, tmp_path, *, heartbeat_ttl_s: int):
+@pytest.fixture
+def two_workers_never_late(demo_pair, stack_env, redis_client, tmp_path):
+    """The same, a silent heartbeat never late: as a worker on another host looks until its heartbeat expires."""
+    yield from _two_workers(demo_pair, stack_env, redis_client, tmp_path, heartbeat_ttl_s=30, beat_late_s=60)
+
+
+def _two_workers(demo_pair, stack_env, redis_client, tmp_path, *, heartbeat_ttl_s: int, beat_late_s: int = 6):
     pair = ModelPair.objects.create(name="Routed", slug="routed", main_dir=demo_pair.main_dir,
                                     draft_dir=demo_pair.draft_dir, num_assistant_tokens=3, own_engine_streams=4)
-    env = {**stack_env, "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": str(heartbeat_ttl_s)}
+    env = {**stack_env, "SPECCHAT_WORKER_HEARTBEAT_S": "1", "SPECCHAT_WORKER_HEARTBEAT_TTL_S": str(heartbeat_ttl_s),
+           "SPECCHAT_ROUTE_BEAT_LATE_S": str(beat_late_s)}
     workers = [Worker(env, pair.queue, tmp_path / f"routed-{n}.log") for n in range(2)]
     try:
         names = [worker.wait_ready(redis_client) for worker in workers]
@@ -62,6 +70,14 @@ def _turn(pair, user, prompt: str) -> Generation:
     generation = web.start_generation(pair=pair, prompt=prompt, user=user,
                                       options=web.GenerationOptions(max_new_tokens=24))
     return wait_until_done(generation.id)
+
+
+def _until_dead(name: str) -> None:
+    """Until the worker's process is seen gone, as the web side sees it (within 10 s)."""
+    [beat] = [beat for beat in transport.live_workers(client=transport.sync_client()) if beat["name"] == name]
+    deadline = time.time() + 10
+    while not process_gone(beat.get("process")) and time.time() < deadline:
+        time.sleep(0.01)
 
 
 def test_follow_ups_go_to_the_worker_holding_the_conversation_and_survive_its_stop(two_workers, user, admin_client,
@@ -110,9 +126,31 @@ def test_a_worker_killed_between_two_turns_gets_no_follow_up_sent_at_once(two_wo
     first = _turn(pair, user, prompt)
     holder = first.worker
     os.kill(workers[holder].proc.pid, signal.SIGKILL)  # not waited for: a zombie until the next turn has ended
+    _until_dead(holder)  # the kill takes effect once the kernel runs the process again: on a busy host, not at once
     after = _turn(pair, user, prompt + first.text + "\n# Question 2: and the fewest?\n")
     assert holder in {beat["name"] for beat in transport.live_workers(client=transport.sync_client())}  # not expired
     assert after.status == Generation.Status.FINISHED, (after.error, _log_tails(workers.values()))
     assert after.routed_to == after.worker != holder and after.completion_tokens == 24
     assert after.params["routed"]["by"] == RoutedBy.LOAD
     workers[holder].proc.wait(30)
+
+
+def test_a_turn_its_hung_holder_leaves_unclaimed_goes_to_another_worker_within_seconds(two_workers_never_late, user):
+    """SIGSTOP: a hung worker, or one killed on another host, whose process this host cannot see. Its heartbeat looks
+    fresh and its process is there, so the next turn is routed to it by its cache, and nobody claims it. The live
+    worker sends it to the shared queue once it has waited SPECCHAT_ROUTE_UNCLAIMED_S (2 s), not when the holder's
+    heartbeat expires (30 s here)."""
+    pair, workers = two_workers_never_late
+    prompt = PASTE + "\n# Question 1: which step keeps the most values?\n"
+    first = _turn(pair, user, prompt)
+    holder = first.worker
+    os.kill(workers[holder].proc.pid, signal.SIGSTOP)
+    try:
+        after = _turn(pair, user, prompt + first.text + "\n# Question 2: and the fewest?\n")
+    finally:
+        os.kill(workers[holder].proc.pid, signal.SIGCONT)  # it wakes to a turn already served: its claim fails
+    assert after.status == Generation.Status.FINISHED, (after.error, _log_tails(workers.values()))
+    assert after.params["routed"]["by"] == RoutedBy.CACHE and after.worker != holder
+    assert after.routed_to == ""  # taken back from the holder's queue: sent to the shared one
+    assert (after.started_at - after.created_at).total_seconds() < 10, _log_tails(workers.values())
+    assert after.completion_tokens == 24

@@ -157,10 +157,11 @@ class HolderStop:
 
 async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation, repeat: int, max_tokens: int,
                    pause_s: float, run: str, away: tuple[Conversation, ...] = (),
-                   holder_stop: HolderStop | None = None) -> list[Turn]:
+                   holder_stop: HolderStop | None = None, start_after_s: float = 0.0) -> list[Turn]:
     """The conversation's turns one after another, each with the history so far and the answers as they came. With
     `away`, before its last turn the user opens a chat of each (its first turn, the paste, under a system prompt of its
     own), and then comes back. With `holder_stop`, the worker holding the conversation is stopped after one turn."""
+    await asyncio.sleep(start_after_s)
     def system(of: Conversation, *where: str) -> dict:
         """The conversation's system prompt after what sets this chat apart, within its first block of the cache:
         no chat starts as another (the run's lines, repeats and chats away each read their own prompt)."""
@@ -190,10 +191,11 @@ async def converse(*, endpoint: Endpoint, line: str, conversation: Conversation,
 
 
 def run_conversations(*, endpoints: dict[str, Endpoint], conversations: list[Conversation], repeats: int,
-                      max_tokens: int, pause_s: float, at_once: int = 1, come_back_after: int = 0,
+                      max_tokens: int, pause_s: float, at_once: int = 1, apart_s: float = 0.0, come_back_after: int = 0,
                       holder_stop: HolderStop | None = None, progress: Callable[[str], object] = print) -> list[Turn]:
     """Every line's conversations, a line after another within each conversation and repeat; `at_once` copies of
-    each conversation run together (each its own user's, as a team's chats are), the next ones' repeats.
+    each conversation run together (each its own user's, as a team's chats are), the next ones' repeats, each started
+    `apart_s` after the one before (a paste that comes while the others chat).
     `come_back_after`: before each conversation's last turn, that many chats away (the next conversations' pastes in
     turn, each a chat of its own). `holder_stop`: the worker holding each conversation stopped after one turn, and
     started again before the next line's."""
@@ -204,7 +206,7 @@ def run_conversations(*, endpoints: dict[str, Endpoint], conversations: list[Con
                        away: tuple[Conversation, ...]) -> list[Turn]:
         chats = await asyncio.gather(*(converse(endpoint=endpoint, line=line, conversation=conversation,
                                                 repeat=repeat * at_once + copy, max_tokens=max_tokens,
-                                                pause_s=pause_s, run=run, away=away,
+                                                pause_s=pause_s, run=run, away=away, start_after_s=copy * apart_s,
                                                 holder_stop=holder_stop if endpoint.stoppable else None)
                                        for copy in range(at_once)))
         if holder_stop and endpoint.stoppable:

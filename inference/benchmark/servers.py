@@ -156,7 +156,7 @@ class LocalStack:
     worker_threads: int
     url: str = ""
     workers: list[subprocess.Popen] = field(default_factory=list)
-    stopped: set[int] = field(default_factory=set)  # indexes of the workers stopped and not started again
+    stopped: dict[int, signal.Signals] = field(default_factory=dict)  # workers stopped and not started again
 
     def start_worker(self, index: int) -> subprocess.Popen:
         proc = start_worker(logs=self.logs, index=index, name=f"benchmark{index}-{os.getpid()}@%h", pair=self.pair,
@@ -169,12 +169,15 @@ class LocalStack:
         without waiting for it to exit."""
         for index, proc in enumerate(self.workers):
             if worker.endswith(f":{proc.pid}") and index not in self.stopped:
-                self.stopped.add(index)
+                self.stopped[index] = sig
                 proc.send_signal(sig)
 
     def restart_stopped(self) -> None:
-        """Every stopped worker started again, each once it has exited, and serving before this returns."""
-        for index in sorted(self.stopped):
+        """Every stopped worker started again, each once it has exited (a frozen one killed), and serving before this
+        returns."""
+        for index, sig in sorted(self.stopped.items()):
+            if sig == signal.SIGSTOP:
+                self.workers[index].kill()
             try:
                 self.workers[index].wait(60)
             except subprocess.TimeoutExpired:

@@ -108,21 +108,33 @@ def fail_unservable_generations(*, client) -> None:
 
 def reroute_from_gone_workers(*, client) -> None:
     """Send to their pair's shared queue the queued generations routed to a worker whose heartbeat expired or is
-    late, or that is stopping: its own queue would hold them until they timed out. A second delivery (the stopping
-    worker hands its turns back too) is harmless: the row's claim, and the worker's (WorkerState.claim)."""
+    late, or that is stopping: its own queue would hold them until they timed out. And those a worker with a free
+    slot has left unclaimed for ROUTE_UNCLAIMED_S: a live worker claims a turn within milliseconds, so it is hung, or
+    killed where its process cannot be seen (another host or container), and its heartbeat looks fresh for seconds
+    yet. A second delivery (the stopping worker hands its turns back too; a hung worker wakes) is harmless: the row's
+    claim, and the worker's (WorkerState.claim)."""
     if not selectors.heartbeats_settled(client=client):
         return
     routed = list(Generation.objects.filter(status=Generation.Status.QUEUED).exclude(routed_to="")
-                  .values_list("id", "routed_to", "pair__slug"))
+                  .values_list("id", "routed_to", "pair__slug", "created_at"))
     if not routed:
         return
-    serving = {beat["name"] for beat in selectors.live_workers(client=client) if routing.takes_turns(beat)}
-    for generation_id, worker, slug in routed:
-        if worker not in serving and client.set(transport.resent_key(generation_id), "1", nx=True,
-                                                ex=settings.REQUEUE_AFTER_S):
-            log.warning("generation %s was routed to %s, which is gone: sent to any worker of %s", generation_id,
-                        worker, slug)
+    serving = {beat["name"]: beat for beat in selectors.live_workers(client=client) if routing.takes_turns(beat)}
+    now = timezone.now()
+    for generation_id, worker, slug, created_at in routed:
+        beat = serving.get(worker)
+        unclaimed = beat is not None and _has_free_slot(beat) and (
+            (now - created_at).total_seconds() > settings.ROUTE_UNCLAIMED_S)
+        if (beat is None or unclaimed) and client.set(transport.resent_key(generation_id), "1", nx=True,
+                                                      ex=settings.REQUEUE_AFTER_S):
+            log.warning("generation %s was routed to %s, which is %s: sent to any worker of %s", generation_id,
+                        worker, "not claiming it" if unclaimed else "gone", slug)
             routing.send_to_shared_queue(generation_id=generation_id, pair_queue=f"pair.{slug}")
+
+
+def _has_free_slot(beat: dict) -> bool:
+    """As its last heartbeat said: a worker whose slots are all taken leaves its turns queued until one frees."""
+    return int(beat.get("active", 0)) < int(beat.get("slots", settings.WORKER_SLOTS))
 
 
 def fail_orphaned_generations(*, client) -> None:

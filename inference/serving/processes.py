@@ -5,7 +5,7 @@ fresh until it is late (ROUTE_BEAT_LATE_S): a turn routed to it meanwhile waits 
 heartbeat therefore names its process: host name, PID namespace, PID and the process's start time. A reader on the
 same host and in the same PID namespace (workers beside each other, the web beside them, as `make serve` and the
 benchmark run them) asks the kernel whether that process still runs; elsewhere (containers with hosts of their own,
-other machines) nothing is known and the heartbeat's age decides, as before.
+other machines) nothing is known: the heartbeat's age decides, or a turn left unclaimed (housekeeping.py).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ ROUTE_LOAD_MARGIN answers in flight above that one, as SGLang's router balances 
 Nothing waits on a worker that is gone: a stopping worker hands back the tasks it has not started (worker.py), a
 worker whose heartbeat is late or whose process is gone (seen at once on its own host: serving/processes.py) gets no
 new turn (a killed one beats no more before its heartbeat expires), and the live workers send a gone one's queued
-turns to the shared queue (housekeeping.reroute_from_gone_workers). A user's hashes are keyed by their scope, so
-routing finds only that user's blocks and tells nobody else anything.
+turns, and those a worker leaves unclaimed, to the shared queue (housekeeping.reroute_from_gone_workers). A user's
+hashes are keyed by their scope, so routing finds only that user's blocks and tells nobody else anything.
 """
 
 from __future__ import annotations

@@ -132,16 +132,16 @@ class PagedSequence:
         self.cached = len(self.tokens)
         pool.count_lookup(queried=n, hit=self.cached)
         self.reserve(n)  # the whole prompt's blocks at once: one that cannot fit fails before it evicts anything
-        budget = self.model.scheduler.chunk_tokens
+        scheduler = self.model.scheduler
         logits = None
         with self.model.reading_prompt():
             while self.position < n:
                 if pause is not None:
                     pause()
-                end = self._chunk_end(layout, budget)
+                end = self._chunk_end(layout, scheduler.chunk_budget(self))
                 try:
                     logits = self.feed(prompt_ids[self.position:end], rows=1, layout=layout[self.position:end],
-                                       yields=pause is not None)
+                                       yields=pause is not None, long_read=n - end >= scheduler.chunk_tokens)
                 except Preempted:
                     continue  # read again once the prompt it gave way to is read (`pause`)
                 if on_chunk is not None:
@@ -162,16 +162,17 @@ class PagedSequence:
         return end
 
     def feed(self, token_ids: list[int], *, rows: int | None = None, layout: list[bool] | None = None,
-             yields: bool = False) -> np.ndarray:
+             yields: bool = False, long_read: bool = False) -> np.ndarray:
         """Logits for the last `rows` fed tokens (each one's on the main, the last one's on the draft; a prompt's
         chunk names its one row); `layout`: a prompt chunk's, which tokens are answers' (`layout`), else every fed
-        token is, as an answer's own; `yields`: work that can wait (Preempted, the sequence unchanged)."""
+        token is, as an answer's own; `yields`: work that can wait (Preempted, the sequence unchanged); `long_read`:
+        a chunk with a full chunk of the prompt after it (engines/own/scheduler.py)."""
         self.reserve(self.position + len(token_ids))
         scheduler = self.model.scheduler
         token_rows = self.exact and self.model.runner.steady.token_rows
         layout = layout if layout is not None and token_rows else [token_rows] * len(token_ids)
         logits = scheduler.infer(self.work(token_ids, rows=rows, layout=layout), member=self, drafting=self.drafting,
-                                 yields=yields)
+                                 yields=yields, long_read=long_read)
         self.tokens += token_ids
         self.one_token += layout
         head = self.model.head

@@ -1,5 +1,5 @@
 """Which sequences one model's next inference holds, as vLLM v1's scheduler decides it: every answer's work that
-is waiting (a prompt's chunk, the main alone's token, a verify, a draft token), in the order it asked, under a budget
+is waiting (a prompt's chunk, the main alone's token, a verify, a draft token), in the order it came, under a budget
 of tokens a step, in one inference of the model runner (engines/own/model_runner.py).
 
 Each answer runs in its own thread and asks for its work as it needs it (`infer`); one driver thread a model steps.
@@ -8,6 +8,10 @@ so batching is only a matter of speed: one inference of four sequences reads the
 for the sequences that took part in the last one (their threads are emitting its tokens, or drafting), so that
 answers under load keep stepping together instead of splitting into groups out of step.
 
+While answers step, a long prompt is read a small chunk a step (SHARED_CHUNK_TOKENS), as Sarathi-Serve's stall-free
+batching does: their next tokens wait for the step a chunk joins, under half a second on two cores, not the seconds
+of two full chunks; read alone, it goes in full chunks.
+
 Work that can wait (the draft reading a conversation after its answer) yields to a user's prompt: a step holding only
 such work does not start while `yields_while` says a prompt is being read, and one under way is cancelled when a
 prompt starts (`preempt`); its asks are answered with Preempted and asked again once the prompt is read.
@@ -15,6 +19,7 @@ prompt starts (`preempt`); its asks are answered with Preempted and asked again 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -26,6 +31,7 @@ from inference.engines.own.model_runner import ModelRunner, Preempted, Work
 
 log = logging.getLogger(__name__)
 CHUNK_TOKENS = 256  # a long prompt is read in chunks of this many, other answers stepping between two
+SHARED_CHUNK_TOKENS = 128  # ... and of this many, one a step, while other answers step (a token costs ~the same read)
 GATHER_S = 0.02  # how long a step waits for the sequences of the last one to ask again
 DRAFTING_GATHER_S = 0.5  # ... for a sequence that speculates (it drafts K tokens on the draft between two verifies)
 
@@ -33,8 +39,8 @@ DRAFTING_GATHER_S = 0.5  # ... for a sequence that speculates (it drafts K token
 class Ask:
     """A sequence's pending work, answered with its rows of logits or the error its inference raised."""
 
-    def __init__(self, work: Work, member: object, *, drafting: bool, yields: bool):
-        self.work, self.member, self.drafting, self.yields = work, member, drafting, yields
+    def __init__(self, work: Work, member: object, *, drafting: bool, yields: bool, long_read: bool):
+        self.work, self.member, self.drafting, self.yields, self.long_read = work, member, drafting, yields, long_read
         self.result: np.ndarray | BaseException | None = None
         self.done = threading.Event()
 
@@ -48,7 +54,10 @@ class Scheduler:
         self.step_tokens = 2 * chunk_tokens  # a step's budget: a chunk and every other answer's tokens, or two chunks
         if most := runner.steady.most_tokens:  # beyond it this host's kernels round a row otherwise (model_runner.py)
             self.chunk_tokens, self.step_tokens = min(chunk_tokens, most // 2), min(self.step_tokens, most)
+        self.shared_chunk_tokens = min(SHARED_CHUNK_TOKENS, self.chunk_tokens)
         self._waiting: list[Ask] = []
+        self._reading: dict[int, int] = {}  # id(member) -> the order its prompt's first chunk asked in
+        self._arrivals = itertools.count()
         self._last: dict[object, bool] = {}  # the members of the last step: whether each drafts between its steps
         self._changed = threading.Condition()
         self._driver: threading.Thread | None = None
@@ -59,11 +68,17 @@ class Scheduler:
         """The step under way is cancelled if it holds only work that can wait."""
         self.runner.preempt()
 
-    def infer(self, work: Work, *, member: object, drafting: bool = False, yields: bool = False) -> np.ndarray:
+    def infer(self, work: Work, *, member: object, drafting: bool = False, yields: bool = False,
+              long_read: bool = False) -> np.ndarray:
         """`work`'s rows of logits; `member` is the sequence asking (the step waits for the last step's members);
-        `yields`: the work can wait (Preempted: nothing ran for it, ask again)."""
-        ask = Ask(work, member, drafting=drafting, yields=yields)
+        `yields`: the work can wait (Preempted: nothing ran for it, ask again); `long_read`: a chunk of a prompt with
+        a full chunk or more after it (it waits behind answers' tokens; a short prompt, a follow-up, does not)."""
+        ask = Ask(work, member, drafting=drafting, yields=yields, long_read=long_read)
         with self._changed:
+            if long_read:
+                self._reading.setdefault(id(member), next(self._arrivals))
+            else:
+                self._reading.pop(id(member), None)
             self._waiting.append(ask)
             if self._driver is None or not self._driver.is_alive():
                 self._driver = threading.Thread(target=self._drive, name="own-scheduler", daemon=True)
@@ -77,10 +92,18 @@ class Scheduler:
         assert ask.result is not None
         return ask.result
 
+    def chunk_budget(self, member: object) -> int:
+        """The most tokens `member`'s next prompt chunk holds: a small chunk while other answers step."""
+        with self._changed:
+            others = {id(ask.member) for ask in self._waiting} | {id(other) for other in self._last}
+            answering = any(other != id(member) and other not in self._reading for other in others)
+        return self.shared_chunk_tokens if answering else self.chunk_tokens
+
     def leave(self, member: object) -> None:
         """The sequence is done: the next step does not wait for it."""
         with self._changed:
             self._last.pop(member, None)
+            self._reading.pop(id(member), None)
             self._changed.notify_all()
 
     def _drive(self) -> None:
@@ -105,20 +128,28 @@ class Scheduler:
         return any(id(member) not in asked for member in self._last)
 
     def _take(self) -> list[Ask]:
-        """The waiting asks within the step's budget (one at least): the running answers' tokens first, then prompts'
-        chunks, each first come first, so that a long prompt being read delays no other answer's next token."""
+        """The waiting asks within the step's budget (one at least): the running answers' tokens first, so that a
+        long prompt being read delays no other answer's next token; then prompts' chunks, the prompt that came first
+        read first, as vLLM's scheduler does: four pastes at once get their first tokens one after another, not all
+        four at the end of the last read; then the reads that can wait."""
         step: list[Ask] = []
-        tokens = 0
-        for ask in sorted(self._waiting, key=lambda ask: len(ask.work.tokens) >= self.chunk_tokens):
+        tokens = read = 0
+        answering = any(not ask.long_read for ask in self._waiting)
+        read_budget = self.shared_chunk_tokens if answering else self.step_tokens
+        for ask in sorted(self._waiting, key=self._order):
             n = len(ask.work.tokens)
-            if step and tokens + n > self.step_tokens:
-                continue
+            if (step and tokens + n > self.step_tokens) or (ask.long_read and read and read + n > read_budget):
+                continue  # a prompt's chunk asked before answers came runs once beside them (read 0), whatever its size
             step.append(ask)
             tokens += n
+            read += n if ask.long_read else 0
         for ask in step:
             self._waiting.remove(ask)
         self._last = {ask.member: ask.drafting for ask in step}
         return step
+
+    def _order(self, ask: Ask) -> tuple[bool, bool, int]:
+        return ask.long_read, ask.yields, self._reading.get(id(ask.member), 0) if ask.long_read else 0
 
     def _run(self, step: list[Ask]) -> None:
         results: list[np.ndarray | BaseException]

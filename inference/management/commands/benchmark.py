@@ -95,12 +95,16 @@ class Command(BaseCommand):
                                  "runs then or beside the next turn)")
         parser.add_argument("--conversations-at-once", type=int, default=1,
                             help="copies of each conversation run together, each its own user's")
+        parser.add_argument("--conversations-apart-s", type=float, default=0.0, metavar="S",
+                            help="with --conversations-at-once: each copy starts S seconds after the one before (a "
+                                 "paste that comes while the others chat, not all at the same instant)")
         parser.add_argument("--stop-holder-after-turn", type=int, metavar="N",
                             help="with --workers 2 or more: after turn N (0: the paste's) the worker that served it "
                                  "is stopped (--stop-signal) and the next turn sent at once; it is started again "
                                  "before the next line. What a user meets when a worker is taken down mid-chat")
-        parser.add_argument("--stop-signal", choices=("TERM", "KILL"), default="TERM",
-                            help="how --stop-holder-after-turn stops it: TERM as systemd does, KILL as a crash")
+        parser.add_argument("--stop-signal", choices=("TERM", "KILL", "STOP"), default="TERM",
+                            help="how --stop-holder-after-turn stops it: TERM as systemd does, KILL as a crash, STOP "
+                                 "as a hung worker, or one killed on another machine (its process still there)")
         parser.add_argument("--out", type=Path, default=Path(settings.BASE_DIR) / "docs" / "benchmark",
                             help="folder for results.json, results.md and the plots")
 
@@ -119,9 +123,10 @@ class Command(BaseCommand):
         try:
             chats = conversation.conversations_from_file(o["conversations"])
             peers = self.peers(urls=o["compare_url"], model=o["compare_model"], key=o["compare_key"], stack=True)
-            if o["workers"] < 1 or o["conversations_at_once"] < 1 or o["come_back_after"] < 0 or o["think_s"] < 0:
-                raise ValueError("--workers and --conversations-at-once take 1 or more, --come-back-after and "
-                                 "--think-s 0 or more")
+            if (o["workers"] < 1 or o["conversations_at_once"] < 1 or o["come_back_after"] < 0 or o["think_s"] < 0
+                    or o["conversations_apart_s"] < 0):
+                raise ValueError("--workers and --conversations-at-once take 1 or more, --come-back-after, "
+                                 "--think-s and --conversations-apart-s 0 or more")
             stop_after = o["stop_holder_after_turn"]
             if stop_after is not None and (o["url"] or o["workers"] < 2 or stop_after < 0):
                 raise ValueError("--stop-holder-after-turn takes a turn (0 or more) and needs --workers 2 or more on "
@@ -146,6 +151,7 @@ class Command(BaseCommand):
                 turns = conversation.run_conversations(
                     endpoints=endpoints, conversations=chats, repeats=o["conversation_repeats"],
                     max_tokens=o["conversation_tokens"], pause_s=o["think_s"], at_once=at_once,
+                    apart_s=o["conversations_apart_s"],
                     come_back_after=o["come_back_after"], holder_stop=holder_stop, progress=self.stderr.write)
         except (ValueError, OSError, StackError, StreamError) as exc:
             raise CommandError(str(exc)) from exc
@@ -155,8 +161,10 @@ class Command(BaseCommand):
         header = [(f"Pair `{pair.slug}`; host: {this_host().described}; conversations: {o['conversations'].name} "
                   f"({', '.join(chat.name for chat in chats)}); greedy, {o['conversation_tokens']} new tokens a turn "
                   f"{'at most (the answer ends at EOS)' if o['stop_at_eos'] else '(EOS ignored)'}, "
-                  f"{o['conversation_repeats']} repeats of {o['conversations_at_once']} at once, "
-                  f"lines interleaved; {o['workers']} worker(s); peers: {named or 'none'}"
+                  f"{o['conversation_repeats']} repeats of {o['conversations_at_once']} at once"
+                  + (f", each {o['conversations_apart_s']:g} s after the one before" if o["conversations_apart_s"]
+                     else "")
+                  + f", lines interleaved; {o['workers']} worker(s); peers: {named or 'none'}"
                   + (f"; back in each conversation for its last turn after {o['come_back_after']} chats away"
                      if o["come_back_after"] else "")
                   + (f"; the worker holding each conversation stopped (SIG{o['stop_signal']}) after turn {stop_after}, "
