@@ -1,11 +1,14 @@
 """Where the own engine's main alone loses to the library's after a long prompt: the prompt's read. A ~1,574-token
-prompt (random tokens), bf16 with bf16 blocks, prefix caches off, interleaved rounds:
+prompt (random tokens), prefix caches off, interleaved rounds:
 
 1. the first token and 32 tokens on the own engine's main alone against the library's (openvino-genai's
    ContinuousBatchingPipeline in its step process, reading the whole prompt in one step);
 2. the own engine's read in chunks of 256, 512 and 1,024 tokens and whole (its scheduler's chunk).
 
-    DJANGO_DEBUG=1 .venv/bin/python docs/benchmark/real-pair/prompt_read.py
+    DJANGO_DEBUG=1 .venv/bin/python docs/benchmark/real-pair/prompt_read.py [PAIR [OWN_CONFIG [LIBRARY_CONFIG]]]
+
+CONFIGs are serving/precision.py's names, bf16 by default (the own engine's with bf16 blocks, as it compiles it):
+give each engine the configuration the host's calibration serves it in.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ from inference.engines.interface import Engine, Finished, StepTokens  # noqa: E4
 from inference.engines.own.engine import OwnEngine  # noqa: E402
 from inference.limits import Route  # noqa: E402
 from inference.models import ModelPair  # noqa: E402
+from inference.serving import precision  # noqa: E402
 from inference.serving.host import this_host  # noqa: E402
 from inference.serving.records import pair_spec  # noqa: E402
 from inference.serving.registry import build_engine  # noqa: E402
 
 PROMPT_TOKENS, ROUNDS = 1574, 3
-BF16 = {"inference_precision": "bf16", "kv_cache_precision": "bf16"}
 
 
 def first_and_whole(engine: Engine, prompt_ids: list[int], tokens: int = 32) -> tuple[float, float]:
@@ -47,11 +50,16 @@ def first_and_whole(engine: Engine, prompt_ids: list[int], tokens: int = 32) -> 
 
 
 def main() -> None:
-    pair = ModelPair.objects.get(slug=sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-1.5b")
+    args = sys.argv[1:]
+    slug = args[0] if args else "qwen2.5-coder-1.5b"
+    own_config, library_config = (args[1] if len(args) > 1 else "bf16"), (args[2] if len(args) > 2 else "bf16")
+    pair = ModelPair.objects.get(slug=slug)
     own = OwnEngine(replace(pair_spec(pair=pair, route=Route.OWN_SPECULATIVE), kv_pool_mb=1024,
-                            prefix_caching=False, **BF16))
-    library = build_engine(replace(pair_spec(pair=pair, route=Route.LIBRARY_MAIN_ALONE), prefix_caching=False, **BF16))
-    print(f"host: {this_host().described}; the own engine's main rows: {own.main.runner.steady}")
+                            prefix_caching=False, **precision.CONFIGS[own_config].fields))
+    library = build_engine(replace(pair_spec(pair=pair, route=Route.LIBRARY_MAIN_ALONE), prefix_caching=False,
+                                   **precision.CONFIGS[library_config].fields))
+    print(f"host: {this_host().described}; own engine {own_config} (its main rows: {own.main.runner.steady}), "
+          f"library {library_config}")
     rng = np.random.default_rng(0)
     timed: dict[str, list[tuple[float, float]]] = {"own": [], "library": []}
     chunks: dict[int, list[float]] = {}
