@@ -60,8 +60,13 @@ def enabled_pair(*, slug: str) -> ModelPair | None:
 def heartbeats_settled(*, client: redis.Redis) -> bool:
     """False for a heartbeat TTL after Redis (re)started: a Redis without persistence forgot every
     heartbeat, and a worker missing from it then is not known to be dead."""
+    return redis_up_for(client=client, seconds=settings.WORKER_HEARTBEAT_TTL_S)
+
+
+def redis_up_for(*, client: redis.Redis, seconds: float) -> bool:
+    """Redis has run `seconds` since it (re)started: what its processes write every so often is back."""
     info: Any = client.info("server")
-    return int(info["uptime_in_seconds"]) >= settings.WORKER_HEARTBEAT_TTL_S
+    return int(info["uptime_in_seconds"]) >= seconds
 
 
 def worker_is_alive(*, client: redis.Redis, name: str) -> bool:

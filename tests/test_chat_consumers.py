@@ -120,3 +120,23 @@ async def test_deeply_nested_json_gets_an_error_frame(user, payload):
     await communicator.send_json_to({"action": "dance"})  # the socket is still open and answering
     assert (await communicator.receive_json_from(timeout=10))["param"] == "action"
     await communicator.disconnect()
+
+
+async def test_a_follow_that_fails_unexpectedly_still_ends_on_the_page(demo_pair, user, redis_client):
+    """Whatever breaks a follow (here Redis answers the stream's read with an error the reader does not expect: its
+    key holds no stream), the page gets the answer's end, not silence, and the socket goes on answering."""
+    generation = await Generation.objects.acreate(pair=demo_pair, user=user, prompt="def f():",
+                                                  status=Generation.Status.RUNNING)
+    redis_client.set(transport.stream_key(generation.id), "not a stream", ex=60)
+    communicator, _ = await logged_in_socket(user)
+    try:
+        await communicator.send_json_to({"action": "follow", "generation": str(generation.id)})
+        reply = await communicator.receive_json_from(timeout=10)
+        assert reply["generation"] == str(generation.id) and reply["event"]["type"] == "error", reply
+        assert "Reload to see the answer as saved" in reply["event"]["message"]
+        await communicator.send_json_to({"action": "dance"})
+        assert (await communicator.receive_json_from(timeout=10))["param"] == "action"
+    finally:
+        redis_client.delete(transport.stream_key(generation.id))
+        await Generation.objects.filter(id=generation.id).aupdate(status=Generation.Status.STOPPED)
+        await communicator.disconnect()

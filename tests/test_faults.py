@@ -72,6 +72,39 @@ async def _stream(stack, credentials, *, max_tokens: int, during=None) -> tuple[
     return generation_id, text, errors
 
 
+def test_a_chat_answer_followed_across_a_redis_restart_is_not_taken_for_abandoned(large_demo_pair, stack_env):
+    """Redis restarts under a chat answer older than the abandon grace: the page's marks of the answers it watches
+    are gone until its next recheck, and the worker must not take that for a closed page and stop the answer."""
+    pair = ModelPair.objects.create(name="Restart", slug="restart", main_dir=large_demo_pair.main_dir,
+                                    draft_dir=large_demo_pair.draft_dir, max_new_tokens_cap=1500)
+    with session_workers_paused(), stack_credentials(max_concurrent=2) as credentials, private_stack(
+            pair=pair, base_env=stack_env, workers=1) as stack:
+        events = asyncio.run(_chat_across_a_restart(stack, credentials))
+    assert events[-1]["type"] == "done", events[-1]
+    assert events[-1]["finish_reason"] in ("length", "stop", "repeating"), events[-1]  # its own end, not "stopped"
+
+
+async def _chat_across_a_restart(stack, credentials) -> list[dict]:
+    """A chat answer's events, Redis restarted once it has run past the abandon grace (5 s on the private stack)."""
+    events: list[dict] = []
+    restart = None
+    async with aiohttp.ClientSession() as http, http.ws_connect(
+            stack.base_url.replace("http", "ws", 1) + "/ws/chat/", origin=stack.base_url,
+            headers={"Cookie": credentials.session_cookie}, timeout=aiohttp.ClientWSTimeout(ws_receive=60)) as ws:
+        await ws.send_json({"action": "send", "pair": stack.pair.slug, "text": "def parse(text):",
+                            "settings": {"max_tokens": 1500, "ignore_eos": True, "speculative": False}})
+        started = time.monotonic()
+        while not events or events[-1]["type"] not in ("done", "error"):
+            message = await ws.receive_json()
+            assert message["type"] != "error", message
+            events += [message["event"]] if message["type"] == "event" else []
+            if restart is None and time.monotonic() - started > 7:
+                restart = asyncio.get_running_loop().run_in_executor(None, stack.redis.restart)
+    assert restart is not None, "the answer ended within the grace: it proves nothing"
+    await restart
+    return events
+
+
 def test_an_answer_streamed_across_a_redis_restart_loses_and_doubles_nothing(private):
     """Redis (no persistence) restarts while an answer streams: the stream is gone with every event
     in it; the worker writes it again, the reader goes on from where it was, and what it read is the

@@ -40,6 +40,7 @@ MAX_JSON_DEPTH = 16  # the deepest a chat message nests (the real ones nest 2 le
 # The longest frame a chat sends: a message's longest text, escaped as JSON (6 characters for "\u0001"), with the
 # other fields. A longer one is refused unread; daphne closes the socket (1009) on one over 1 MiB.
 MAX_FRAME_CHARS = 6 * limits.MESSAGE_MAX_CHARS + 4096
+FOLLOW_FAILED = "Following this answer failed; it has been logged. Reload to see the answer as saved."
 REF_MAX_CHARS = 64  # a frame's `ref`, echoed in its answer: the page numbers its frames
 
 
@@ -180,17 +181,27 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await watching.watch(client=self.redis, generation_ids=[generation_id], connection_id=self.connection_id)
 
     async def pump(self, generation_id: str, after: str, known_steps: int | None):
+        """The answer's events to the page, ending with a terminal one whatever happens: a page told nothing waits
+        for ever (the socket stays open for the user's other answers)."""
         finished = False
-        async for entry_id, event in readers.follow_generation(generation_id=generation_id, after=after,
-                                                           known_steps=known_steps):
-            if entry_id is not None:
-                await self.send_json({"type": "event", "generation": generation_id, "id": entry_id,
-                                      "event": _for_browser(event)})
-                finished = event["type"] == "done"
-            elif event["type"] in {"ended", "error"}:  # past the end, or Redis lost: said, never silence
-                await self.send_json({"type": "event", "generation": generation_id, "id": after,
-                                      "event": {"type": "error", "message": event["message"]}})
-        self.followers.pop(generation_id, None)
+        try:
+            async for entry_id, event in readers.follow_generation(generation_id=generation_id, after=after,
+                                                               known_steps=known_steps):
+                if entry_id is not None:
+                    await self.send_json({"type": "event", "generation": generation_id, "id": entry_id,
+                                          "event": _for_browser(event)})
+                    after, finished = entry_id, event["type"] == "done"
+                elif event["type"] in {"ended", "error"}:  # past the end, or Redis lost: said, never silence
+                    await self.send_json({"type": "event", "generation": generation_id, "id": after,
+                                          "event": {"type": "error", "message": event["message"]}})
+        except Exception:
+            log.exception("following generation %s failed", generation_id)
+            await self.send_json({"type": "event", "generation": generation_id, "id": after,
+                                  "event": {"type": "error", "message": FOLLOW_FAILED}})
+            finished = False
+        # Not when cancelled: a closing socket leaves the answers it follows (disconnect), and a new follow took over
+        if self.followers.get(generation_id) is asyncio.current_task():
+            del self.followers[generation_id]
         if finished and settings.CHAT_WRITTEN_TITLES:  # a conversation's first answer: its title is written now
             await self.write_title(generation_id)
 

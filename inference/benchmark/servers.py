@@ -127,10 +127,12 @@ def wait_until_served(*, pair: ModelPair, worker_pid: int, timeout: float = 180)
 
 def start_worker(*, logs: Path, index: int, name: str, pair: ModelPair, threads: int, env: dict[str, str]
                  ) -> subprocess.Popen:
-    """A Celery worker of the pair's queue named `name` (with `%h`), writing to logs/worker<index>.log."""
+    """A Celery worker of the pair's queue named `name` (with `%h`), writing to logs/worker<index>.log; its heartbeat
+    says its `threads` slots (routing reroutes a turn unclaimed by a worker it believes has a free one)."""
     log = open(logs / f"worker{index}.log", "a")  # noqa: SIM115 - the worker writes to it until it ends
     return subprocess.Popen(worker_command(queues=[pair.queue], concurrency=threads, name=name, loglevel="WARNING"),
-                            cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=settings.BASE_DIR, env={**env, "SPECCHAT_WORKER_SLOTS": str(threads)}, stdout=log,
+                            stderr=subprocess.STDOUT)
 
 
 def terminate(procs: list[subprocess.Popen], *, timeout: float = 30) -> None:

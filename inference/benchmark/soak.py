@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 from django.db.models import Q
 
@@ -236,14 +237,15 @@ def check(*, outcomes: list[Outcome], stack: PrivateStack, since_wall: float, cr
         "ended": dict(Counter(o.ended for o in outcomes)),
         "stored_status": dict(Counter(g.status for g in rows.values())),
         "stuck": len(stuck),
+        "stuck_examples": [_story(gid, "", rows[gid], stack.logs) for gid in stuck[:3]],
         "compared_texts": compared,
         "mismatched_texts": mismatched,
         "mismatches": mismatches[:10],
         "server_errors": sum(o.http_status >= 500 and o.http_status != 503 for o in outcomes),
         "unavailable_503": sum(o.http_status == 503 for o in outcomes),
         "broken": sum(o.ended == "broken" for o in outcomes),
-        "broken_examples": [f"{o.kind}/{o.behaviour} {o.generation_id}: {o.error[:120]}"
-                            for o in outcomes if o.ended == "broken"][:5],
+        "broken_examples": [_story(o.generation_id, f"{o.kind}/{o.behaviour}: {o.error[:120]}",
+                                   rows.get(o.generation_id), stack.logs) for o in outcomes if o.ended == "broken"][:5],
         "failure_surfaced_max_s": max(surfaced, default=0.0),
         "slowest_failures": [f"{o.surfaced_s:.1f} s {o.kind}/{o.behaviour}: {o.error[:100]}" for o in sorted(
             (o for o in failed if o.surfaced_s is not None), key=lambda o: -(o.surfaced_s or 0))[:3]],
@@ -255,6 +257,16 @@ def check(*, outcomes: list[Outcome], stack: PrivateStack, since_wall: float, cr
         "errors": dict(Counter(f"{o.kind}/{o.behaviour}: {o.error[:80]}" for o in failed).most_common(10)),
         "phantom_in_flight": phantom,
     }
+
+
+def _story(generation_id: str, client: str, row: Generation | None, logs: Path) -> dict:
+    """What a client saw, what the database holds of its answer, and the stack's last log lines naming it: the
+    stack's logs go with it, so a failure in CI says here what happened."""
+    said = [line for path in sorted(logs.glob("*.log")) if generation_id
+            for line in path.read_text(errors="replace").splitlines() if generation_id in line]
+    return {"client": f"{generation_id}: {client}",
+            "stored": f"{row.status} on {row.worker or 'no worker'}: {row.error[:120]}" if row else "no record",
+            "log": [line[:300] for line in said[-8:]]}
 
 
 # Issue 63's bar: a worker holds its weights once and its KV pool, and little else. Below SMALL_PAIR_MB of IR (the

@@ -17,6 +17,10 @@ from django.conf import settings
 from inference.benchmark.servers import Credentials
 
 TIMEOUT = aiohttp.ClientTimeout(total=300, sock_read=120)
+# A chat socket is quiet while its answer waits (no keep-alives): a client that hears nothing this long is broken,
+# reported with its answer's story, not a soak that waits for ever.
+SOCKET_SILENCE_S = 120
+WS_TIMEOUT = aiohttp.ClientWSTimeout(ws_receive=SOCKET_SILENCE_S, ws_close=10)
 LOGOUT_CLOSE_WAIT_S = 15  # how long a logged-out client waits for the site to close its socket
 
 
@@ -64,7 +68,9 @@ class SoakClient:
                 if kind == "blocking":
                     return await self._blocking(http, outcome, prompt, max_tokens)
                 return await self._sse(http, outcome, prompt, max_tokens)
-        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+        except TimeoutError:
+            return outcome.end("broken", f"nothing heard for {time.monotonic() - outcome.last_event_at:.0f} s")
+        except (aiohttp.ClientError, ConnectionError) as exc:
             return outcome.end("broken", f"{type(exc).__name__}: {exc}")
 
     async def _blocking(self, http, outcome: Outcome, prompt: str, max_tokens: int) -> Outcome:
@@ -143,7 +149,7 @@ class SoakClient:
         message: dict[str, object] = {"action": "send", "pair": self.pair, "text": prompt,
                                       "settings": {"max_tokens": max_tokens}}
         for attempt in range(2):
-            async with http.ws_connect(url, origin=self.base_url, headers=headers) as ws:
+            async with http.ws_connect(url, origin=self.base_url, headers=headers, timeout=WS_TIMEOUT) as ws:
                 await ws.send_json(message)
                 left = await self._read_socket(ws, outcome, state, drop_after_first=attempt == 0 and
                                                outcome.behaviour == "reconnect")
@@ -190,7 +196,7 @@ class SoakClient:
         delta: the site must close the socket, and the answer, followed by nobody, must still end."""
         cookie = await asyncio.to_thread(self.open_session)
         url = self.base_url.replace("http", "ws", 1) + "/ws/chat/"
-        async with http.ws_connect(url, origin=self.base_url, headers={"Cookie": cookie}) as ws:
+        async with http.ws_connect(url, origin=self.base_url, headers={"Cookie": cookie}, timeout=WS_TIMEOUT) as ws:
             await ws.send_json({"action": "send", "pair": self.pair, "text": prompt,
                                 "settings": {"max_tokens": max_tokens}})
             async for raw in ws:
@@ -199,9 +205,12 @@ class SoakClient:
                 data = json.loads(raw.data)
                 outcome.seen()
                 outcome.generation_id = outcome.generation_id or data.get("generation") or ""
-                if data.get("type") == "error":
-                    return outcome.end("error", data.get("message", ""))
-                if (data.get("event") or {}).get("type") == "delta":
+                event = data.get("event") or {}
+                if data.get("type") == "error" or event.get("type") == "error":
+                    return outcome.end("error", data.get("message") or event.get("message", ""))
+                if event.get("type") == "done":  # ended before its first delta (an answer of no tokens)
+                    return outcome.end("done")
+                if event.get("type") == "delta":
                     break
             await self._logout(http, cookie)
             logged_out_at = time.monotonic()

@@ -58,8 +58,8 @@ def stop_unwatched_chat_answers(*, client) -> None:
     an HTTP action (an edit) with no page open, or followed by a web process that died, was left running to its cap.
     The API's answers run on: a script may read them later (events with Last-Event-ID)."""
     running = list(STATE.running)
-    if not running:
-        return
+    if not running or not selectors.redis_up_for(client=client, seconds=2 * settings.ACCESS_RECHECK_S):
+        return  # Redis just restarted: the pages mark the answers they watch again at their next recheck
     started_before = timezone.now() - timedelta(seconds=settings.CHAT_ABANDON_GRACE_S)
     chat = Generation.objects.filter(id__in=running, source=Generation.Source.CHAT, status=Generation.Status.RUNNING,
                                      started_at__lt=started_before).values_list("id", flat=True)
