@@ -321,6 +321,29 @@ def test_a_follow_up_streams_while_the_draft_reads_the_turn_before_and_the_draft
     assert [t for step in before + after for t in step.token_ids] == run(engine, follow_up, 0, tokens=160)[0]
 
 
+def test_an_answer_ends_at_once_while_another_conversations_catch_up_is_under_way(engine):
+    """Two chats whose drafts were left out of their answers: the first's catch-up waits while the main reads another
+    user's prompt (held here), and the second's answer, out meanwhile, ends then, not once that catch-up is done (its
+    end and its stored record once waited for it: seconds on two cores, the page still saying "writing"). Its own
+    catch-up follows, and the draft holds both conversations after."""
+    settled(engine)
+    first = ids_of(engine, SYSTEM + FILE * 4 + "\nWhich functions touch the disk?\n")
+    second = ids_of(engine, SYSTEM + FILE * 4 + "\nWhich functions could lose data if the process dies?\n")
+    with another_prompt_held(engine):
+        answer, _, _ = run(engine, first, 3, scope="first chat")  # its draft left behind, its catch-up held
+        assert engine.draft_reading
+        started = time.monotonic()
+        other, _, _ = run(engine, second, 3, tokens=8, scope="second chat")  # its draft left behind too
+        assert time.monotonic() - started < 20, "the answer's end waited for another conversation's catch-up"
+        assert engine.draft_reading  # the first catch-up still held: the second's end did not wait for it
+    settled(engine)
+    deadline = time.monotonic() + 30
+    while engine.draft.cached_tokens(second + other, "second chat") < full_blocks(len(second) + len(other) - 1):
+        assert time.monotonic() < deadline, "the second conversation's catch-up did not follow"
+        time.sleep(0.1)
+    assert engine.draft.cached_tokens(first + answer, "first chat") == full_blocks(len(first) + len(answer) - 1)
+
+
 def test_the_draft_reads_no_conversation_after_its_answer_while_the_batch_runs_without_it():
     """Beyond the pair's speculating streams answers run in the batch, here without the draft (no K for the batch): an
     answer that ends while others run leaves its draft unread, as a next turn starting then would run in the batch

@@ -423,6 +423,8 @@ class Answer:
             finished.finish_reason, Generation.Status.FINISHED
         )
         prompt_tokens = len(self.prompt_ids)
+        # Before the record and `done`: a next turn sent as soon as either says the answer ended finds its blocks here
+        publish_held_blocks(client=writer.client, slug=generation.pair.slug)
         try:
             ended = finish_generation(
                 generation_id=generation.id, status=status, text=self.text.text, steps=self.steps,
@@ -442,7 +444,6 @@ class Answer:
         record_generation(client=writer.client, pair=generation.pair.slug, finish_reason=finished.finish_reason,
                           prompt_tokens=prompt_tokens, cached_tokens=self.cached_tokens, figures=figures,
                           mode=generation.speculative_mode, k=generation.speculative_k, worker=WORKER_NAME)
-        publish_held_blocks(client=writer.client, slug=generation.pair.slug)  # before `done`: the next turn finds it
         if finished.finish_reason == FinishReason.ERROR:
             writer.send({"type": "error", "message": finished.error})
         else:

@@ -291,13 +291,19 @@ class OwnEngine:
 
     def _catch_up(self, decoding: Decoding, finished: Finished) -> None:
         """The answer out, then the draft left out of it reads the conversation, not counted as an answer running (the
-        next turn plans as if it had finished); the lock held before the answer is out, so the next turn sees it."""
-        with self._draft_reading:
-            decoding.request.events.put(finished)
-            try:
-                decoding.catch_up_draft()
-            except Exception:
-                log.exception("the draft could not read a conversation of %s", self.spec.slug)
+        next turn plans as if it had finished); the lock held before the answer is out, so the next turn sees it. While
+        another conversation's catch-up holds it, the answer ends at once and its catch-up waits: the next turn sees
+        that one under way, and its draft joins once the reads are done."""
+        held = self._draft_reading.acquire(blocking=False)
+        decoding.request.events.put(finished)
+        if not held:
+            self._draft_reading.acquire()
+        try:
+            decoding.catch_up_draft()
+        except Exception:
+            log.exception("the draft could not read a conversation of %s", self.spec.slug)
+        finally:
+            self._draft_reading.release()
 
 
 class Decoding:
