@@ -92,7 +92,8 @@ async def _chat_across_a_restart(stack, credentials) -> list[dict]:
             stack.base_url.replace("http", "ws", 1) + "/ws/chat/", origin=stack.base_url,
             headers={"Cookie": credentials.session_cookie}, timeout=aiohttp.ClientWSTimeout(ws_receive=60)) as ws:
         await ws.send_json({"action": "send", "pair": stack.pair.slug, "text": "def parse(text):",
-                            "settings": {"max_tokens": 1500, "ignore_eos": True, "speculative": False}})
+                            "settings": {"max_tokens": 1500, "ignore_eos": True, "speculative": False,
+                                         "temperature": 1.0, "seed": 7}})  # sampled: greedy looped, and was cut
         started = time.monotonic()
         while not events or events[-1]["type"] not in ("done", "error"):
             message = await ws.receive_json()
@@ -100,7 +101,7 @@ async def _chat_across_a_restart(stack, credentials) -> list[dict]:
             events += [message["event"]] if message["type"] == "event" else []
             if restart is None and time.monotonic() - started > 7:
                 restart = asyncio.get_running_loop().run_in_executor(None, stack.redis.restart)
-    assert restart is not None, "the answer ended within the grace: it proves nothing"
+    assert restart is not None, f"the answer ended within the grace: it proves nothing ({events[-1]})"
     await restart
     return events
 
