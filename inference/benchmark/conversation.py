@@ -73,6 +73,7 @@ class Turn:
     tokens: int
     decode_s: float  # from the first token to the last
     text: str
+    end_s: float = 0.0  # from the last token to the stream's end: the answer shown as still being written meanwhile
     answer_id: str = ""  # as the API returned it: the record names the worker that served it (`served_by`)
     worker: str = ""
     away: bool = False  # a turn of another chat, opened before coming back to this one (`converse`'s `away`)
@@ -101,8 +102,9 @@ class Endpoint:
 
 
 async def _ask(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[dict], max_tokens: int
-               ) -> tuple[str, float, float, int, int, int | None, str]:
-    """(text, ttft, decode seconds, completion tokens, prompt tokens, cached tokens, id) of one streamed answer."""
+               ) -> tuple[str, float, float, float, int, int, int | None, str]:
+    """(text, ttft, decode seconds, seconds from the last token to the end, completion tokens, prompt tokens, cached
+    tokens, id) of one streamed answer."""
     body = {"model": endpoint.model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **endpoint.extra}
     started = time.perf_counter()
@@ -128,20 +130,22 @@ async def _ask(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[d
                     pieces.append(text)
             usage = chunk.get("usage") or usage
             answer_id = chunk.get("id") or answer_id
+    ended = time.perf_counter()
     if usage is None or first is None or last is None:
         raise StreamError("the stream ended without text or usage", lost=True)
     details = usage.get("prompt_tokens_details") or {}
-    return ("".join(pieces), first - started, last - first, int(usage["completion_tokens"]),
+    return ("".join(pieces), first - started, last - first, ended - last, int(usage["completion_tokens"]),
             int(usage["prompt_tokens"]), details.get("cached_tokens"), answer_id)
 
 
 async def _turn(http: aiohttp.ClientSession, endpoint: Endpoint, messages: list[dict], *, max_tokens: int,
                 **fields) -> Turn:
     """One answer to `messages`, appended to them as the client keeps it."""
-    answer, ttft, decode, tokens, prompt_tokens, cached, answer_id = await _ask(http, endpoint, messages, max_tokens)
+    answer, ttft, decode, end, tokens, prompt_tokens, cached, answer_id = await _ask(http, endpoint, messages,
+                                                                                  max_tokens)
     messages.append({"role": "assistant", "content": answer})
     return Turn(prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=ttft, tokens=tokens, decode_s=decode,
-                text=answer, answer_id=answer_id, **fields)
+                end_s=end, text=answer, answer_id=answer_id, **fields)
 
 
 @dataclass(frozen=True)
@@ -293,16 +297,17 @@ def _rate(turns: list[Turn]) -> float | None:
 
 
 def turn_lines(turns: list[Turn]) -> list[str]:
-    """Each turn as its user met it: which worker served it, how much of its prompt came from that worker's cache
-    and how long its first token took."""
-    rows = ["| line | conversation | turn | worker | prompt tokens | from the cache | first token |",
-            "| --- | --- | ---: | --- | ---: | ---: | ---: |"]
+    """Each turn as its user met it: which worker served it, how much of its prompt came from that worker's cache,
+    how long its first token took, and how long the answer went on being written after its last token."""
+    rows = [("| line | conversation | turn | worker | prompt tokens | from the cache | first token "
+            "| its end after the last token |"),
+            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     for turn in turns:
         share = "-" if turn.cached_tokens is None else f"{turn.cached_tokens / max(turn.prompt_tokens, 1):.0%}"
         where = (" (a chat away)" if turn.away else " (came back)" if turn.came_back
                  else " (its holder stopped)" if turn.after_stop else "")
         rows.append(f"| {turn.line} | {turn.conversation} #{turn.repeat}{where} | {turn.turn} | {turn.worker or '-'} | "
-                    f"{turn.prompt_tokens} | {share} | {turn.ttft_s:.2f} s |")
+                    f"{turn.prompt_tokens} | {share} | {turn.ttft_s:.2f} s | {turn.end_s:.2f} s |")
     return rows
 
 

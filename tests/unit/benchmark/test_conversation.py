@@ -3,7 +3,15 @@
 
 from dataclasses import replace
 
-from inference.benchmark.conversation import AS_SHIPPED, MAIN_ALONE, Turn, peer_line, report_lines, summarize
+from inference.benchmark.conversation import (
+    AS_SHIPPED,
+    MAIN_ALONE,
+    Turn,
+    peer_line,
+    report_lines,
+    summarize,
+    turn_lines,
+)
 
 LOOP = "\n".join(["    return self.items.get(key, default)"] * 4)
 
@@ -55,3 +63,8 @@ def test_turns_away_are_left_out_and_the_turn_that_came_back_is_shown_apart():
     header, _, row = report_lines([summary])
     assert "| back after the chats away: first token (from the cache) |" in header
     assert "| 0.30 s (0.30 s) | 0.40 s (99%) | 32.0 |" in row
+
+
+def test_each_turn_says_how_long_its_answer_went_on_after_its_last_token():
+    row = turn_lines([replace(turn(AS_SHIPPED, 1, tokens=65, decode_s=2.0), end_s=1.25)])[-1]
+    assert row.endswith("| 0.30 s | 1.25 s |"), row
