@@ -50,6 +50,29 @@ def pytest_sessionstart(session):
         _SESSION_LOCKS.append(lock)
         for leftover in (Path(test_name + "-wal"), Path(test_name + "-shm")):
             leftover.unlink(missing_ok=True)
+    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        _flush_again_after_a_deadlock()
+
+
+def _flush_again_after_a_deadlock(attempts: int = 3) -> None:
+    """On PostgreSQL the TRUNCATE that empties the database after a test can deadlock with a worker reading meanwhile
+    (PostgreSQL then ends the TRUNCATE: the test errs at teardown, and the next one finds its rows): run it again."""
+    from django.core.management.base import CommandError
+    from django.core.management.commands import flush
+
+    handle = flush.Command.handle
+
+    def handle_again_after_a_deadlock(self, **options):
+        for attempt in range(attempts):
+            try:
+                return handle(self, **options)
+            except CommandError as exc:
+                if attempt == attempts - 1 or "deadlock detected" not in str(exc.__cause__):
+                    raise
+                time.sleep(0.5)
+        return None
+
+    flush.Command.handle = handle_again_after_a_deadlock
 
 
 def pytest_collection_modifyitems(items):
