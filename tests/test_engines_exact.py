@@ -19,7 +19,7 @@ from django.conf import settings
 from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
 from inference.engines.decoding import DecodingParams, Speculation
-from inference.engines.interface import Finished, JoinedBatch
+from inference.engines.interface import Finished, JoinedBatch, LeftBatch
 from inference.engines.own.engine import OwnEngine
 from inference.engines.own.payoff import WINDOW
 from inference.engines.own.proposers.chain import Drafting
@@ -489,6 +489,39 @@ def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
 
 
 @pytest.mark.no_database
+def test_an_answer_in_the_batch_speculates_again_once_the_other_answers_end(engine):
+    """Once the engine is back within the pair's speculating streams, an answer that went into the batch speculates
+    again at its K: the draft proposes again (it read the answer so far), the engine says when (LeftBatch), and the
+    greedy answer is the main alone's, token for token. Before, it stayed in the batch to its end: a long answer
+    that a short one overlapped for a moment went on at the main alone's speed."""
+    calm = OwnEngine(replace(SPEC, slug="host-calm", speculating_streams=1))
+    params = DecodingParams(max_new_tokens=300, ignore_eos=True, speculation=Speculation(k=3))
+    calm.answers_elsewhere = 1  # another worker of this host answers: it starts in the batch
+    answer = calm.submit(prompt=PROMPTS[1], params=params)
+    said: list = []
+    steps = []
+    while not isinstance(event := answer.events.get(timeout=120), Finished):
+        if isinstance(event, JoinedBatch | LeftBatch):
+            said.append(event)
+            continue
+        steps.append(event)
+        if len(steps) == 8:
+            calm.answers_elsewhere = 0  # that answer ended
+    assert event.finish_reason == "length", event
+    assert [type(event) for event in said] == [JoinedBatch, LeftBatch], said
+    joined, left = said
+    assert (joined.k, joined.k_before, left.k) == (0, 3, 3)
+    out_of_it = int(np.searchsorted(np.cumsum([len(step.token_ids) for step in steps]), left.token, side="right"))
+    before, after = steps[:out_of_it], steps[out_of_it:]
+    assert not [step for step in before[1:] if step.drafter == Drafter.DRAFT and step.proposed], "speculated in it"
+    assert [step for step in after if step.drafter == Drafter.DRAFT and step.proposed], "the draft did not rejoin"
+    assert max(len(step.token_ids) for step in after) > 1, "it did not speculate again"
+    alone = replace(params, speculation=None)
+    assert flat([step.token_ids for step in steps]) == flat(steps_of(engine.submit(prompt=PROMPTS[1], params=alone)))
+    calm.close()
+
+
+@pytest.mark.no_database
 def test_the_benchmark_runs_a_burst_as_the_pair_ships_it():
     """compare_modes' "as shipped" line: of a burst of answers, the pair's own_engine_streams speculate until
     the rest have come, which run on the main alone, all sharing the main's steps; the same greedy answers."""
@@ -561,10 +594,10 @@ def test_one_stream_is_served_on_the_own_engine_alone(own_engine_pair, live_serv
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_answer_moved_into_the_batch_says_so_in_its_usage(own_engine_pair, live_server_url, api_key):
+def test_an_answer_moved_into_the_batch_and_out_again_says_so_in_its_usage(own_engine_pair, live_server_url, api_key):
     """Beyond the pair's one speculating stream the own engine's first answer joins the batch and goes on on the main
-    alone (the host is not calibrated: no K for the batch): its usage says so, and says the K it runs at now, not the
-    K it was planned with."""
+    alone (the host is not calibrated: no K for the batch), and once the second answer has ended it speculates again
+    at its K: its usage says both moves, and the K it runs at now."""
     pair, _ = own_engine_pair
     events = sse_events(post(live_server_url, "/v1/completions", api_key.secret,
                              {"model": pair.slug, "prompt": PROMPTS[0], "max_tokens": 300, "ignore_eos": True,
@@ -577,8 +610,10 @@ def test_an_answer_moved_into_the_batch_says_so_in_its_usage(own_engine_pair, li
     assert second.status_code == 200, second.text
     codes = usage["speculative_reason_codes"]
     assert Reason.OWN_ENGINE in codes, codes
-    assert codes[-3:] == [Reason.MOVED_INTO_BATCH, Reason.K_LOWERED, Reason.LOOKUP_IN_BATCH], codes
-    assert usage["speculative_k"] == 0 and "down from K=" in usage["speculative_reason"]
+    assert codes[-4:] == [Reason.MOVED_INTO_BATCH, Reason.K_LOWERED, Reason.LOOKUP_IN_BATCH, Reason.LEFT_BATCH], codes
+    planned_k = re.search(r"down from K=(\d+)", usage["speculative_reason"])[1]
+    assert f"speculating again at K={planned_k}" in usage["speculative_reason"]
+    assert usage["speculative_k"] == int(planned_k) > 0
 
 
 @pytest.mark.no_database

@@ -49,6 +49,14 @@ class JoinedBatch(NamedTuple):
     lookup: bool = False
 
 
+class LeftBatch(NamedTuple):
+    """The answer that had moved into the batch speculates again at `k` after `token` tokens: the engine's other
+    answers ended, within the pair's speculating streams again."""
+
+    token: int
+    k: int
+
+
 class Finished(NamedTuple):
     finish_reason: FinishReason
     error: str = ""
@@ -64,14 +72,14 @@ class ActiveRequest:
         self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)
         self.added_at = added_at
-        self.events: queue.Queue[StepTokens | PromptRead | JoinedBatch | Finished] = queue.Queue()
+        self.events: queue.Queue[StepTokens | PromptRead | JoinedBatch | LeftBatch | Finished] = queue.Queue()
         self.cached_tokens = 0  # prompt tokens the engine found in its prefix cache (set before the first token)
         self.stop_requested = False
 
     def next_step(self, *, timeout: float) -> StepTokens | Finished:
         """The next step or the end, past the events that say how the answer goes (what a caller that only counts
         tokens reads)."""
-        while isinstance(event := self.events.get(timeout=timeout), PromptRead | JoinedBatch):
+        while isinstance(event := self.events.get(timeout=timeout), PromptRead | JoinedBatch | LeftBatch):
             pass
         return event
 

@@ -44,6 +44,7 @@ class Reason(StrEnum):
     MOVED_INTO_BATCH = "moved-into-batch"
     K_LOWERED = "k-lowered"
     LOOKUP_IN_BATCH = "lookup-in-batch"
+    LEFT_BATCH = "left-batch"
     FAST_MODE = "fast-mode"
     CALIBRATED_BEST_K = "calibrated-best-k"
     CALIBRATED_BEST_K_STOPPED = "calibrated-best-k-draft-stops"
@@ -99,6 +100,7 @@ SENTENCES: dict[Reason, str] = {
                              "{token}, as more came than it speculates for",
     Reason.K_LOWERED: "there at K={k} (the batch's; 0: the main alone), down from K={k_before}",
     Reason.LOOKUP_IN_BATCH: "there the conversation's lookup proposes alone, where it matches (no draft inference)",
+    Reason.LEFT_BATCH: "speculating again at K={k} from token {token}, the pair's other answers here done",
     # The device's default precision quantizes activations differently for one token and for K+1 verified at once.
     Reason.FAST_MODE: "fast mode: tokens may differ from the main alone's where two are near-tied",
     Reason.CALIBRATED_BEST_K: "K={k} is fastest for a lone answer on this host (calibrated)",

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from inference import selectors, transport
 from inference.engines.decoding import DecodingParams
-from inference.engines.interface import ActiveRequest, Engine, Finished, JoinedBatch, PromptRead, StepTokens
+from inference.engines.interface import ActiveRequest, Engine, Finished, JoinedBatch, LeftBatch, PromptRead, StepTokens
 from inference.engines.speculation_stats import SpeculationStats
 from inference.engines.text_assembler import TextAssembler
 from inference.limits import FinishReason, Route, SpeculativeMode
@@ -289,6 +289,8 @@ class Answer:
                 self.writer.send({"type": "prompt", "read": item.read, "total": item.total})
             elif isinstance(item, JoinedBatch):
                 self._joined_batch(item)
+            elif isinstance(item, LeftBatch):
+                self._left_batch(item)
             elif isinstance(item, StepTokens):
                 if not self.steps:
                     self.cached_tokens = self.request.cached_tokens
@@ -385,11 +387,19 @@ class Answer:
             moved.append(Why(Reason.K_LOWERED, {"k": joined.k, "k_before": joined.k_before}))
         if joined.lookup:
             moved.append(Why(Reason.LOOKUP_IN_BATCH))
-        self.planned = replace(self.planned, k=joined.k, why=(*self.planned.why, *moved))
+        self._replanned(k=joined.k, why=moved)
+
+    def _left_batch(self, left: LeftBatch) -> None:
+        """The own engine let the answer out of its batch: it speculates again at its K, said as `_joined_batch` says
+        the move in."""
+        self._replanned(k=left.k, why=[Why(Reason.LEFT_BATCH, {"token": left.token + 1, "k": left.k})])
+
+    def _replanned(self, *, k: int, why: list[Why]) -> None:
+        self.planned = replace(self.planned, k=k, why=(*self.planned.why, *why))
         try:
             _record_plan(generation=self.generation, planned=self.planned)
         except DatabaseError:  # the done event says it all the same; the answer goes on
-            log.warning("generation %s: its move into the batch could not be recorded", self.generation.id)
+            log.warning("generation %s: its move into or out of the batch could not be recorded", self.generation.id)
 
     def _handing_over(self, finished: Finished) -> bool:
         return (self.moving_to is not None and finished.finish_reason == FinishReason.STOPPED

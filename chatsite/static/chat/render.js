@@ -208,6 +208,9 @@ function speculationWords(m) {
   if (because("calibrated-long-context-lookup")) return "guesses from the conversation: after a prompt this long the draft does not pay here";
   if (m.speculative_mode === "prompt-lookup") return "guesses from the conversation, no draft model";
   if (m.speculative_k == null) return "draft while confident";
+  if (codes.lastIndexOf("left-batch") > codes.lastIndexOf("moved-into-batch")) {
+    return `K=${m.speculative_k} (again once the other answers ended)`;
+  }
   if (because("moved-into-batch")) {
     // The own engine moved it into one batch with the pair's other answers: the K it ran at there, not the planned one.
     return m.speculative_k ? `K=${m.speculative_k} (in a batch as more answers came)`

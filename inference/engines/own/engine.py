@@ -33,7 +33,7 @@ import openvino as ov
 
 from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.grammar.constraint import TokenConstraint, load_vocabulary, masked
-from inference.engines.interface import ActiveRequest, Finished, JoinedBatch, PromptRead, StepTokens
+from inference.engines.interface import ActiveRequest, Finished, JoinedBatch, LeftBatch, PromptRead, StepTokens
 from inference.engines.own.acceptance import accept, accept_fixed, draw, greedy_accept, probabilities
 from inference.engines.own.answer_layout import answer_opener
 from inference.engines.own.draft_head import compile_draft
@@ -61,6 +61,11 @@ DRAFT_CATCH_UP_TOKENS = 256
 STEADY_ROWS_FILE = ".steady-rows.json"  # beside the main's IR: each host's probed step sizes (steady_rows)
 PROGRESS_MIN_TOKENS = 256  # prompts this long to read say how far they got
 CATCH_UP_WAIT_S = 30.0  # a catch-up's chunk waits this long at most for the main to read a prompt
+# An answer in the batch speculates again once the engine has been within the pair's speculating streams this long (a
+# burst's answers come over a moment: within it, it stays rather than stop and start its draft again), with at least
+# so many tokens left to write (fewer would not repay its draft's read of the answer so far).
+LEAVE_BATCH_AFTER_S = 1.0
+LEAVE_BATCH_MIN_TOKENS = 32
 
 
 def _logsumexp(row: np.ndarray) -> float:
@@ -316,6 +321,7 @@ class Decoding:
         if self.speculation is not None and self.speculation.k is None:
             raise ValueError("the own engine speculates at a K (a confidence threshold is the library's)")
         self.k: int = (self.speculation.k or 0) if self.speculation else 0  # the most tokens proposed a step
+        self.k_alone = self.k  # ... outside the batch
         self.scope = params.cache_scope
         self.main: PagedSequence = engine.main.sequence(scope=self.scope, exact=True)
         self.prompt_ids = prompt_ids
@@ -329,6 +335,7 @@ class Decoding:
         self.behind: DraftModel | None = None  # a draft left out of this answer, to read the conversation after it
         self.set_aside: DraftModel | None = None  # a draft waiting for the turn before's catch-up, to join this answer
         self.joined = False  # it went on at its K for the batch
+        self._within_streams_since: float | None = None  # in the batch, since when the engine has been within them
 
     def _drafting(self, speculation: Speculation) -> Drafting:
         """The answer's proposers: the lookup where the pair chains it, and the draft unless the lookup goes alone."""
@@ -392,7 +399,9 @@ class Decoding:
         return self.engine.beyond_speculating_streams and not (self.speculation and self.speculation.batch_k)
 
     def _draft_missing(self) -> int:
-        return len(self.prompt_ids) - self.engine.draft.cached_tokens(self.prompt_ids, self.scope)
+        """What a draft joining now would read: the conversation and the answer so far, less what its pool holds."""
+        read = self.prompt_ids + self.emitted[:-1]
+        return len(read) - self.engine.draft.cached_tokens(read, self.scope)
 
     def _reading(self, read: int, total: int) -> None:
         if total >= PROGRESS_MIN_TOKENS:
@@ -421,6 +430,7 @@ class Decoding:
             if self.request.stop_requested:
                 return Finished(FinishReason.STOPPED)
             self._join_batch_if_busy()
+            self._leave_batch_once_alone()
             self._draft_joins_once_caught_up()
             finished = self._emit(*self._step())
         return finished
@@ -428,7 +438,7 @@ class Decoding:
     def _draft_joins_once_caught_up(self) -> None:
         """A draft set aside joins the answer once no catch-up is under way (the turn before's, which reads most of
         this conversation, runs beside the answer's steps instead of before them: the answer streams meanwhile), if
-        it then lacks at most DRAFT_CATCH_UP_TOKENS of the prompt (it reads them and the answer so far between two
+        it then lacks at most DRAFT_CATCH_UP_TOKENS of the conversation and the answer so far (it reads them between two
         steps); else it reads the conversation after the answer."""
         if self.set_aside is None or self.engine.draft_reading or self.drafting is None:
             return
@@ -462,6 +472,37 @@ class Decoding:
             self.behind, self.set_aside = self.behind or self.set_aside, None  # it reads the conversation after
             if not lookup:
                 self.drafting = None
+
+    def _leave_batch_once_alone(self) -> None:
+        """Within the pair's speculating streams again for LEAVE_BATCH_AFTER_S (the other answers ended), an answer that
+        went into the batch speculates again at its K: the conversation's lookup at full length at once, the draft once
+        it has read what it lacks, set aside as at an answer's start (`_draft_joins_once_caught_up`: where it lacks
+        more of the conversation than a quick read, it reads it after the answer instead). Not under a grammar, whose
+        state the draft would have to replay. Says so (LeftBatch: on the record). Any step's tokens are the main's
+        either way: greedy, the same answer; sampled, drawn from the main's distribution in the batch and out of it."""
+        if not self.joined or self.constraint is not None or self.engine.beyond_speculating_streams:
+            self._within_streams_since = None
+            return
+        now = time.monotonic()
+        self._within_streams_since = self._within_streams_since or now
+        if (now - self._within_streams_since < LEAVE_BATCH_AFTER_S
+                or self.params.max_new_tokens - len(self.emitted) < LEAVE_BATCH_MIN_TOKENS):
+            return
+        assert self.speculation is not None  # an answer joins the batch only while it speculates
+        self.joined, self.k = False, self.k_alone
+        if self.drafting is None:  # it went on as the main alone: its proposers anew, the draft joining below
+            self.drafting = Drafting(None, lookup=self._lookup(), params=self.params, speculation=self.speculation,
+                                     rng=self.rng, constraint=None, penalty=self.penalty,
+                                     judged=self.engine.spec.drafters_judged)
+            if self.drafting.lookup is not None:
+                self.drafting.lookup.extend(self.emitted)
+        elif self.drafting.lookup is not None:
+            self.drafting.lookup.unbatched()
+        lookup_only = self.speculation.lookup_only and self.drafting.lookup is not None
+        if self.drafting.draft is None and self.set_aside is None and not lookup_only:
+            self.set_aside = self.behind or self.drafting.new_draft(self.engine.draft.sequence(scope=self.scope))
+            self.behind = None
+        self.request.events.put(LeftBatch(token=len(self.emitted), k=self.k))
 
     def _allowed(self, logits: np.ndarray) -> np.ndarray:
         """The logits with the tokens the grammar refuses now at -inf; unchanged without a grammar."""

@@ -13,6 +13,8 @@ it once the answer is out: engines/own/engine.py). A lookup that misses costs no
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from inference.engines.decoding import DecodingParams, Speculation
@@ -34,13 +36,18 @@ class Drafting:
     def __init__(self, draft: PagedSequence | None, *, lookup: PromptLookup | None, params: DecodingParams,
                  speculation: Speculation, rng: np.random.Generator, constraint: TokenConstraint | None,
                  penalty: RepetitionPenalty | None = None, judged: bool = True):
-        self.draft = (DraftModel(draft, params=params, stop_below=speculation.draft_stop_below, rng=rng,
-                                 constraint=constraint, penalty=penalty) if draft is not None else None)
+        self._draft_on = partial(DraftModel, params=params, stop_below=speculation.draft_stop_below, rng=rng,
+                                 constraint=constraint, penalty=penalty)
+        self.draft = self.new_draft(draft) if draft is not None else None
         self.lookup = LookupProposer(lookup, constraint) if lookup is not None else None
         self.payoff = Payoff(judging=judged)  # judged: drafters sit out where they do not pay
         # A K per answer where the plan gave the host's costs; a draft that stops where unsure shortens its own steps
         self.step_length = (StepLength(speculation.step_costs) if judged and speculation.step_costs
                             and speculation.draft_stop_below is None else None)
+
+    def new_draft(self, cache: PagedSequence) -> DraftModel:
+        """A draft on `cache`, as this answer's draft is made (one that joins later reads the answer so far first)."""
+        return self._draft_on(cache)
 
     def proposers(self) -> list[Proposer]:
         """Those that follow the answer, the lookup first."""

@@ -64,6 +64,10 @@ class PromptLookup:
         """The answer went into the own engine's batch: proposals only where it copies, short ones."""
         self.longest, self.least_matched = self.length, BATCH_MATCHED
 
+    def unbatched(self) -> None:
+        """The answer left the batch, alone again: proposals as long as the match, on any match."""
+        self.longest, self.least_matched = LONGEST_LOOKUP, 0
+
     def propose(self, limit: int) -> list[int]:
         """What followed the latest occurrence in the prompt of the history's last n tokens (the longest n that
         occurred), as many tokens as the match ran (at least the lookup's length, at most LONGEST_LOOKUP) and up to
@@ -98,6 +102,9 @@ class LookupProposer:
 
     def batched(self) -> None:
         self.lookup.batched()
+
+    def unbatched(self) -> None:
+        self.lookup.unbatched()
 
     def propose(self, limit: int, *, last: int) -> Proposal:
         tokens = self.lookup.propose(limit)
