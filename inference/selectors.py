@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 
 from inference.limits import LoadState, Route, ServingState
 from inference.models import Generation, HostCalibration, JobStatus, ModelPair, writing_rate
@@ -100,6 +100,17 @@ def median_rate_lately(*, pair: ModelPair, main_alone: bool, last: int = 20) -> 
     rates = [rate for (rate,) in _rates_lately(Generation.objects.filter(
         pair=pair, completion_tokens__gte=16, speculative_route__in=routes), last=last)]
     return statistics.median(rates) if rates else 0.0
+
+
+def answers_in_flight(*, pair: ModelPair, worker: str) -> tuple[int, int]:
+    """(the pair's answers queued or running anywhere, the chats' titles `worker` is writing). A title, 12 tokens at
+    most written after a chat's first answer, is no load to plan an answer for: the next turn, often sent while it is
+    written, would otherwise start in the own engine's batch, not speculating."""
+    counts = Generation.objects.filter(pair=pair, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
+                                       ).aggregate(
+        answers=Count("id", filter=~Q(source=Generation.Source.TITLE)),
+        titles=Count("id", filter=Q(source=Generation.Source.TITLE, status=Generation.Status.RUNNING, worker=worker)))
+    return counts["answers"], counts["titles"]
 
 
 def _rates_lately(answers, *fields: str, last: int):

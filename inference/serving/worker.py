@@ -198,10 +198,10 @@ def current_load(*, pair: ModelPair) -> int:
     """Streams a request joining now shares this worker with: those it runs, or, when a burst arrives,
     the pair's generations in flight (queued ones included) spread over the workers serving it, or the
     most it ran in the last seconds (with live figures on); a burst's first requests would otherwise
-    plan for a load that is about to come."""
-    running_here = STATE.engines.active_requests(slug=pair.slug) + 1
-    in_flight = Generation.objects.filter(pair=pair, status__in=[Generation.Status.QUEUED,
-                                                               Generation.Status.RUNNING]).count()
+    plan for a load that is about to come. Chats' titles do not count (selectors.answers_in_flight): the
+    own engine puts an answer in its batch while one is written, and lets it out once it is done."""
+    in_flight, titles_here = selectors.answers_in_flight(pair=pair, worker=WORKER_NAME)
+    running_here = max(STATE.engines.active_requests(slug=pair.slug) - titles_here, 0) + 1
     serving = selectors.pair_state(pair=pair, workers=selectors.live_workers(client=transport.sync_client())).workers
     load = max(running_here, -(-in_flight // max(len(serving), 1)))
     rates = STATE.engines.rates_of(pair.slug)
