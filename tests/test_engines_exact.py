@@ -20,6 +20,7 @@ from inference.benchmark.memory import process_tree
 from inference.benchmark.modes import compare_modes
 from inference.engines.decoding import DecodingParams, Speculation
 from inference.engines.interface import Finished, JoinedBatch, LeftBatch
+from inference.engines.own import engine as own_engine
 from inference.engines.own.engine import OwnEngine
 from inference.engines.own.payoff import WINDOW
 from inference.engines.own.proposers.chain import Drafting
@@ -489,12 +490,13 @@ def test_a_speculating_answer_joins_the_batch_when_more_answers_come(engine):
 
 
 @pytest.mark.no_database
-def test_an_answer_in_the_batch_speculates_again_once_the_other_answers_end(engine):
+def test_an_answer_in_the_batch_speculates_again_once_the_other_answers_end(engine, monkeypatch):
     """Once the engine is back within the pair's speculating streams, an answer that went into the batch speculates
     again at its K: the draft proposes again (it read the answer so far), the engine says when (LeftBatch), and the
     greedy answer is the main alone's, token for token. Before, it stayed in the batch to its end: a long answer
     that a short one overlapped for a moment went on at the main alone's speed."""
-    calm = OwnEngine(replace(SPEC, slug="host-calm", speculating_streams=1))
+    monkeypatch.setattr(own_engine, "LEAVE_BATCH_AFTER_S", 0.2)  # the demo writes ~200 tokens a second: it leaves
+    calm = OwnEngine(replace(SPEC, slug="host-calm", speculating_streams=1))  # before the draft has too much to read
     params = DecodingParams(max_new_tokens=300, ignore_eos=True, speculation=Speculation(k=3))
     calm.answers_elsewhere = 1  # another worker of this host answers: it starts in the batch
     answer = calm.submit(prompt=PROMPTS[1], params=params)
@@ -614,6 +616,30 @@ def test_an_answer_moved_into_the_batch_and_out_again_says_so_in_its_usage(own_e
     planned_k = re.search(r"down from K=(\d+)", usage["speculative_reason"])[1]
     assert f"speculating again at K={planned_k}" in usage["speculative_reason"]
     assert usage["speculative_k"] == int(planned_k) > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_that_comes_while_another_runs_speculates_once_that_one_has_ended(own_engine_pair, live_server_url,
+                                                                                   api_key):
+    """Beyond the pair's one speculating stream an answer starts in the own engine's batch, the main alone there; once
+    the answer before it has ended it speculates at a lone answer's K (before, it ran the main alone to its end): its
+    usage says so, and its text is the one `speculative: false` gives."""
+    pair, _ = own_engine_pair
+    events = sse_events(post(live_server_url, "/v1/completions", api_key.secret,
+                             {"model": pair.slug, "prompt": PROMPTS[0], "max_tokens": 120, "ignore_eos": True,
+                              "stream": True}, stream=True))
+    next(event for event in events if chunk_text(event[1]))  # the first runs
+    asked = {"model": pair.slug, "prompt": PROMPTS[1], "max_tokens": 900, "ignore_eos": True}  # past the first's end
+    later = post(live_server_url, "/v1/completions", api_key.secret, asked)
+    assert later.status_code == 200, later.text
+    usage = later.json()["usage"]
+    codes = usage["speculative_reason_codes"]
+    assert codes[:2] == [Reason.BEYOND_OWN_STREAMS, Reason.OWN_BATCH], codes
+    assert codes.index(Reason.OWN_BATCH_UNTIL_ALONE) < codes.index(Reason.MOVED_INTO_BATCH), codes
+    assert codes[-1] == Reason.LEFT_BATCH, codes
+    assert usage["speculative_k"] > 0 and usage["accepted_tokens"], {k: usage[k] for k in ("speculative_k", "accepted_tokens", "draft_tokens", "ngram_draft_tokens", "speculative_reason")}
+    alone = post(live_server_url, "/v1/completions", api_key.secret, {**asked, "speculative": False})
+    assert later.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
 
 
 @pytest.mark.no_database

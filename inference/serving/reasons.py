@@ -38,6 +38,7 @@ class Reason(StrEnum):
     OWN_ENGINE = "own-engine"
     OWN_BATCH = "own-batch"
     OWN_BATCH_SPECULATING = "own-batch-speculating"
+    OWN_BATCH_UNTIL_ALONE = "own-batch-until-alone"
     OWN_BATCH_K_ASKED = "own-batch-k-asked"
     ALTERNATIVES = "alternatives"
     HANDED_OVER = "handed-over"
@@ -90,6 +91,7 @@ SENTENCES: dict[Reason, str] = {
     Reason.OWN_ENGINE: "on SpecChat's own engine (few enough of the pair's answers here)",
     Reason.OWN_BATCH: "the main alone, batched on SpecChat's own engine (more of the pair's answers here than it "
                       "speculates for)",
+    Reason.OWN_BATCH_UNTIL_ALONE: "speculating at K={k} once the others have ended",
     Reason.OWN_BATCH_SPECULATING: "speculating at K={k} in one batch with the pair's other answers on SpecChat's "
                                   "own engine (on this host faster than the main alone under load: calibrated)",
     Reason.OWN_BATCH_K_ASKED: "speculating at the K asked, {k}, in one batch with the pair's other answers on "

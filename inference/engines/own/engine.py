@@ -336,6 +336,7 @@ class Decoding:
         self.set_aside: DraftModel | None = None  # a draft waiting for the turn before's catch-up, to join this answer
         self.joined = False  # it went on at its K for the batch
         self._within_streams_since: float | None = None  # in the batch, since when the engine has been within them
+        self.reads_on = False  # the draft set aside reads the answer so far a chunk a step (out of the batch again)
 
     def _drafting(self, speculation: Speculation) -> Drafting:
         """The answer's proposers: the lookup where the pair chains it, and the draft unless the lookup goes alone."""
@@ -355,13 +356,15 @@ class Decoding:
         kept = None
         try:
             finished = self._decode()
-            self.behind = self.behind or self.set_aside  # never joined: it reads the conversation after the answer
+            unread = self._set_aside_unread()
+            self.behind = self.behind or unread  # never joined: it reads the conversation after the answer
             kept = self.prompt_ids + self.emitted
             return finished
         finally:
             self.main.close(keep_ids=kept)
             if self.drafting and self.drafting.draft:
                 self.drafting.draft.cache.close(keep_ids=kept)
+            self._set_aside_unread()  # a failed answer's draft part-way through its read gives its blocks back
 
     def catch_up_draft(self) -> None:
         """After the answer is out: the draft left out of it reads the conversation so far, for the next turn. Its
@@ -415,6 +418,8 @@ class Decoding:
         if self.constraint:
             self.constraint.take(first)
         finished = self._emit([first], token_scores([logits], [first], self.params))
+        if finished is None:
+            self._join_batch_if_busy()  # beyond the speculating streams from the start: no draft read for the batch
         if self.drafting and self.drafting.draft and finished is None:  # after the first token: not in its wait
             if self._draft_missing() > DRAFT_CATCH_UP_TOKENS:
                 self.set_aside = self.drafting.leave_draft_behind()
@@ -442,6 +447,9 @@ class Decoding:
         steps); else it reads the conversation after the answer."""
         if self.set_aside is None or self.engine.draft_reading or self.drafting is None:
             return
+        if self.reads_on:
+            self._draft_reads_on()
+            return
         draft, self.set_aside = self.set_aside, None
         if self._draft_missing() > DRAFT_CATCH_UP_TOKENS:
             self.behind = draft
@@ -449,6 +457,32 @@ class Decoding:
         draft.prefill(self.prompt_ids + self.emitted[:-1])  # the last emitted token: fed as its next step's first
         self.drafting.rejoin(draft)
         self.main.drafting = True
+
+    def _draft_reads_on(self) -> None:
+        """Out of the batch again, the draft set aside reads the conversation and the answer so far, at most
+        DRAFT_CATCH_UP_TOKENS a step (the answer streams meanwhile, its lookup proposing), and joins once it has read
+        them (its pool's blocks of them not read again)."""
+        assert self.set_aside is not None and self.drafting is not None
+        draft, conversation = self.set_aside, self.prompt_ids + self.emitted[:-1]
+        read = len(draft.cache.tokens)
+        if not read:
+            cached = self.engine.draft.cached_tokens(conversation, self.scope)
+            draft.prefill(conversation[:cached + DRAFT_CATCH_UP_TOKENS])
+        elif read < len(conversation):
+            draft.cache.feed(conversation[read:read + DRAFT_CATCH_UP_TOKENS], rows=1)
+        if len(draft.cache.tokens) == len(conversation):
+            self.set_aside, self.reads_on = None, False
+            self.drafting.rejoin(draft)
+            self.main.drafting = True
+
+    def _set_aside_unread(self) -> DraftModel | None:
+        """The draft set aside, taken out, to read the conversation after the answer; one part-way through reading it
+        (`_draft_reads_on`) keeps what it read in its pool instead, for the next turn."""
+        draft, self.set_aside = self.set_aside, None
+        if draft is not None and draft.cache.tokens:
+            draft.cache.close(keep_ids=list(draft.cache.tokens))
+            draft, self.reads_on = None, False
+        return draft
 
     def _join_batch_if_busy(self) -> None:
         """Beyond the pair's speculating streams, an answer speculating goes on at its K for the batch
@@ -469,7 +503,8 @@ class Decoding:
         if not batch_k:
             self.drafting.stop_draft()
             self.main.drafting = False
-            self.behind, self.set_aside = self.behind or self.set_aside, None  # it reads the conversation after
+            unread = self._set_aside_unread()
+            self.behind = self.behind or unread  # it reads the conversation after
             if not lookup:
                 self.drafting = None
 
@@ -501,7 +536,7 @@ class Decoding:
         lookup_only = self.speculation.lookup_only and self.drafting.lookup is not None
         if self.drafting.draft is None and self.set_aside is None and not lookup_only:
             self.set_aside = self.behind or self.drafting.new_draft(self.engine.draft.sequence(scope=self.scope))
-            self.behind = None
+            self.behind, self.reads_on = None, True
         self.request.events.put(LeftBatch(token=len(self.emitted), k=self.k))
 
     def _allowed(self, logits: np.ndarray) -> np.ndarray:

@@ -8,13 +8,14 @@ docs/speculation.md shows this table, checked by tests/unit/serving/test_plannin
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from inference.limits import Route
 from inference.models import ModelPair
 from inference.serving import precision
 from inference.serving.planning.choice import choose, pair_k
 from inference.serving.planning.decision import Choice, Plan
-from inference.serving.planning.inputs import Situation
+from inference.serving.planning.inputs import Load, Situation
 from inference.serving.reasons import Reason, Why
 
 
@@ -87,12 +88,30 @@ def own_batch(s: Situation, choice: Choice) -> Plan | None:
     if not s.beyond_own_streams:
         return None
     if choice.alone:
-        return _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.OWN_BATCH)))
+        return _until_alone(s, _served(s, Route.OWN_MAIN_ALONE, why=(*choice.why, Why(Reason.OWN_BATCH))))
     why = choice.why
     if s.asked.k is not None:
         why = (*why, Why(Reason.BEYOND_OWN_STREAMS, {"load": s.streams}),
                Why(Reason.OWN_BATCH_K_ASKED, {"k": s.asked.k}))
     return _served(s, Route.OWN_SPECULATIVE, k=choice.k, batch_k=choice.batch_k, why=why)
+
+
+# What a lone answer's plan says of how it speculates beyond its K (the engine is handed it: engines/decoding.py)
+HOW_A_LONE_ANSWER_SPECULATES = (Reason.K_PER_ANSWER, Reason.CALIBRATED_LONG_CONTEXT_LOOKUP,
+                                Reason.CALIBRATED_BEST_K_STOPPED)
+
+
+def _until_alone(s: Situation, batched: Plan) -> Plan:
+    """An answer that starts in the own engine's batch as the main alone speculates once the other answers have
+    ended, at the K a lone answer gets (its steps are the main alone's until then: engines/own/engine.py,
+    `_join_batch_if_busy`, `_leave_batch_once_alone`); where a lone answer would run the main alone too, it does."""
+    if s.asked.constrained:  # it would not leave the batch (the draft would have to replay the grammar's state)
+        return batched
+    lone = plan_for(replace(s, load=Load(streams=s.pair.own_engine_streams), live=None))
+    if lone.route != Route.OWN_SPECULATIVE or not lone.k:
+        return batched
+    how = [why for why in lone.why if why.code in HOW_A_LONE_ANSWER_SPECULATES]
+    return replace(lone, batch_k=None, why=(*batched.why, Why(Reason.OWN_BATCH_UNTIL_ALONE, {"k": lone.k}), *how))
 
 
 def own_engine(s: Situation, choice: Choice) -> Plan | None:

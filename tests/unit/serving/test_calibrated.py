@@ -206,7 +206,8 @@ def test_a_calibration_that_found_the_librarys_main_alone_faster_moves_no_answer
             assert planned(asked, streams).route.is_own_engine(), (asked, streams)
     assert (planned(Asked(), 1).route, planned(Asked(), 1).k) == (OWN_K, 3)
     assert planned(Asked(speculative=False), 1).reasons == (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)
-    assert planned(Asked(), 4).reasons == (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)
+    assert planned(Asked(), 4).reasons == (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG,
+                                           R.OWN_BATCH_UNTIL_ALONE)
     long_prompt = planned(Asked(prompt_tokens=1500), 1)
     assert (long_prompt.route, long_prompt.k, long_prompt.lookup_only, long_prompt.reasons) == (
         OWN_K, 3, True, (R.CALIBRATED_LONG_CONTEXT_LOOKUP, R.OWN_ENGINE))

@@ -113,10 +113,12 @@ TABLE = [
     (PROFILED, Asked(), Load(streams=8, running_speculative=5), None, live({0: 80.0, 5: 82.0}),
      LIB, 2, None, (R.LIVE_NEITHER_FASTER, R.JOINS_SPECULATIVE_BATCH)),
     # a pair with its own engine: up to own_engine_streams answers speculate there, beyond, its main alone batched
+    # until the others have ended, then at a lone answer's K (changed 2026-12-08: the main alone to its end)
     (OWN, Asked(), Load(streams=1), None, None, OWN_K, 4, None, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=2), None, None, OWN_K, 4, None, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
-    (OWN, Asked(), Load(streams=3), None, None, OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
-    (OWN, Asked(sampled=True), Load(streams=3), None, None, OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
+    (OWN, Asked(), Load(streams=3), None, None, OWN_K, 4, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.OWN_BATCH_UNTIL_ALONE)),
+    (OWN, Asked(sampled=True), Load(streams=3), None, None, OWN_K, 3, None,
+     (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.OWN_BATCH_UNTIL_ALONE)),
     (OWN, Asked(constrained=True), Load(streams=3), None, None,
      OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH)),
     (OWN, Asked(speculative=False), Load(streams=3), None, None, OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_BATCH)),
@@ -162,7 +164,7 @@ TABLE = [
     (OWN, Asked(prompt_tokens=1500, speculative=False), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
      OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(prompt_tokens=1500), Load(streams=3), replace(LONG_STEPS, long_context_k=0), None,
-     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_K, 4, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG, R.OWN_BATCH_UNTIL_ALONE)),
     (OWN, Asked(prompt_tokens=1500, k=3), Load(streams=1), replace(LONG_STEPS, long_context_k=0), None,
      OWN_K, 3, 3, (R.K_ASKED, R.OWN_ENGINE)),
     # where the host's costs were timed, the draft proposes up to K what each answer's acceptance pays for; not at a
@@ -174,12 +176,12 @@ TABLE = [
     (OWN, Asked(), Load(streams=1), replace(LONG_STEPS, step_costs=COSTED.step_costs), None,
      OWN_K, 8, None, (R.CALIBRATED_BEST_K_STOPPED, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=3), COSTED, None,
-     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_K, 4, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG, R.OWN_BATCH_UNTIL_ALONE, R.K_PER_ANSWER)),
     (PROFILED, Asked(), Load(streams=1), COSTED, None, LIB, 4, None, (R.PROFILE_BEST_K,)),
     # beyond the load it measured, the profile decides as before; the main alone still runs in the fastest config
     (OWN, Asked(), Load(streams=2), SPECULATES, None, OWN_K, 4, None, (R.PROFILE_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=3), SPECULATES, None,
-     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_K, 4, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG, R.OWN_BATCH_UNTIL_ALONE)),
     # what the request names outranks the calibration; speculation off runs in the host's fastest configuration
     (OWN, Asked(k=5), Load(streams=1), LOSES, None, OWN_K, 5, 5, (R.K_ASKED, R.OWN_ENGINE)),
     (OWN, Asked(speculative=False), Load(streams=1), SPECULATES, None,
@@ -200,11 +202,11 @@ TABLE = [
     # the library was faster at one stream too, ran on the library's main alone)
     (OWN, Asked(), Load(streams=1), LIBRARY_FASTER, None, OWN_K, 3, None, (R.CALIBRATED_BEST_K, R.OWN_ENGINE)),
     (OWN, Asked(), Load(streams=3), LIBRARY_FASTER, None,
-     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_K, 4, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG, R.OWN_BATCH_UNTIL_ALONE)),
     (OWN, Asked(), Load(streams=4), LIBRARY_FASTER, None,
-     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_K, 4, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG, R.OWN_BATCH_UNTIL_ALONE)),
     (OWN, Asked(sampled=True), Load(streams=3), LIBRARY_FASTER, None,
-     OWN_ALONE, None, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG)),
+     OWN_K, 3, None, (R.BEYOND_OWN_STREAMS, R.OWN_BATCH, R.FASTEST_CONFIG, R.OWN_BATCH_UNTIL_ALONE)),
     (OWN, Asked(speculative=False), Load(streams=1), LIBRARY_FASTER, None,
      OWN_ALONE, None, None, (R.ASKED_OFF, R.OWN_ENGINE, R.FASTEST_CONFIG)),
     (OWN, Asked(speculative=False), Load(streams=2), LIBRARY_FASTER, None,

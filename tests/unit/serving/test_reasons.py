@@ -14,6 +14,6 @@ def test_every_reason_has_its_sentence_and_the_sentences_read_as_before():
     assert figures.reason == "K=2 is fastest (measured here lately at 8 streams: K=2 201 tok/s, the main alone 150 tok/s)"
     assert plan(pair=pair(**OWN), asked=Asked(), load=Load(streams=3)).reason == (
         "3 of the pair's answers running here; the main alone, batched on SpecChat's own engine (more of the pair's "
-        "answers here than it speculates for)")
+        "answers here than it speculates for); speculating at K=4 once the others have ended")
     assert sentence((Why(Reason.K_ASKED), Why(Reason.FAST_MODE))) == (
         "K asked by the request; fast mode: tokens may differ from the main alone's where two are near-tied")
