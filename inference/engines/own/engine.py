@@ -66,6 +66,10 @@ CATCH_UP_WAIT_S = 30.0  # a catch-up's chunk waits this long at most for the mai
 # so many tokens left to write (fewer would not repay its draft's read of the answer so far).
 LEAVE_BATCH_AFTER_S = 1.0
 LEAVE_BATCH_MIN_TOKENS = 32
+# ... and its draft reads at most so many tokens it lacks for each token the answer still has to write, else the lookup
+# alone proposes: on the real pair a draft token read in a chunk costs about a thirtieth of the main's step, and a
+# speculating step saves about a third of one (docs/speculation.md#speculating-in-the-batch).
+LEAVE_BATCH_READ_PER_TOKEN = 8
 
 
 def _logsumexp(row: np.ndarray) -> float:
@@ -511,21 +515,27 @@ class Decoding:
     def _leave_batch_once_alone(self) -> None:
         """Within the pair's speculating streams again for LEAVE_BATCH_AFTER_S (the other answers ended), an answer that
         went into the batch speculates again at its K: the conversation's lookup at full length at once, the draft once
-        it has read what it lacks, set aside as at an answer's start (`_draft_joins_once_caught_up`: where it lacks
-        more of the conversation than a quick read, it reads it after the answer instead). Not under a grammar, whose
-        state the draft would have to replay. Says so (LeftBatch: on the record). Any step's tokens are the main's
-        either way: greedy, the same answer; sampled, drawn from the main's distribution in the batch and out of it."""
+        it has read the conversation and the answer so far, a chunk a step (`_draft_reads_on`), where what it lacks
+        repays the read (LEAVE_BATCH_READ_PER_TOKEN). Not under a grammar, whose state the draft would have to replay.
+        Says so (LeftBatch: on the record). Any step's tokens are the main's either way: greedy, the same answer;
+        sampled, drawn from the main's distribution in the batch and out of it."""
         if not self.joined or self.constraint is not None or self.engine.beyond_speculating_streams:
             self._within_streams_since = None
             return
         now = time.monotonic()
         self._within_streams_since = self._within_streams_since or now
-        if (now - self._within_streams_since < LEAVE_BATCH_AFTER_S
-                or self.params.max_new_tokens - len(self.emitted) < LEAVE_BATCH_MIN_TOKENS):
+        left = self.params.max_new_tokens - len(self.emitted)
+        if now - self._within_streams_since < LEAVE_BATCH_AFTER_S or left < LEAVE_BATCH_MIN_TOKENS:
             return
         assert self.speculation is not None  # an answer joins the batch only while it speculates
+        looks_up = self.engine.spec.chained_lookup
+        draft_reads = (not (self.speculation.lookup_only and looks_up) and self.set_aside is None
+                       and not (self.drafting and self.drafting.draft)
+                       and self._draft_missing() <= LEAVE_BATCH_READ_PER_TOKEN * left)
+        if not (looks_up or draft_reads or (self.drafting and self.drafting.draft)):
+            return  # nothing would propose: it stays
         self.joined, self.k = False, self.k_alone
-        if self.drafting is None:  # it went on as the main alone: its proposers anew, the draft joining below
+        if self.drafting is None:  # it went on as the main alone: its proposers anew
             self.drafting = Drafting(None, lookup=self._lookup(), params=self.params, speculation=self.speculation,
                                      rng=self.rng, constraint=None, penalty=self.penalty,
                                      judged=self.engine.spec.drafters_judged)
@@ -533,8 +543,7 @@ class Decoding:
                 self.drafting.lookup.extend(self.emitted)
         elif self.drafting.lookup is not None:
             self.drafting.lookup.unbatched()
-        lookup_only = self.speculation.lookup_only and self.drafting.lookup is not None
-        if self.drafting.draft is None and self.set_aside is None and not lookup_only:
+        if draft_reads:
             self.set_aside = self.behind or self.drafting.new_draft(self.engine.draft.sequence(scope=self.scope))
             self.behind, self.reads_on = None, True
         self.request.events.put(LeftBatch(token=len(self.emitted), k=self.k))
