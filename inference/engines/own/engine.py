@@ -325,7 +325,6 @@ class Decoding:
         if self.speculation is not None and self.speculation.k is None:
             raise ValueError("the own engine speculates at a K (a confidence threshold is the library's)")
         self.k: int = (self.speculation.k or 0) if self.speculation else 0  # the most tokens proposed a step
-        self.k_alone = self.k  # ... outside the batch
         self.scope = params.cache_scope
         self.main: PagedSequence = engine.main.sequence(scope=self.scope, exact=True)
         self.prompt_ids = prompt_ids
@@ -534,7 +533,7 @@ class Decoding:
                        and self._draft_missing() <= LEAVE_BATCH_READ_PER_TOKEN * left)
         if not (looks_up or draft_reads or (self.drafting and self.drafting.draft)):
             return  # nothing would propose: it stays
-        self.joined, self.k = False, self.k_alone
+        self.joined, self.k = False, self.speculation.k or 0  # its K outside the batch
         if self.drafting is None:  # it went on as the main alone: its proposers anew
             self.drafting = Drafting(None, lookup=self._lookup(), params=self.params, speculation=self.speculation,
                                      rng=self.rng, constraint=None, penalty=self.penalty,
